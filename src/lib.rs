@@ -1,0 +1,39 @@
+//! # uwf-db
+//!
+//! An embedded database and synchronous workflow engine for AI-agent threads.
+//!
+//! This crate is built in layers; each module has one job:
+//!
+//! - [`hash`]: BLAKE3-256 [`Hash`]es, hex, and unique prefixes.
+//! - [`codec`]: the canonical MessagePack encoding every blob is hashed in.
+//! - [`node`]: blobs (`start`, `state`, `content`, `workflow`) and `collect_refs`.
+//! - [`store`]: the LMDB environment (through `heed`), blob put/get with
+//!   referential integrity, prefix resolution, statistics.
+//! - [`verify`]: re-hash every blob and check every ref and index entry.
+//!
+//! The on-disk format is described byte by byte in `docs/design.md`.
+//!
+//! ```
+//! use uwf_db::{Blob, Store, StoreOptions};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+//! let hash = store.put(&Blob::content("a reply", [])).unwrap();
+//! let prefix = hash.to_string()[..8].parse().unwrap();
+//! assert_eq!(store.resolve(&prefix).unwrap(), hash);
+//! assert!(uwf_db::verify::verify(&store, |_| {}).unwrap().is_ok());
+//! ```
+
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod codec;
+pub mod hash;
+pub mod node;
+pub mod store;
+pub mod verify;
+
+pub use codec::CodecError;
+pub use hash::{Hash, HashPrefix, ParseHashError};
+pub use node::{Blob, ContentNode, EncodedBlob, Kind, StartNode, StateNode, Value, WorkflowNode};
+pub use store::{Durability, Stats, Store, StoreError, StoreOptions};
