@@ -448,11 +448,11 @@ impl Store {
     /// Everything reachable from `root` (itself included), breadth first,
     /// each blob once. Reads in batches, each in a short read transaction,
     /// and calls `visit` outside any transaction.
-    pub fn walk(
+    pub fn walk<E: From<StoreError>>(
         &self,
         root: &Hash,
-        mut visit: impl FnMut(&StoredBlob) -> Result<(), StoreError>,
-    ) -> Result<u64, StoreError> {
+        mut visit: impl FnMut(&StoredBlob) -> Result<(), E>,
+    ) -> Result<u64, E> {
         const BATCH: usize = 1024;
         let mut seen = std::collections::HashSet::from([*root]);
         let mut queue = std::collections::VecDeque::from([(*root, None::<Hash>)]);

@@ -1,1 +1,134 @@
-fn main() {}
+//! `uwf-db`: run, inspect and verify uwf-db stores.
+//!
+//! The binary parses arguments, calls the library and formats its answers;
+//! it holds no logic of its own. Exit codes (SPEC §7): 0 success, 1 the
+//! operation failed or found a problem, 2 bad usage, 130 interrupted.
+
+mod admin;
+mod cas;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use uwf_db::{Durability, HashPrefix, Store, StoreError, StoreOptions};
+
+use output::Output;
+
+#[derive(Parser)]
+#[command(
+    name = "uwf-db",
+    version,
+    about = "An embedded database and workflow engine for AI-agent threads",
+    propagate_version = true
+)]
+struct Cli {
+    /// Store directory [default: $UWF_STORE, else ~/.uwf]
+    #[arg(long, global = true, env = "UWF_STORE", value_name = "DIR")]
+    store: Option<PathBuf>,
+    /// Print machine-readable JSON
+    #[arg(long, global = true)]
+    json: bool,
+    /// Commit durability: `none` skips fsync (a machine crash may lose recent commits)
+    #[arg(long, global = true, value_enum, default_value_t = DurabilityArg::Sync)]
+    durability: DurabilityArg,
+    /// Largest size the store's data file may reach (e.g. 512MiB, 4GiB) [default: 1TiB]
+    #[arg(long, global = true, env = "UWF_MAX_MAP_SIZE", value_name = "SIZE", value_parser = output::parse_size)]
+    max_map_size: Option<u64>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DurabilityArg {
+    Sync,
+    None,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a store (does nothing if it exists); writes the format version
+    Init,
+    /// Add and inspect content-addressed blobs
+    #[command(subcommand)]
+    Cas(cas::CasCommand),
+    /// Re-hash every blob and check every ref and index entry; exit 1 on any problem
+    Verify,
+    /// Counts, sizes, map usage, readers, durability
+    Stats,
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Failed(String),
+    /// The command already reported what it found; exit 1 quietly.
+    #[error("")]
+    Reported,
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Parses a hash or a unique prefix (clap value parser: bad input exits 2).
+fn parse_prefix(s: &str) -> Result<HashPrefix, String> {
+    s.parse().map_err(|e: uwf_db::ParseHashError| e.to_string())
+}
+
+impl Cli {
+    fn store_path(&self) -> Result<PathBuf, CliError> {
+        if let Some(p) = &self.store {
+            return Ok(p.clone());
+        }
+        std::env::var_os("HOME")
+            .map(|home| PathBuf::from(home).join(".uwf"))
+            .ok_or_else(|| {
+                CliError::Failed("no store given: pass --store DIR or set UWF_STORE (HOME is not set)".into())
+            })
+    }
+
+    /// Opens the store; `create` for commands that write.
+    fn open(&self, create: bool) -> Result<Store, CliError> {
+        let durability = match self.durability {
+            DurabilityArg::Sync => Durability::Sync,
+            DurabilityArg::None => Durability::None,
+        };
+        Ok(Store::open(
+            self.store_path()?,
+            StoreOptions {
+                durability,
+                max_map_size: self.max_map_size,
+                create,
+            },
+        )?)
+    }
+}
+
+fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
+    match &cli.command {
+        Command::Init => admin::init(cli, out),
+        Command::Cas(cmd) => cas::run(cli, cmd, out),
+        Command::Verify => admin::verify(cli, out),
+        Command::Stats => admin::stats(cli, out),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = Output::new(cli.json);
+    let result = run(&cli, &mut out).and_then(|()| out.flush().map_err(CliError::from));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // `uwf-db ... | head` closing the pipe is not a failure.
+        Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(CliError::Reported) => ExitCode::from(1),
+        Err(e) => {
+            let _ = out.flush();
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `init`, `verify`, `stats`.
+
+use uwf_db::store::FORMAT_VERSION;
+use uwf_db::verify::verify as verify_store;
+
+use crate::output::{self, Output};
+use crate::{Cli, CliError};
+
+pub fn init(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
+    let path = cli.store_path()?;
+    let existed = path.join("data.mdb").is_file();
+    let store = cli.open(true)?;
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "path": store.path(),
+            "format_version": FORMAT_VERSION,
+            "created": !existed,
+        }))?;
+    } else if existed {
+        out.line(format_args!("store at {} already exists (format version {FORMAT_VERSION})", store.path().display()))?;
+    } else {
+        out.line(format_args!("initialized store at {} (format version {FORMAT_VERSION})", store.path().display()))?;
+    }
+    Ok(())
+}
+
+pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let bar = output::progress_bar(0, "verifying");
+    let report = verify_store(&store, |p| {
+        bar.set_length(p.total);
+        bar.set_position(p.checked);
+    })?;
+    bar.finish_and_clear();
+    if out.json {
+        out.json_value(&serde_json::json!({
+            "ok": report.is_ok(),
+            "blobs_checked": report.blobs_checked,
+            "refs_checked": report.refs_checked,
+            "problems": report.problems.iter().map(|p| {
+                let mut v = serde_json::to_value(p).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("message".into(), p.to_string().into());
+                }
+                v
+            }).collect::<Vec<_>>(),
+        }))?;
+    } else {
+        for p in &report.problems {
+            out.line(p)?;
+        }
+        let verdict = match report.problems.len() {
+            0 => "ok".to_owned(),
+            1 => "1 problem".to_owned(),
+            n => format!("{n} problems"),
+        };
+        out.line(format_args!(
+            "verified {} blobs and {} refs: {verdict}",
+            report.blobs_checked, report.refs_checked
+        ))?;
+    }
+    if report.is_ok() { Ok(()) } else { Err(CliError::Reported) }
+}
+
+pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let s = store.stats()?;
+    if out.json {
+        return Ok(out.json_value(&s)?);
+    }
+    let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 * 100.0 / b as f64 };
+    let durability = match s.durability {
+        uwf_db::Durability::Sync => "sync (every commit is flushed to disk)".to_owned(),
+        uwf_db::Durability::None => "none (NOT durable: a machine crash may lose recent commits)".to_owned(),
+    };
+    out.table(&[
+        ("store", s.path.display().to_string()),
+        ("format version", s.format_version.to_string()),
+        ("blobs", s.blob_count.to_string()),
+        ("blob pages", output::human_size(s.blob_bytes)),
+        ("file size", output::human_size(s.file_size)),
+        (
+            "map",
+            format!(
+                "{} used of {} ({:.3}%){}",
+                output::human_size(s.map_used),
+                output::human_size(s.map_size),
+                pct(s.map_used, s.map_size),
+                if s.max_map_size.is_some() { ", configured maximum" } else { "" }
+            ),
+        ),
+        ("readers", format!("{} of {} slots", s.readers, s.max_readers)),
+        ("durability", durability),
+    ])?;
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! `cas put|get|has|refs|walk`: add and inspect blobs.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use serde_json::json;
+use uwf_db::store::StoredBlob;
+use uwf_db::{Blob, HashPrefix, StoreError};
+
+use crate::output::{self, Output};
+use crate::{Cli, CliError, parse_prefix};
+
+#[derive(Subcommand)]
+pub enum CasCommand {
+    /// Store a file (or stdin with `-`) as a content blob; prints its hash
+    Put {
+        /// A UTF-8 text file, or `-` for stdin
+        file: PathBuf,
+    },
+    /// Show a blob, decoded (or its exact canonical bytes with --raw)
+    Get {
+        /// Hash or unique prefix (at least 6 hex characters)
+        #[arg(value_parser = parse_prefix)]
+        hash: HashPrefix,
+        /// Print the canonical bytes exactly (b3sum of them is the hash)
+        #[arg(long, conflicts_with = "json")]
+        raw: bool,
+    },
+    /// Whether a blob is stored (exit 0 if so, 1 if not)
+    Has {
+        /// Hash or unique prefix
+        #[arg(value_parser = parse_prefix)]
+        hash: HashPrefix,
+    },
+    /// The hashes a blob refers to
+    Refs {
+        /// Hash or unique prefix
+        #[arg(value_parser = parse_prefix)]
+        hash: HashPrefix,
+    },
+    /// Everything reachable from a blob, itself included (JSON Lines with --json)
+    Walk {
+        /// Hash or unique prefix
+        #[arg(value_parser = parse_prefix)]
+        hash: HashPrefix,
+    },
+}
+
+pub fn run(cli: &Cli, cmd: &CasCommand, out: &mut Output) -> Result<(), CliError> {
+    match cmd {
+        CasCommand::Put { file } => put(cli, file, out),
+        CasCommand::Get { hash, raw } => get(cli, hash, *raw, out),
+        CasCommand::Has { hash } => has(cli, hash, out),
+        CasCommand::Refs { hash } => refs(cli, hash, out),
+        CasCommand::Walk { hash } => walk(cli, hash, out),
+    }
+}
+
+fn put(cli: &Cli, file: &PathBuf, out: &mut Output) -> Result<(), CliError> {
+    let (name, bytes) = if file.as_os_str() == "-" {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|e| CliError::Failed(format!("cannot read stdin: {e}")))?;
+        ("stdin".to_owned(), buf)
+    } else {
+        let bytes = std::fs::read(file)
+            .map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
+        (file.display().to_string(), bytes)
+    };
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        CliError::Failed(format!(
+            "{name} is not UTF-8 text (invalid byte at offset {at}); content blobs hold text only"
+        ))
+    })?;
+    let store = cli.open(true)?;
+    let encoded = Blob::content(text, []).encode().map_err(StoreError::from)?;
+    let new = store.write(|w| w.put_encoded(&encoded))?;
+    if out.json {
+        out.json_value(&json!({ "hash": encoded.hash(), "new": new, "size": encoded.bytes().len() }))?;
+    } else {
+        out.line(encoded.hash())?;
+    }
+    Ok(())
+}
+
+fn lookup(cli: &Cli, prefix: &HashPrefix) -> Result<(uwf_db::Store, StoredBlob), CliError> {
+    let store = cli.open(false)?;
+    let hash = store.resolve(prefix)?;
+    let blob = store.get_stored(&hash)?.ok_or_else(|| StoreError::UnknownHash {
+        prefix: prefix.to_string(),
+    })?;
+    Ok((store, blob))
+}
+
+/// The payload for people and JSON: text for content, an object otherwise.
+fn payload_json(blob: &Blob) -> serde_json::Value {
+    match blob {
+        Blob::Content(c) => json!(c.text),
+        Blob::Start(s) => serde_json::to_value(s).unwrap_or_default(),
+        Blob::State(s) => serde_json::to_value(s).unwrap_or_default(),
+        Blob::Workflow(w) => w.definition.to_json(),
+    }
+}
+
+fn get(cli: &Cli, prefix: &HashPrefix, raw: bool, out: &mut Output) -> Result<(), CliError> {
+    let (_store, stored) = lookup(cli, prefix)?;
+    if raw {
+        return Ok(out.raw(&stored.bytes)?);
+    }
+    let blob = stored.decode()?;
+    let payload = payload_json(&blob);
+    if out.json {
+        return Ok(out.json_value(&json!({
+            "hash": stored.hash,
+            "kind": stored.kind.as_str(),
+            "size": stored.bytes.len(),
+            "written_at": stored.written_at,
+            "refs": stored.refs,
+            "payload": payload,
+        }))?);
+    }
+    let refs = if stored.refs.is_empty() {
+        "none".to_owned()
+    } else {
+        stored.refs.iter().map(|h| h.short(12)).collect::<Vec<_>>().join(" ")
+    };
+    out.table(&[
+        ("hash", stored.hash.to_string()),
+        ("kind", stored.kind.to_string()),
+        ("size", output::human_size(stored.bytes.len() as u64)),
+        ("written", output::timestamp(stored.written_at)),
+        ("refs", refs),
+    ])?;
+    out.line("")?;
+    match payload {
+        serde_json::Value::String(text) => out.line(text)?,
+        other => out.line(serde_json::to_string_pretty(&other).unwrap_or_default())?,
+    }
+    Ok(())
+}
+
+fn has(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let found = match store.resolve(prefix) {
+        Ok(h) => Some(h),
+        Err(StoreError::UnknownHash { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    if out.json {
+        out.json_value(&json!({ "query": prefix.as_str(), "present": found.is_some(), "hash": found }))?;
+    } else {
+        match found {
+            Some(h) => out.line(h)?,
+            None => out.line(format_args!("no blob matches {prefix}"))?,
+        }
+    }
+    if found.is_some() { Ok(()) } else { Err(CliError::Reported) }
+}
+
+fn refs(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError> {
+    let (store, stored) = lookup(cli, prefix)?;
+    let kinds = store.read(|r| {
+        stored
+            .refs
+            .iter()
+            .map(|h| Ok(r.get_stored(h)?.map(|b| b.kind)))
+            .collect::<Result<Vec<_>, StoreError>>()
+    })?;
+    if out.json {
+        let rows: Vec<_> = stored
+            .refs
+            .iter()
+            .zip(&kinds)
+            .map(|(h, k)| json!({ "hash": h, "kind": k.map(|k| k.as_str()), "present": k.is_some() }))
+            .collect();
+        return Ok(out.json_value(&rows)?);
+    }
+    for (h, k) in stored.refs.iter().zip(&kinds) {
+        out.line(format_args!("{h}  {}", k.map_or("MISSING", |k| k.as_str())))?;
+    }
+    Ok(())
+}
+
+fn walk(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let root = store.resolve(prefix)?;
+    let mut total_bytes = 0u64;
+    let count = store.walk(&root, |b| -> Result<(), CliError> {
+        total_bytes += b.bytes.len() as u64;
+        if out.json {
+            out.json_value(&json!({
+                "hash": b.hash, "kind": b.kind.as_str(), "size": b.bytes.len(), "refs": b.refs,
+            }))?;
+        } else {
+            out.line(format_args!(
+                "{}  {:<8}  {:>9}",
+                b.hash,
+                b.kind.as_str(),
+                output::human_size(b.bytes.len() as u64)
+            ))?;
+        }
+        Ok(())
+    })?;
+    if !out.json {
+        eprintln!("{count} blobs reachable, {}", output::human_size(total_bytes));
+    }
+    Ok(())
+}

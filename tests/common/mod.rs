@@ -1,0 +1,121 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use uwf_db::{Blob, Hash, StartNode, StateNode, Value, WorkflowNode};
+
+/// A deterministic hash for fixtures: BLAKE3 of the label.
+pub fn h(label: &str) -> Hash {
+    Hash::of(label.as_bytes())
+}
+
+/// One fixture blob of every kind (and the interesting optional fields),
+/// named, for the committed test vectors.
+pub fn vector_blobs() -> Vec<(&'static str, Blob)> {
+    let meta = BTreeMap::from([
+        ("$status".to_owned(), Value::Str("rejected".into())),
+        ("reason".to_owned(), Value::Str("tests fail".into())),
+        ("score".to_owned(), Value::Float(0.75)),
+        ("attempts".to_owned(), Value::UInt(300)),
+        ("delta".to_owned(), Value::Int(-40)),
+        (
+            "tags".to_owned(),
+            Value::Array(vec![Value::Bool(true), Value::Null]),
+        ),
+    ]);
+    vec![
+        ("content_empty", Blob::content("", [])),
+        ("content_text", Blob::content("Implement the change", [])),
+        (
+            "content_artifacts",
+            Blob::content("see attached", [h("artifact-a"), h("artifact-b")]),
+        ),
+        (
+            "start_top",
+            Blob::Start(StartNode {
+                depth: 0,
+                max_rounds: 100,
+                name: "review".into(),
+                parent_state: None,
+                prompt: h("prompt"),
+                workflow: h("workflow"),
+            }),
+        ),
+        (
+            "start_child",
+            Blob::Start(StartNode {
+                depth: 1,
+                max_rounds: 20,
+                name: "run-tests".into(),
+                parent_state: Some(h("parent-head")),
+                prompt: h("child-prompt"),
+                workflow: h("child-workflow"),
+            }),
+        ),
+        (
+            "state_first",
+            Blob::State(StateNode {
+                ancestors: vec![],
+                child_thread: None,
+                compact: None,
+                content: h("reply"),
+                input: h("instruction"),
+                meta: BTreeMap::from([(
+                    "$status".to_owned(),
+                    Value::Str("review_needed".into()),
+                )]),
+                role: "developer".into(),
+                seq: 1,
+                start: h("start"),
+                timestamp: 1_790_000_000_000,
+            }),
+        ),
+        (
+            "state_full",
+            Blob::State(StateNode {
+                ancestors: vec![h("s3"), h("s2"), h("s1")],
+                child_thread: Some(h("child-end")),
+                compact: Some(h("summary")),
+                content: h("reply2"),
+                input: h("instruction2"),
+                meta,
+                role: "reviewer".into(),
+                seq: 4,
+                start: h("start"),
+                timestamp: 1_790_000_123_456,
+            }),
+        ),
+        (
+            "state_end",
+            Blob::State(StateNode {
+                ancestors: vec![h("s4")],
+                child_thread: None,
+                compact: None,
+                content: h("summary-text"),
+                input: h("end-prompt"),
+                meta: BTreeMap::from([
+                    ("return_code".to_owned(), Value::UInt(0)),
+                    ("summary".to_owned(), Value::Str("Approved".into())),
+                ]),
+                role: "__end__".into(),
+                seq: 5,
+                start: h("start"),
+                timestamp: 1_790_000_200_000,
+            }),
+        ),
+        (
+            "workflow",
+            Blob::Workflow(WorkflowNode {
+                definition: Value::Map(BTreeMap::from([
+                    ("name".to_owned(), Value::Str("review".into())),
+                    ("maxRounds".to_owned(), Value::UInt(20)),
+                ])),
+            }),
+        ),
+    ]
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
