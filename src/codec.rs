@@ -289,10 +289,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn not_canonical(bytes: &[u8]) -> bool {
-        matches!(
-            check_canonical(bytes),
-            Err(CodecError::NotCanonical { .. })
-        )
+        matches!(check_canonical(bytes), Err(CodecError::NotCanonical { .. }))
     }
 
     #[test]

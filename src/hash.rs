@@ -46,9 +46,7 @@ pub enum ParseHashError {
         len: usize,
     },
     /// A prefix must be between [`MIN_PREFIX_LEN`] and 64 characters.
-    #[error(
-        "'{input}' is too short to name a hash: give at least {MIN_PREFIX_LEN} hex characters"
-    )]
+    #[error("'{input}' is too short to name a hash: give at least {MIN_PREFIX_LEN} hex characters")]
     PrefixTooShort {
         /// The text that was given.
         input: String,

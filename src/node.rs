@@ -65,7 +65,7 @@ impl Kind {
 
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -132,9 +132,9 @@ impl Value {
                 .map_or(serde_json::Value::Null, serde_json::Value::Number),
             Value::Str(s) => serde_json::Value::String(s.clone()),
             Value::Array(a) => serde_json::Value::Array(a.iter().map(Value::to_json).collect()),
-            Value::Map(m) => serde_json::Value::Object(
-                m.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
-            ),
+            Value::Map(m) => {
+                serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
+            }
         }
     }
 }
@@ -365,9 +365,11 @@ impl Blob {
     /// for each kind, null fields skipped, duplicates dropped (first kept).
     pub fn collect_refs(&self) -> Vec<Hash> {
         match self {
-            Blob::Start(s) => dedup_in_order([Some(s.prompt), Some(s.workflow), s.parent_state]
-                .into_iter()
-                .flatten()),
+            Blob::Start(s) => dedup_in_order(
+                [Some(s.prompt), Some(s.workflow), s.parent_state]
+                    .into_iter()
+                    .flatten(),
+            ),
             Blob::State(s) => dedup_in_order(
                 [s.start, s.content, s.input]
                     .into_iter()
@@ -383,7 +385,10 @@ impl Blob {
     /// Encodes the blob canonically and hashes it.
     pub fn encode(&self) -> Result<EncodedBlob, CodecError> {
         let refs = self.collect_refs();
-        let bytes = codec::to_canonical(&WireBlob { blob: self, refs: &refs })?;
+        let bytes = codec::to_canonical(&WireBlob {
+            blob: self,
+            refs: &refs,
+        })?;
         let to_check = match self {
             Blob::State(s) => Some(dedup_in_order(
                 [s.start, s.content, s.input]
@@ -598,7 +603,10 @@ mod tests {
         ]))
         .unwrap();
         let err = Blob::decode(&bytes).unwrap_err();
-        assert!(err.to_string().contains("unknown blob kind 'tree'"), "{err}");
+        assert!(
+            err.to_string().contains("unknown blob kind 'tree'"),
+            "{err}"
+        );
     }
 
     #[test]

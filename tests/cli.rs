@@ -114,7 +114,10 @@ fn non_utf8_input_is_refused_and_nothing_is_stored() {
     let o = uwf(store, &["cas", "put", bad.to_str().unwrap()]);
     assert_eq!(code(&o), 1);
     let err = stderr(&o);
-    assert!(err.contains("not UTF-8") && err.contains("offset 10"), "{err}");
+    assert!(
+        err.contains("not UTF-8") && err.contains("offset 10"),
+        "{err}"
+    );
     let o = uwf(store, &["--json", "stats"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["blob_count"], 0);
@@ -132,7 +135,11 @@ fn bad_usage_exits_2_and_unknown_hashes_exit_1() {
     assert!(stderr(&o).contains("at least 6"));
     let o = uwf(store, &["cas", "get", "abcdef"]);
     assert_eq!(code(&o), 1);
-    assert!(stderr(&o).contains("no blob matches 'abcdef'"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no blob matches 'abcdef'"),
+        "{}",
+        stderr(&o)
+    );
     let o = uwf(store, &["no-such-command"]);
     assert_eq!(code(&o), 2);
     let o = uwf(store, &["cas", "put", "/definitely/not/here"]);
@@ -157,7 +164,10 @@ fn refs_walk_and_verify_through_the_binary() {
     assert_eq!(code(&o), 0);
     assert_eq!(stdout(&o).lines().count(), 2);
 
-    let o = uwf(store_dir, &["--json", "cas", "walk", &root.to_string()[..8]]);
+    let o = uwf(
+        store_dir,
+        &["--json", "cas", "walk", &root.to_string()[..8]],
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let lines: Vec<serde_json::Value> = stdout(&o)
         .lines()
@@ -169,7 +179,11 @@ fn refs_walk_and_verify_through_the_binary() {
 
     let o = uwf(store_dir, &["verify"]);
     assert_eq!(code(&o), 0, "{}", stdout(&o));
-    assert!(stdout(&o).contains("verified 3 blobs and 3 refs: ok"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("verified 3 blobs and 3 refs: ok"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]
@@ -226,11 +240,21 @@ fn a_closed_pipe_is_not_an_error() {
         .unwrap();
     let mut first = [0u8; 16];
     use std::io::Read;
-    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
     drop(child.stdout.take());
     let status = child.wait().unwrap();
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert_eq!(status.code(), Some(0), "stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }

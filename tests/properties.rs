@@ -41,16 +41,18 @@ fn blob() -> impl Strategy<Value = Blob> {
         hash(),
         hash(),
     )
-        .prop_map(|(depth, max_rounds, name, parent_state, prompt, workflow)| {
-            Blob::Start(StartNode {
-                depth,
-                max_rounds,
-                name,
-                parent_state,
-                prompt,
-                workflow,
-            })
-        });
+        .prop_map(
+            |(depth, max_rounds, name, parent_state, prompt, workflow)| {
+                Blob::Start(StartNode {
+                    depth,
+                    max_rounds,
+                    name,
+                    parent_state,
+                    prompt,
+                    workflow,
+                })
+            },
+        );
     let state = (
         prop::collection::vec(hash(), 0..12),
         prop::option::of(hash()),
@@ -62,7 +64,16 @@ fn blob() -> impl Strategy<Value = Blob> {
         any::<u64>(),
     )
         .prop_map(
-            |(ancestors, child_thread, compact, (content, input, start), meta, role, seq, timestamp)| {
+            |(
+                ancestors,
+                child_thread,
+                compact,
+                (content, input, start),
+                meta,
+                role,
+                seq,
+                timestamp,
+            )| {
                 Blob::State(StateNode {
                     ancestors,
                     child_thread,

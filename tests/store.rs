@@ -255,7 +255,10 @@ fn map_full_is_distinct_keeps_committed_data_and_a_larger_maximum_continues() {
     }
     for i in 0..500 {
         store
-            .put(&Blob::content(format!("after {i} {}", "y".repeat(2000)), []))
+            .put(&Blob::content(
+                format!("after {i} {}", "y".repeat(2000)),
+                [],
+            ))
             .unwrap();
     }
     assert_eq!(blob_count(&store), committed.len() as u64 + 500);
@@ -285,8 +288,12 @@ fn unknown_format_versions_are_refused() {
         let mut w = env.write_txn().unwrap();
         let meta: heed::Database<heed::types::Str, Bytes> =
             env.open_database(&w, Some("meta")).unwrap().unwrap();
-        meta.put(&mut w, FORMAT_VERSION_KEY, &(FORMAT_VERSION + 1).to_be_bytes())
-            .unwrap();
+        meta.put(
+            &mut w,
+            FORMAT_VERSION_KEY,
+            &(FORMAT_VERSION + 1).to_be_bytes(),
+        )
+        .unwrap();
         w.commit().unwrap();
     }
     let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
@@ -323,16 +330,26 @@ fn verify_finds_altered_bytes_and_removed_ref_targets() {
     let store = open(dir.path());
     let report = verify(&store, |_| {}).unwrap();
     assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
-    assert!(report.problems.iter().any(
-        |p| matches!(p, Problem::HashMismatch { hash, .. } if *hash == victim)
-    ));
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::HashMismatch { hash, .. } if *hash == victim))
+    );
     assert!(report.problems.contains(&Problem::MissingRef {
         hash: holder,
         missing: target
     }));
-    assert!(!report.problems.iter().any(|p| p.to_string().contains(&clean.to_string())));
+    assert!(
+        !report
+            .problems
+            .iter()
+            .any(|p| p.to_string().contains(&clean.to_string()))
+    );
     // Reading the altered blob still works; reading through a missing ref is reported.
-    let err = store.walk(&holder, |_| Ok::<_, StoreError>(())).unwrap_err();
+    let err = store
+        .walk(&holder, |_| Ok::<_, StoreError>(()))
+        .unwrap_err();
     assert!(matches!(err, StoreError::MissingRef { .. }), "{err}");
 }
 
@@ -345,7 +362,8 @@ fn concurrent_writers_in_threads_all_land() {
             let s = store.clone();
             std::thread::spawn(move || {
                 for i in 0..200 {
-                    s.put(&Blob::content(format!("thread {t} blob {i}"), [])).unwrap();
+                    s.put(&Blob::content(format!("thread {t} blob {i}"), []))
+                        .unwrap();
                 }
             })
         })

@@ -128,7 +128,9 @@ pub enum StoreError {
         detail: String,
     },
     /// The store is open in this process with different options.
-    #[error("the store at {path} is already open in this process with {existing}; requested {requested}")]
+    #[error(
+        "the store at {path} is already open in this process with {existing}; requested {requested}"
+    )]
     OptionsConflict {
         /// The store directory.
         path: PathBuf,
@@ -272,9 +274,7 @@ fn map_heed_error(
             path,
             max: max_readers,
         },
-        heed::Error::Io(io)
-            if io.raw_os_error() == Some(28) || io.raw_os_error() == Some(122) =>
-        {
+        heed::Error::Io(io) if io.raw_os_error() == Some(28) || io.raw_os_error() == Some(122) => {
             // ENOSPC and EDQUOT on Linux.
             StoreError::DiskFull { path }
         }
@@ -343,7 +343,9 @@ impl Store {
         let mut open = OPEN_STORES.lock().unwrap_or_else(|p| p.into_inner());
         open.retain(|_, weak| weak.strong_count() > 0);
         if let Some(inner) = open.get(&canonical).and_then(Weak::upgrade) {
-            let same_max = options.max_map_size.is_none_or(|m| Some(m) == inner.max_map_size);
+            let same_max = options
+                .max_map_size
+                .is_none_or(|m| Some(m) == inner.max_map_size);
             if inner.durability != options.durability || !same_max {
                 let describe = |d: Durability, m: Option<u64>| {
                     format!(
@@ -367,9 +369,8 @@ impl Store {
             .div_ceil(MAP_ALIGN)
             * MAP_ALIGN;
         let usize_map = usize::try_from(map_size).unwrap_or(usize::MAX / 2);
-        let env = env::open_env(&canonical, usize_map, options.durability).map_err(|e| {
-            map_heed_error(&canonical, map_size, env::MAX_READERS, "opening", e)
-        })?;
+        let env = env::open_env(&canonical, usize_map, options.durability)
+            .map_err(|e| map_heed_error(&canonical, map_size, env::MAX_READERS, "opening", e))?;
         let fail = |op, e| map_heed_error(&canonical, map_size, env.max_readers(), op, e);
         env.clear_stale_readers()
             .map_err(|e| fail("clearing stale readers", e))?;
@@ -610,12 +611,8 @@ fn open_databases(
                     detail: "blobs are stored but the version key is absent".into(),
                 });
             }
-            meta.put(
-                &mut wtxn,
-                FORMAT_VERSION_KEY,
-                &FORMAT_VERSION.to_be_bytes(),
-            )
-            .map_err(|e| fail("writing the format version", e))?;
+            meta.put(&mut wtxn, FORMAT_VERSION_KEY, &FORMAT_VERSION.to_be_bytes())
+                .map_err(|e| fail("writing the format version", e))?;
         }
     }
     wtxn.commit().map_err(|e| fail("creating", e))?;
@@ -639,7 +636,10 @@ fn check_format(path: &Path, stored: Option<&[u8]>) -> Result<(), StoreError> {
             path: path.to_path_buf(),
             found,
         }),
-        None => Err(missing(format!("the version value has {} bytes, not 4", value.len()))),
+        None => Err(missing(format!(
+            "the version value has {} bytes, not 4",
+            value.len()
+        ))),
     }
 }
 

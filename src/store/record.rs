@@ -88,7 +88,9 @@ impl<'a> BlobRecord<'a> {
 
     /// The refs stored in the header.
     pub fn refs(&self) -> impl Iterator<Item = Hash> + 'a {
-        self.refs.chunks_exact(HASH_LEN).filter_map(Hash::from_slice)
+        self.refs
+            .chunks_exact(HASH_LEN)
+            .filter_map(Hash::from_slice)
     }
 
     /// Number of refs in the header.

@@ -256,8 +256,6 @@ impl<'s> WriteTxn<'s> {
     /// Commits: durable on return when the store's durability is `sync`.
     pub fn commit(self) -> Result<(), StoreError> {
         let store = self.store;
-        self.txn
-            .commit()
-            .map_err(|e| store.error("committing", e))
+        self.txn.commit().map_err(|e| store.error("committing", e))
     }
 }

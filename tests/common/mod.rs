@@ -61,10 +61,7 @@ pub fn vector_blobs() -> Vec<(&'static str, Blob)> {
                 compact: None,
                 content: h("reply"),
                 input: h("instruction"),
-                meta: BTreeMap::from([(
-                    "$status".to_owned(),
-                    Value::Str("review_needed".into()),
-                )]),
+                meta: BTreeMap::from([("$status".to_owned(), Value::Str("review_needed".into()))]),
                 role: "developer".into(),
                 seq: 1,
                 start: h("start"),

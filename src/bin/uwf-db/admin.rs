@@ -17,9 +17,15 @@ pub fn init(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             "created": !existed,
         }))?;
     } else if existed {
-        out.line(format_args!("store at {} already exists (format version {FORMAT_VERSION})", store.path().display()))?;
+        out.line(format_args!(
+            "store at {} already exists (format version {FORMAT_VERSION})",
+            store.path().display()
+        ))?;
     } else {
-        out.line(format_args!("initialized store at {} (format version {FORMAT_VERSION})", store.path().display()))?;
+        out.line(format_args!(
+            "initialized store at {} (format version {FORMAT_VERSION})",
+            store.path().display()
+        ))?;
     }
     Ok(())
 }
@@ -59,7 +65,11 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             report.blobs_checked, report.refs_checked
         ))?;
     }
-    if report.is_ok() { Ok(()) } else { Err(CliError::Reported) }
+    if report.is_ok() {
+        Ok(())
+    } else {
+        Err(CliError::Reported)
+    }
 }
 
 pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
@@ -68,10 +78,18 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     if out.json {
         return Ok(out.json_value(&s)?);
     }
-    let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 * 100.0 / b as f64 };
+    let pct = |a: u64, b: u64| {
+        if b == 0 {
+            0.0
+        } else {
+            a as f64 * 100.0 / b as f64
+        }
+    };
     let durability = match s.durability {
         uwf_db::Durability::Sync => "sync (every commit is flushed to disk)".to_owned(),
-        uwf_db::Durability::None => "none (NOT durable: a machine crash may lose recent commits)".to_owned(),
+        uwf_db::Durability::None => {
+            "none (NOT durable: a machine crash may lose recent commits)".to_owned()
+        }
     };
     out.table(&[
         ("store", s.path.display().to_string()),
@@ -86,10 +104,17 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
                 output::human_size(s.map_used),
                 output::human_size(s.map_size),
                 pct(s.map_used, s.map_size),
-                if s.max_map_size.is_some() { ", configured maximum" } else { "" }
+                if s.max_map_size.is_some() {
+                    ", configured maximum"
+                } else {
+                    ""
+                }
             ),
         ),
-        ("readers", format!("{} of {} slots", s.readers, s.max_readers)),
+        (
+            "readers",
+            format!("{} of {} slots", s.readers, s.max_readers),
+        ),
         ("durability", durability),
     ])?;
     Ok(())

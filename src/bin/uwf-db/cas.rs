@@ -79,7 +79,9 @@ fn put(cli: &Cli, file: &PathBuf, out: &mut Output) -> Result<(), CliError> {
     let encoded = Blob::content(text, []).encode().map_err(StoreError::from)?;
     let new = store.write(|w| w.put_encoded(&encoded))?;
     if out.json {
-        out.json_value(&json!({ "hash": encoded.hash(), "new": new, "size": encoded.bytes().len() }))?;
+        out.json_value(
+            &json!({ "hash": encoded.hash(), "new": new, "size": encoded.bytes().len() }),
+        )?;
     } else {
         out.line(encoded.hash())?;
     }
@@ -89,9 +91,11 @@ fn put(cli: &Cli, file: &PathBuf, out: &mut Output) -> Result<(), CliError> {
 fn lookup(cli: &Cli, prefix: &HashPrefix) -> Result<(uwf_db::Store, StoredBlob), CliError> {
     let store = cli.open(false)?;
     let hash = store.resolve(prefix)?;
-    let blob = store.get_stored(&hash)?.ok_or_else(|| StoreError::UnknownHash {
-        prefix: prefix.to_string(),
-    })?;
+    let blob = store
+        .get_stored(&hash)?
+        .ok_or_else(|| StoreError::UnknownHash {
+            prefix: prefix.to_string(),
+        })?;
     Ok((store, blob))
 }
 
@@ -125,7 +129,12 @@ fn get(cli: &Cli, prefix: &HashPrefix, raw: bool, out: &mut Output) -> Result<()
     let refs = if stored.refs.is_empty() {
         "none".to_owned()
     } else {
-        stored.refs.iter().map(|h| h.short(12)).collect::<Vec<_>>().join(" ")
+        stored
+            .refs
+            .iter()
+            .map(|h| h.short(12))
+            .collect::<Vec<_>>()
+            .join(" ")
     };
     out.table(&[
         ("hash", stored.hash.to_string()),
@@ -150,14 +159,20 @@ fn has(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError>
         Err(e) => return Err(e.into()),
     };
     if out.json {
-        out.json_value(&json!({ "query": prefix.as_str(), "present": found.is_some(), "hash": found }))?;
+        out.json_value(
+            &json!({ "query": prefix.as_str(), "present": found.is_some(), "hash": found }),
+        )?;
     } else {
         match found {
             Some(h) => out.line(h)?,
             None => out.line(format_args!("no blob matches {prefix}"))?,
         }
     }
-    if found.is_some() { Ok(()) } else { Err(CliError::Reported) }
+    if found.is_some() {
+        Ok(())
+    } else {
+        Err(CliError::Reported)
+    }
 }
 
 fn refs(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError> {
@@ -205,7 +220,10 @@ fn walk(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError
         Ok(())
     })?;
     if !out.json {
-        eprintln!("{count} blobs reachable, {}", output::human_size(total_bytes));
+        eprintln!(
+            "{count} blobs reachable, {}",
+            output::human_size(total_bytes)
+        );
     }
     Ok(())
 }

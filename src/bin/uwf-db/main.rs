@@ -86,7 +86,9 @@ impl Cli {
         std::env::var_os("HOME")
             .map(|home| PathBuf::from(home).join(".uwf"))
             .ok_or_else(|| {
-                CliError::Failed("no store given: pass --store DIR or set UWF_STORE (HOME is not set)".into())
+                CliError::Failed(
+                    "no store given: pass --store DIR or set UWF_STORE (HOME is not set)".into(),
+                )
             })
     }
 

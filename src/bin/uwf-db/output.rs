@@ -99,7 +99,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        other => return Err(format!("unknown size unit '{other}' (use KiB, MiB, GiB or TiB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit '{other}' (use KiB, MiB, GiB or TiB)"
+            ));
+        }
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("'{s}' is too large"))

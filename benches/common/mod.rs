@@ -1,0 +1,149 @@
+//! A small harness for benchmarks that compare against a baseline in the
+//! same run: alternate the two, take medians, print rates and the ratio.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// A fresh directory under the target directory (a real disk, not tmpfs).
+pub fn scratch_dir(name: &str) -> tempfile::TempDir {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).unwrap();
+    tempfile::Builder::new()
+        .prefix(name)
+        .tempdir_in(base)
+        .unwrap()
+}
+
+/// Opens a raw heed environment for the baseline.
+pub fn raw_env(dir: &std::path::Path, durable: bool) -> heed::Env<heed::WithoutTls> {
+    let mut options = heed::EnvOpenOptions::new().read_txn_without_tls();
+    options.map_size(1 << 40).max_dbs(16).max_readers(1024);
+    if !durable {
+        // SAFETY (bench): NO_SYNC only weakens crash durability of a scratch store.
+        #[allow(unsafe_code)]
+        unsafe {
+            options.flags(heed::EnvFlags::NO_SYNC);
+        }
+    }
+    // SAFETY (bench): a fresh directory, opened once.
+    #[allow(unsafe_code)]
+    unsafe {
+        options.open(dir).unwrap()
+    }
+}
+
+/// Deterministic xorshift, for shuffles without a dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One comparison: `ops` operations per run, `reps` alternating runs each.
+/// `subject` and `baseline` return the time of the measured part of a run.
+pub struct Comparison {
+    pub name: String,
+    pub ops: u64,
+    pub subject: Duration,
+    pub baseline: Duration,
+}
+
+impl Comparison {
+    pub fn run(
+        name: &str,
+        ops: u64,
+        reps: usize,
+        mut subject: impl FnMut() -> Duration,
+        mut baseline: impl FnMut() -> Duration,
+    ) -> Comparison {
+        // Warm up both once, then alternate so drift hits both alike.
+        subject();
+        baseline();
+        let mut s = Vec::new();
+        let mut b = Vec::new();
+        for i in 0..reps {
+            if i % 2 == 0 {
+                s.push(subject());
+                b.push(baseline());
+            } else {
+                b.push(baseline());
+                s.push(subject());
+            }
+        }
+        Comparison {
+            name: name.to_owned(),
+            ops,
+            subject: median(s),
+            baseline: median(b),
+        }
+    }
+
+    pub fn rate(ops: u64, d: Duration) -> f64 {
+        ops as f64 / d.as_secs_f64()
+    }
+
+    /// subject rate / baseline rate.
+    pub fn ratio(&self) -> f64 {
+        self.baseline.as_secs_f64() / self.subject.as_secs_f64()
+    }
+}
+
+/// Times `f`.
+pub fn time(f: impl FnOnce()) -> Duration {
+    let t = Instant::now();
+    f();
+    t.elapsed()
+}
+
+/// Prints the table (Markdown, ready for the README).
+pub fn report(title: &str, goal: &str, rows: &[Comparison]) {
+    println!("\n## {title}\n");
+    println!("goal: {goal}\n");
+    println!("| benchmark | ops/run | uwf-db ops/s | baseline ops/s | ratio |");
+    println!("|---|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2}× |",
+            r.name,
+            r.ops,
+            Comparison::rate(r.ops, r.subject),
+            Comparison::rate(r.ops, r.baseline),
+            r.ratio()
+        );
+    }
+    println!(
+        "\nmachine: {} cores; {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(
+                |c| c.lines().find(|l| l.starts_with("model name")).map(|l| l
+                    .split(':')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_owned())
+            )
+            .unwrap_or_default()
+    );
+}
