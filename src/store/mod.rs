@@ -547,7 +547,7 @@ pub struct Stats {
     pub map_used: u64,
     /// Size of `data.mdb` on disk.
     pub file_size: u64,
-    /// Reader slots in use (all processes).
+    /// Reader slots used so far (LMDB's high-water mark, all processes).
     pub readers: u32,
     /// Reader slots available.
     pub max_readers: u32,

@@ -113,7 +113,7 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ),
         (
             "readers",
-            format!("{} of {} slots", s.readers, s.max_readers),
+            format!("{} slots used so far, of {}", s.readers, s.max_readers),
         ),
         ("durability", durability),
     ])?;

@@ -120,6 +120,12 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Ctrl-C: exit 130. An open write transaction dies with the process and
+    // LMDB discards it, so nothing half-written can remain.
+    let _ = ctrlc::set_handler(|| {
+        eprintln!("interrupted");
+        std::process::exit(130);
+    });
     let mut out = Output::new(cli.json);
     let result = run(&cli, &mut out).and_then(|()| out.flush().map_err(CliError::from));
     match result {
