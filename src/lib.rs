@@ -31,6 +31,7 @@ pub mod codec;
 pub mod hash;
 pub mod node;
 pub mod store;
+pub mod thread;
 pub mod verify;
 
 pub use codec::CodecError;

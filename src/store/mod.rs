@@ -241,6 +241,41 @@ pub(crate) struct Databases {
     pub meta: Database<Str, Bytes>,
     /// `blobs`: hash (32 bytes) → blob record.
     pub blobs: Database<Bytes, Bytes>,
+    /// `threads`: active thread records, by id (16 bytes).
+    pub threads: Database<Bytes, Bytes>,
+    /// `history`: ended thread records, by UTC day (u32 BE) then id.
+    pub history: Database<Bytes, Bytes>,
+    /// `history_ids`: id → UTC day (u32 BE) of its `history` entry.
+    pub history_ids: Database<Bytes, Bytes>,
+    /// `activity`: last activity (u64 BE ms) then id → status, flags, workflow.
+    pub activity: Database<Bytes, Bytes>,
+    /// `children`: parent id then child id → empty.
+    pub children: Database<Bytes, Bytes>,
+}
+
+/// Names of the byte-keyed databases after `meta`, in `Databases` order.
+const BYTE_DATABASES: [&str; 6] = [
+    "blobs",
+    "threads",
+    "history",
+    "history_ids",
+    "activity",
+    "children",
+];
+
+impl Databases {
+    fn from_parts(meta: Database<Str, Bytes>, dbs: [Database<Bytes, Bytes>; 6]) -> Self {
+        let [blobs, threads, history, history_ids, activity, children] = dbs;
+        Databases {
+            meta,
+            blobs,
+            threads,
+            history,
+            history_ids,
+            activity,
+            children,
+        }
+    }
 }
 
 pub(crate) struct StoreInner {
@@ -574,17 +609,22 @@ fn open_databases(
     let meta = env
         .open_database::<Str, Bytes>(&rtxn, Some("meta"))
         .map_err(|e| fail("opening the meta database", e))?;
-    let blobs = env
-        .open_database::<Bytes, Bytes>(&rtxn, Some("blobs"))
-        .map_err(|e| fail("opening the blobs database", e))?;
-    if let (Some(meta), Some(blobs)) = (meta, blobs) {
+    let mut found = Vec::with_capacity(BYTE_DATABASES.len());
+    for name in BYTE_DATABASES {
+        found.push(
+            env.open_database::<Bytes, Bytes>(&rtxn, Some(name))
+                .map_err(|e| fail("opening a database", e))?,
+        );
+    }
+    let all: Option<Vec<_>> = found.into_iter().collect();
+    if let (Some(meta), Some(Ok(dbs))) = (meta, all.map(<[_; 6]>::try_from)) {
         let stored = meta
             .get(&rtxn, FORMAT_VERSION_KEY)
             .map_err(|e| fail("reading the format version", e))?
             .map(<[u8]>::to_vec);
         rtxn.commit().map_err(|e| fail("opening", e))?;
         check_format(path, stored.as_deref())?;
-        return Ok(Databases { meta, blobs });
+        return Ok(Databases::from_parts(meta, dbs));
     }
     drop(rtxn);
 
@@ -592,9 +632,17 @@ fn open_databases(
     let meta = env
         .create_database::<Str, Bytes>(&mut wtxn, Some("meta"))
         .map_err(|e| fail("creating the meta database", e))?;
-    let blobs = env
-        .create_database::<Bytes, Bytes>(&mut wtxn, Some("blobs"))
-        .map_err(|e| fail("creating the blobs database", e))?;
+    let mut created = Vec::with_capacity(BYTE_DATABASES.len());
+    for name in BYTE_DATABASES {
+        created.push(
+            env.create_database::<Bytes, Bytes>(&mut wtxn, Some(name))
+                .map_err(|e| fail("creating a database", e))?,
+        );
+    }
+    let Ok(dbs) = <[_; 6]>::try_from(created) else {
+        unreachable!("one database per name");
+    };
+    let dbs = Databases::from_parts(meta, dbs);
     let stored = meta
         .get(&wtxn, FORMAT_VERSION_KEY)
         .map_err(|e| fail("reading the format version", e))?
@@ -602,7 +650,8 @@ fn open_databases(
     match stored {
         Some(v) => check_format(path, Some(&v))?,
         None => {
-            let has_data = !blobs
+            let has_data = !dbs
+                .blobs
                 .is_empty(&wtxn)
                 .map_err(|e| fail("reading the blobs database", e))?;
             if has_data {
@@ -616,7 +665,7 @@ fn open_databases(
         }
     }
     wtxn.commit().map_err(|e| fail("creating", e))?;
-    Ok(Databases { meta, blobs })
+    Ok(dbs)
 }
 
 /// Parses a stored format version value (4 bytes, big-endian).

@@ -5,7 +5,7 @@ use std::ops::Bound;
 use heed::{MdbError, PutFlags, RoTxn, RwTxn, WithoutTls};
 
 use super::record::{BlobRecord, write_record};
-use super::{FORMAT_VERSION_KEY, StoreError, StoreInner, now_ms, parse_format};
+use super::{Databases, FORMAT_VERSION_KEY, StoreError, StoreInner, now_ms, parse_format};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::{Blob, EncodedBlob, Kind};
 
@@ -55,6 +55,14 @@ pub struct ReadTxn<'s> {
 /// Reads shared by read and write transactions.
 macro_rules! blob_reads {
     () => {
+        pub(crate) fn dbs(&self) -> &'s Databases {
+            &self.store.dbs
+        }
+
+        pub(crate) fn store_inner(&self) -> &'s StoreInner {
+            self.store
+        }
+
         /// Whether a blob is stored.
         pub fn contains(&self, hash: &Hash) -> Result<bool, StoreError> {
             self.store
@@ -209,6 +217,12 @@ impl<'s> WriteTxn<'s> {
 
     pub(crate) fn raw(&self) -> &RoTxn<'s, WithoutTls> {
         &self.txn
+    }
+
+    /// The write transaction and the databases, for the modules that own
+    /// other databases (threads).
+    pub(crate) fn parts(&mut self) -> (&mut RwTxn<'s>, &'s Databases, &'s StoreInner) {
+        (&mut self.txn, &self.store.dbs, self.store)
     }
 
     /// The time this transaction stamps on what it writes (ms since the epoch).

@@ -116,3 +116,86 @@ pub fn vector_blobs() -> Vec<(&'static str, Blob)> {
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+use uwf_db::thread::{After, NewThread, StepWrite, ThreadId, ThreadRecord};
+use uwf_db::{Store, StoreOptions};
+
+/// A store without fsync, for tests that commit many transactions.
+pub fn fast_store(dir: &std::path::Path) -> Store {
+    Store::open(
+        dir,
+        StoreOptions {
+            durability: uwf_db::Durability::None,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Stores a placeholder workflow definition named `name`.
+pub fn workflow(store: &Store, name: &str) -> Hash {
+    store
+        .put(&Blob::Workflow(WorkflowNode {
+            definition: Value::Map(BTreeMap::from([(
+                "name".to_owned(),
+                Value::Str(name.into()),
+            )])),
+        }))
+        .unwrap()
+}
+
+/// Starts a top-level thread of workflow `name` whose first role is `dev`.
+pub fn new_thread(store: &Store, name: &str) -> ThreadRecord {
+    let wf = workflow(store, name);
+    store
+        .start_thread(NewThread {
+            workflow: name.into(),
+            workflow_hash: wf,
+            prompt: format!("task for {name}"),
+            max_rounds: 100,
+            depth: 0,
+            parent_state: None,
+            parent_thread: None,
+            next_role: "dev".into(),
+            next_instruction: "Implement the change".into(),
+            agent: Some("script:test.yaml".into()),
+        })
+        .unwrap()
+}
+
+/// A role step with `$status`.
+pub fn step(role: &str, status: &str, reply: &str) -> StepWrite {
+    StepWrite {
+        role: role.into(),
+        meta: BTreeMap::from([("$status".to_owned(), Value::Str(status.into()))]),
+        reply: reply.into(),
+        artifacts: vec![],
+        instruction: format!("instruction for {role}"),
+        child_thread: None,
+    }
+}
+
+/// Continue with role `next`.
+pub fn next(role: &str) -> After {
+    After::Next {
+        role: role.into(),
+        instruction: format!("your turn, {role}"),
+    }
+}
+
+/// Appends `n` steps, one transaction each; returns the last record.
+pub fn append_n(store: &Store, id: ThreadId, n: usize) -> ThreadRecord {
+    let mut rec = store.thread(id).unwrap().unwrap();
+    for i in 0..n {
+        let w = store
+            .append_step(
+                id,
+                rec.head,
+                step("dev", "again", &format!("step {i}")),
+                next("dev"),
+            )
+            .unwrap();
+        rec = w.record;
+    }
+    rec
+}

@@ -1,0 +1,125 @@
+//! Threads: records in the active index and the date-partitioned history,
+//! compare-and-swap appends, ends, forks, history paging, the Merkle call
+//! stack and compaction. The database layouts are in `docs/design.md`.
+//!
+//! Every function that changes a thread runs in one write transaction and
+//! checks the head the caller expects (compare-and-swap), so two writers
+//! racing on one thread cannot both commit.
+
+mod id;
+mod index;
+mod read;
+mod record;
+mod write;
+
+pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
+pub use read::{Context, Frame, HistoryPage, LogEntry, ThreadQuery, ThreadTree};
+pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
+pub use write::{After, EndSpec, ForkState, NewThread, StepWrite, Written};
+
+use crate::codec::CodecError;
+use crate::hash::Hash;
+use crate::store::StoreError;
+
+/// Role name of end nodes.
+pub const END_ROLE: &str = "__end__";
+
+/// Most entries in a state node's `ancestors`: the parent and 10 more.
+pub const MAX_ANCESTORS: usize = 11;
+
+/// What went wrong with a thread operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ThreadError {
+    /// A storage failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No thread has this id or prefix.
+    #[error("no thread matches '{0}'")]
+    Unknown(String),
+    /// More than one thread has this prefix.
+    #[error("'{prefix}' is ambiguous: it matches {}; give more characters",
+        candidates.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    Ambiguous {
+        /// The prefix given.
+        prefix: String,
+        /// Some of the matching ids.
+        candidates: Vec<ThreadId>,
+    },
+    /// The head moved since the caller read it.
+    #[error(
+        "thread {thread} changed: expected head {expected}, found {actual}; nothing was written"
+    )]
+    Conflict {
+        /// The thread.
+        thread: ThreadId,
+        /// The head the caller expected.
+        expected: Hash,
+        /// The head found.
+        actual: Hash,
+    },
+    /// The operation does not apply to the thread's status.
+    #[error("thread {thread} is {status}: cannot {action}")]
+    WrongStatus {
+        /// The thread.
+        thread: ThreadId,
+        /// Its status.
+        status: ThreadStatus,
+        /// What was attempted.
+        action: &'static str,
+    },
+    /// A node that is not on the thread's chain.
+    #[error("node {node} is not on the chain of thread {thread}")]
+    NotOnChain {
+        /// The node given.
+        node: Hash,
+        /// The thread.
+        thread: ThreadId,
+    },
+    /// Forking at an end node.
+    #[error("cannot fork thread {thread} at its end node {node}: resume the thread instead")]
+    ForkAtEnd {
+        /// The thread.
+        thread: ThreadId,
+        /// The end node.
+        node: Hash,
+    },
+    /// Forking a thread suspended inside a child workflow.
+    #[error(
+        "cannot fork thread {thread}: it is suspended inside child workflow thread {child}; resume it first"
+    )]
+    ForkInsideChild {
+        /// The thread.
+        thread: ThreadId,
+        /// The suspended child.
+        child: ThreadId,
+    },
+    /// A node of the wrong kind where a chain node was expected.
+    #[error("blob {hash} is not a {expected} node")]
+    WrongKind {
+        /// The blob.
+        hash: Hash,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// A blob the chain needs is not stored.
+    #[error("blob {hash} is missing from the store; run `uwf-db verify`")]
+    MissingNode {
+        /// The blob.
+        hash: Hash,
+    },
+    /// A thread record cannot be decoded.
+    #[error("the record of thread {thread} is corrupt: {detail}; run `uwf-db verify`")]
+    CorruptRecord {
+        /// The thread.
+        thread: String,
+        /// The decoder's error.
+        detail: String,
+    },
+}
+
+impl From<CodecError> for ThreadError {
+    fn from(e: CodecError) -> Self {
+        ThreadError::Store(StoreError::Codec(e))
+    }
+}

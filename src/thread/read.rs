@@ -1,0 +1,475 @@
+//! Reading threads: lookup, listings, history paging through the ancestor
+//! lists, context assembly with compaction, and the Merkle call stack.
+
+use std::ops::Bound;
+
+use heed::{RoTxn, WithoutTls};
+
+use super::index::{self, Location};
+use super::record::{ActivityEntry, activity_key, history_key};
+use super::{END_ROLE, IdPrefix, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use crate::hash::Hash;
+use crate::node::{Blob, StartNode, StateNode};
+use crate::store::{ReadTxn, Store, WriteTxn};
+
+/// Deepest call stack walked (a guard: depth is limited when spawning).
+const MAX_STACK: usize = 64;
+
+/// One state node of a chain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogEntry {
+    /// The node's hash.
+    pub hash: Hash,
+    /// The node.
+    pub node: StateNode,
+}
+
+/// Filters for [`Store::list_threads`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadQuery {
+    /// Only these statuses (empty: all).
+    pub statuses: Vec<ThreadStatus>,
+    /// Only this workflow.
+    pub workflow: Option<String>,
+    /// Only threads whose latest attempt failed (`last_error` set).
+    pub failed_only: bool,
+    /// Last activity at or after (ms).
+    pub since: Option<u64>,
+    /// Last activity before (ms).
+    pub until: Option<u64>,
+    /// Page size.
+    pub limit: usize,
+    /// Matching threads to skip first.
+    pub offset: usize,
+}
+
+impl Default for ThreadQuery {
+    fn default() -> Self {
+        ThreadQuery {
+            statuses: Vec::new(),
+            workflow: None,
+            failed_only: false,
+            since: None,
+            until: None,
+            limit: 50,
+            offset: 0,
+        }
+    }
+}
+
+/// Ended threads of a day range, and how many keys the scan read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryPage {
+    /// The records, by day then id.
+    pub records: Vec<ThreadRecord>,
+    /// `history` keys read: the range only, never other days.
+    pub keys_visited: usize,
+}
+
+/// What an agent's context is assembled from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Context {
+    /// The newest compaction summary: its blob and text.
+    pub summary: Option<(Hash, String)>,
+    /// The steps after the summary (or all, up to the limit), oldest first.
+    pub steps: Vec<LogEntry>,
+}
+
+/// One level of the Merkle call stack.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frame {
+    /// The node at this level (the given node, then each parent state).
+    pub node: Hash,
+    /// The start node of the thread at this level.
+    pub start: Hash,
+    /// Its payload (workflow, depth, parent state).
+    pub start_node: StartNode,
+}
+
+/// A thread with its parents and children (records).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadTree {
+    /// Parents, from the top-level thread down to the direct parent.
+    pub parents: Vec<ThreadRecord>,
+    /// The thread itself.
+    pub thread: ThreadRecord,
+    /// Children, each with its own children.
+    pub children: Vec<ThreadTree>,
+}
+
+fn state_at(r: &ReadTxn<'_>, hash: &Hash) -> Result<StateNode, ThreadError> {
+    match r.get_blob(hash)? {
+        Some(Blob::State(s)) => Ok(s),
+        Some(_) => Err(ThreadError::WrongKind {
+            hash: *hash,
+            expected: "state",
+        }),
+        None => Err(ThreadError::MissingNode { hash: *hash }),
+    }
+}
+
+/// Pages back from `from` (included) through the ancestor lists: each node
+/// names its 11 predecessors, so a page of k nodes needs about k/11
+/// dependent rounds; the start node is never included.
+fn page_from(r: &ReadTxn<'_>, from: Hash, limit: usize) -> Result<Vec<LogEntry>, ThreadError> {
+    let mut out: Vec<LogEntry> = Vec::with_capacity(limit.min(1024));
+    if limit == 0 {
+        return Ok(out);
+    }
+    let node = match r.get_blob(&from)? {
+        Some(Blob::State(s)) => s,
+        Some(Blob::Start(_)) => return Ok(out),
+        Some(_) => {
+            return Err(ThreadError::WrongKind {
+                hash: from,
+                expected: "state",
+            });
+        }
+        None => return Err(ThreadError::MissingNode { hash: from }),
+    };
+    out.push(LogEntry { hash: from, node });
+    while out.len() < limit {
+        // The oldest node read so far names the next up-to-11 nodes.
+        let batch = match out.last() {
+            Some(e) if !e.node.ancestors.is_empty() => e.node.ancestors.clone(),
+            _ => break,
+        };
+        for hash in batch {
+            if out.len() == limit {
+                break;
+            }
+            let node = state_at(r, &hash)?;
+            out.push(LogEntry { hash, node });
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `target` (a state node with sequence number `target_seq`) is on
+/// the chain ending at `head`: jumps back through ancestor lists, 11 nodes
+/// per read.
+pub(crate) fn on_chain(
+    w: &WriteTxn<'_>,
+    head: Hash,
+    target: &Hash,
+    target_seq: u64,
+) -> Result<bool, ThreadError> {
+    let mut cur = head;
+    loop {
+        if cur == *target {
+            return Ok(true);
+        }
+        let node = match w.get_blob(&cur)? {
+            Some(Blob::State(s)) => s,
+            _ => return Ok(false),
+        };
+        if node.seq <= target_seq {
+            return Ok(false);
+        }
+        if node.ancestors.contains(target) {
+            return Ok(true);
+        }
+        match node.ancestors.last() {
+            Some(oldest) => cur = *oldest,
+            None => return Ok(false),
+        }
+    }
+}
+
+/// `seq` of the newest end node strictly before `node` (0 if none): walks
+/// back through its ancestors.
+pub(crate) fn last_end_before(w: &WriteTxn<'_>, node: &StateNode) -> Result<u64, ThreadError> {
+    let mut ancestors = node.ancestors.clone();
+    while !ancestors.is_empty() {
+        let mut oldest = None;
+        for hash in &ancestors {
+            let s = match w.get_blob(hash)? {
+                Some(Blob::State(s)) => s,
+                _ => return Err(ThreadError::MissingNode { hash: *hash }),
+            };
+            if s.role == END_ROLE {
+                return Ok(s.seq);
+            }
+            oldest = Some(s);
+        }
+        ancestors = oldest.map(|s| s.ancestors).unwrap_or_default();
+    }
+    Ok(0)
+}
+
+fn find_in(r: &ReadTxn<'_>, id: ThreadId) -> Result<Option<(ThreadRecord, Location)>, ThreadError> {
+    index::find(r.raw(), r.dbs(), r.store_inner(), id)
+}
+
+fn need(r: &ReadTxn<'_>, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
+    find_in(r, id)?
+        .map(|(rec, _)| rec)
+        .ok_or_else(|| ThreadError::Unknown(id.to_string()))
+}
+
+fn raw<'t>(r: &'t ReadTxn<'_>) -> &'t RoTxn<'t, WithoutTls> {
+    r.raw()
+}
+
+impl Store {
+    /// A thread's record, active or ended: O(log n).
+    pub fn thread(&self, id: ThreadId) -> Result<Option<ThreadRecord>, ThreadError> {
+        self.read(|r| Ok(find_in(r, id)?.map(|(rec, _)| rec)))
+    }
+
+    /// Resolves a full thread id or a unique prefix.
+    pub fn resolve_thread(&self, prefix: &IdPrefix) -> Result<ThreadId, ThreadError> {
+        self.read(|r| index::resolve(raw(r), r.dbs(), r.store_inner(), prefix))
+    }
+
+    /// Threads by last activity, newest first, filtered and paged. Filters
+    /// read the `activity` index only; records are read for the page alone.
+    pub fn list_threads(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
+        self.read(|r| {
+            let inner = r.store_inner();
+            let err = |e| ThreadError::Store(inner.error("listing threads", e));
+            let lower = q.since.map(|t| activity_key(t, ThreadId::NIL));
+            let upper = q.until.map(|t| activity_key(t, ThreadId::NIL));
+            let range = (
+                lower
+                    .as_ref()
+                    .map_or(Bound::Unbounded, |k| Bound::Included(&k[..])),
+                upper
+                    .as_ref()
+                    .map_or(Bound::Unbounded, |k| Bound::Excluded(&k[..])),
+            );
+            let mut ids = Vec::with_capacity(q.limit.min(1024));
+            let mut skipped = 0;
+            for entry in r.dbs().activity.rev_range(raw(r), &range).map_err(err)? {
+                if ids.len() == q.limit {
+                    break;
+                }
+                let (key, value) = entry.map_err(err)?;
+                let Some(a) = ActivityEntry::parse(value) else {
+                    continue;
+                };
+                if (!q.statuses.is_empty() && !q.statuses.contains(&a.status))
+                    || (q.failed_only && !a.has_error)
+                    || q.workflow
+                        .as_ref()
+                        .is_some_and(|w| w.as_bytes() != a.workflow)
+                {
+                    continue;
+                }
+                if skipped < q.offset {
+                    skipped += 1;
+                    continue;
+                }
+                ids.extend(key.get(8..).and_then(ThreadId::from_slice));
+            }
+            ids.into_iter().map(|id| need(r, id)).collect()
+        })
+    }
+
+    /// Ended threads whose UTC completion day is in `from_day..to_day`,
+    /// reading only that range of `history`.
+    pub fn list_history(&self, from_day: u32, to_day: u32) -> Result<HistoryPage, ThreadError> {
+        self.read(|r| {
+            let inner = r.store_inner();
+            let err = |e| ThreadError::Store(inner.error("listing history", e));
+            let lower = history_key(from_day, ThreadId::NIL);
+            let upper = history_key(to_day, ThreadId::NIL);
+            let range = (Bound::Included(&lower[..]), Bound::Excluded(&upper[..]));
+            let mut page = HistoryPage {
+                records: Vec::new(),
+                keys_visited: 0,
+            };
+            for entry in r.dbs().history.range(raw(r), &range).map_err(err)? {
+                let (key, value) = entry.map_err(err)?;
+                page.keys_visited += 1;
+                page.records.push(ThreadRecord::decode(value).map_err(|e| {
+                    ThreadError::CorruptRecord {
+                        thread: format!("{key:02x?}"),
+                        detail: e.to_string(),
+                    }
+                })?);
+            }
+            Ok(page)
+        })
+    }
+
+    /// The chain's state nodes newest first (end nodes included, the start
+    /// excluded), from the head or from just before `before`, at most `limit`.
+    pub fn thread_log(
+        &self,
+        id: ThreadId,
+        limit: usize,
+        before: Option<Hash>,
+    ) -> Result<Vec<LogEntry>, ThreadError> {
+        self.read(|r| {
+            let record = need(r, id)?;
+            let from = match before {
+                None => record.head,
+                Some(b) => {
+                    let node = state_at(r, &b)?;
+                    if node.start != record.start {
+                        return Err(ThreadError::NotOnChain {
+                            node: b,
+                            thread: id,
+                        });
+                    }
+                    match node.ancestors.first() {
+                        Some(parent) => *parent,
+                        None => return Ok(Vec::new()),
+                    }
+                }
+            };
+            page_from(r, from, limit)
+        })
+    }
+
+    /// State nodes newest first from any node (a child's end node, say).
+    pub fn log_from(&self, node: Hash, limit: usize) -> Result<Vec<LogEntry>, ThreadError> {
+        self.read(|r| page_from(r, node, limit))
+    }
+
+    /// The context for the thread's next agent call: the staged summary if
+    /// there is one (it covers everything up to the head); else walking back
+    /// from the head, the steps after the newest node carrying `compact` (that
+    /// node included) and its summary; at most `max_steps` steps.
+    pub fn context(&self, id: ThreadId, max_steps: usize) -> Result<Context, ThreadError> {
+        self.read(|r| {
+            let record = need(r, id)?;
+            let text = |h: &Hash| -> Result<String, ThreadError> {
+                match r.get_blob(h)? {
+                    Some(Blob::Content(c)) => Ok(c.text),
+                    Some(_) => Err(ThreadError::WrongKind {
+                        hash: *h,
+                        expected: "content",
+                    }),
+                    None => Err(ThreadError::MissingNode { hash: *h }),
+                }
+            };
+            if let Some(staged) = record.staged_compact {
+                return Ok(Context {
+                    summary: Some((staged, text(&staged)?)),
+                    steps: Vec::new(),
+                });
+            }
+            let mut steps = Vec::new();
+            let mut summary = None;
+            let mut from = Some(record.head);
+            'walk: while let Some(h) = from {
+                let page = page_from(r, h, 64)?;
+                from = page.last().and_then(|e| e.node.ancestors.last().copied());
+                if page.len() < 64 {
+                    from = None;
+                }
+                for entry in page {
+                    let compact = entry.node.compact;
+                    steps.push(entry);
+                    if let Some(c) = compact {
+                        summary = Some((c, text(&c)?));
+                        break 'walk;
+                    }
+                    if steps.len() == max_steps {
+                        break 'walk;
+                    }
+                }
+            }
+            steps.reverse();
+            Ok(Context { summary, steps })
+        })
+    }
+
+    /// The Merkle call stack of any node, innermost first: the node's own
+    /// thread level, then each parent state up to the top-level thread.
+    pub fn call_stack(&self, node: Hash) -> Result<Vec<Frame>, ThreadError> {
+        self.read(|r| {
+            let mut frames = Vec::new();
+            let mut cur = Some(node);
+            while let Some(h) = cur {
+                if frames.len() == MAX_STACK {
+                    break;
+                }
+                let start = match r.get_blob(&h)? {
+                    Some(Blob::State(s)) => s.start,
+                    Some(Blob::Start(_)) => h,
+                    Some(_) => {
+                        return Err(ThreadError::WrongKind {
+                            hash: h,
+                            expected: "state or start",
+                        });
+                    }
+                    None => return Err(ThreadError::MissingNode { hash: h }),
+                };
+                let start_node = match r.get_blob(&start)? {
+                    Some(Blob::Start(s)) => s,
+                    _ => {
+                        return Err(ThreadError::WrongKind {
+                            hash: start,
+                            expected: "start",
+                        });
+                    }
+                };
+                cur = start_node.parent_state;
+                frames.push(Frame {
+                    node: h,
+                    start,
+                    start_node,
+                });
+            }
+            Ok(frames)
+        })
+    }
+
+    /// From a parent's step that ran a child workflow: the child's chain,
+    /// newest first (its end node first), at most `limit` nodes.
+    pub fn child_history(
+        &self,
+        parent_step: Hash,
+        limit: usize,
+    ) -> Result<Option<Vec<LogEntry>>, ThreadError> {
+        self.read(|r| match state_at(r, &parent_step)?.child_thread {
+            Some(child_end) => page_from(r, child_end, limit).map(Some),
+            None => Ok(None),
+        })
+    }
+
+    /// A thread's parents (up) and children (down), as records.
+    pub fn thread_tree(&self, id: ThreadId) -> Result<ThreadTree, ThreadError> {
+        self.read(|r| {
+            let thread = need(r, id)?;
+            let mut parents = Vec::new();
+            let mut up = thread.parent_thread;
+            while let Some(p) = up {
+                if parents.len() == MAX_STACK {
+                    break;
+                }
+                let rec = need(r, p)?;
+                up = rec.parent_thread;
+                parents.push(rec);
+            }
+            parents.reverse();
+            Ok(ThreadTree {
+                parents,
+                children: subtree(r, id, 0)?,
+                thread,
+            })
+        })
+    }
+}
+
+fn subtree(r: &ReadTxn<'_>, id: ThreadId, depth: usize) -> Result<Vec<ThreadTree>, ThreadError> {
+    if depth >= MAX_STACK {
+        return Ok(Vec::new());
+    }
+    let kids = index::children(raw(r), r.dbs(), r.store_inner(), id)?;
+    let mut out = Vec::with_capacity(kids.len());
+    for child in kids {
+        // A child removed with `thread rm` leaves no record: skip it.
+        if let Some((thread, _)) = find_in(r, child)? {
+            out.push(ThreadTree {
+                parents: Vec::new(),
+                children: subtree(r, child, depth + 1)?,
+                thread,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,562 @@
+//! Operations that change threads. Each is one write transaction; each that
+//! moves a head is a compare-and-swap on the head the caller expects.
+
+use std::collections::BTreeMap;
+
+use super::index::{self, Location};
+use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use crate::hash::Hash;
+use crate::node::{Blob, StartNode, StateNode, Value};
+use crate::store::{Store, WriteTxn};
+
+/// A new thread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewThread {
+    /// The workflow's name.
+    pub workflow: String,
+    /// The stored `workflow` blob (must exist).
+    pub workflow_hash: Hash,
+    /// The task prompt.
+    pub prompt: String,
+    /// Loop protection for the start node.
+    pub max_rounds: u32,
+    /// 0 for a top-level thread.
+    pub depth: u32,
+    /// For a child workflow: the parent's head when it was spawned.
+    pub parent_state: Option<Hash>,
+    /// For a child workflow: the parent thread.
+    pub parent_thread: Option<ThreadId>,
+    /// The first role.
+    pub next_role: String,
+    /// The first role's instruction (the rendered `$START` prompt).
+    pub next_instruction: String,
+    /// The agent spec to store on the record.
+    pub agent: Option<String>,
+}
+
+/// One role step to append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepWrite {
+    /// The role that ran.
+    pub role: String,
+    /// Its frontmatter, including `$status`.
+    pub meta: BTreeMap<String, Value>,
+    /// The reply body.
+    pub reply: String,
+    /// Artifacts the reply refers to (must exist).
+    pub artifacts: Vec<Hash>,
+    /// The exact instruction the role was given.
+    pub instruction: String,
+    /// The final state of a child thread this step ran.
+    pub child_thread: Option<Hash>,
+}
+
+/// How a thread ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndSpec {
+    /// 0 reached `$END`, 1 `maxRounds`, 2 cancelled.
+    pub return_code: u8,
+    /// The end summary (the end node's content).
+    pub summary: String,
+    /// The rendered `$END` prompt or a fixed text (the end node's input).
+    pub prompt: String,
+}
+
+/// What follows a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum After {
+    /// The next role runs: status `idle`.
+    Next {
+        /// The next role.
+        role: String,
+        /// Its rendered instruction.
+        instruction: String,
+    },
+    /// Wait for a human: status `suspended`.
+    Suspend {
+        /// The role that produced the suspending status.
+        role: String,
+        /// The rendered edge prompt.
+        message: String,
+    },
+    /// Write the end node in the same transaction and move to history.
+    End(EndSpec),
+}
+
+/// The state a fork starts in, computed by the caller from the node and the
+/// pinned workflow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForkState {
+    /// The next role runs.
+    Idle {
+        /// The next role.
+        role: String,
+        /// Its instruction.
+        instruction: String,
+    },
+    /// The node routed to `$SUSPEND`.
+    Suspended {
+        /// The role that suspended.
+        role: String,
+        /// The suspend message.
+        message: String,
+    },
+}
+
+/// What a write committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    /// The record after the write.
+    pub record: ThreadRecord,
+    /// The role step's state node, if one was written.
+    pub step: Option<Hash>,
+    /// The end node, if one was written.
+    pub end: Option<Hash>,
+}
+
+/// `seq` and `ancestors` for the node after `head`.
+fn next_position(w: &WriteTxn<'_>, head: Hash) -> Result<(u64, Vec<Hash>), ThreadError> {
+    match w.get_blob(&head)? {
+        Some(Blob::Start(_)) => Ok((1, Vec::new())),
+        Some(Blob::State(s)) => {
+            let mut ancestors = Vec::with_capacity(MAX_ANCESTORS);
+            ancestors.push(head);
+            ancestors.extend(s.ancestors.iter().take(MAX_ANCESTORS - 1));
+            Ok((s.seq + 1, ancestors))
+        }
+        Some(_) => Err(ThreadError::WrongKind {
+            hash: head,
+            expected: "state or start",
+        }),
+        None => Err(ThreadError::MissingNode { hash: head }),
+    }
+}
+
+/// Writes a state node after `record.head` and moves the head to it. The
+/// staged compaction summary, if any, becomes its `compact`.
+#[allow(clippy::too_many_arguments)]
+fn write_state(
+    w: &mut WriteTxn<'_>,
+    record: &mut ThreadRecord,
+    role: &str,
+    meta: BTreeMap<String, Value>,
+    reply: &str,
+    artifacts: &[Hash],
+    instruction: &str,
+    child_thread: Option<Hash>,
+) -> Result<Hash, ThreadError> {
+    let (seq, ancestors) = next_position(w, record.head)?;
+    let content = w.put_blob(&Blob::content(reply, artifacts.iter().copied()))?;
+    let input = w.put_blob(&Blob::content(instruction, []))?;
+    let node = Blob::State(StateNode {
+        ancestors,
+        child_thread,
+        compact: record.staged_compact.take(),
+        content,
+        input,
+        meta,
+        role: role.to_owned(),
+        seq,
+        start: record.start,
+        timestamp: w.now_ms(),
+    });
+    let hash = w.put_blob(&node)?;
+    record.head = hash;
+    record.seq = seq;
+    Ok(hash)
+}
+
+/// Writes the end node and turns the record into a history record.
+fn write_end(
+    w: &mut WriteTxn<'_>,
+    record: &mut ThreadRecord,
+    end: &EndSpec,
+) -> Result<Hash, ThreadError> {
+    let meta = BTreeMap::from([
+        (
+            "return_code".to_owned(),
+            Value::UInt(u64::from(end.return_code)),
+        ),
+        ("summary".to_owned(), Value::Str(end.summary.clone())),
+    ]);
+    let hash = write_state(
+        w,
+        record,
+        END_ROLE,
+        meta,
+        &end.summary,
+        &[],
+        &end.prompt,
+        None,
+    )?;
+    record.last_end_seq = record.seq;
+    record.status = ThreadStatus::for_return_code(end.return_code);
+    record.completed_at = Some(w.now_ms());
+    record.next_role = None;
+    record.next_instruction = None;
+    record.suspended_role = None;
+    record.suspend_message = None;
+    record.active_child = None;
+    Ok(hash)
+}
+
+fn apply_after(
+    w: &mut WriteTxn<'_>,
+    record: &mut ThreadRecord,
+    after: After,
+) -> Result<Option<Hash>, ThreadError> {
+    record.suspended_role = None;
+    record.suspend_message = None;
+    record.next_role = None;
+    record.next_instruction = None;
+    match after {
+        After::Next { role, instruction } => {
+            record.status = ThreadStatus::Idle;
+            record.next_role = Some(role);
+            record.next_instruction = Some(instruction);
+            Ok(None)
+        }
+        After::Suspend { role, message } => {
+            record.status = ThreadStatus::Suspended;
+            record.suspended_role = Some(role);
+            record.suspend_message = Some(message);
+            Ok(None)
+        }
+        After::End(end) => write_end(w, record, &end).map(Some),
+    }
+}
+
+/// Loads a record for a compare-and-swap write.
+fn load_checked(
+    w: &WriteTxn<'_>,
+    id: ThreadId,
+    expected_head: Hash,
+) -> Result<(ThreadRecord, Location), ThreadError> {
+    let (record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
+        .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+    if record.head != expected_head {
+        return Err(ThreadError::Conflict {
+            thread: id,
+            expected: expected_head,
+            actual: record.head,
+        });
+    }
+    Ok((record, location))
+}
+
+impl Store {
+    /// Creates a thread: the prompt, the start node and the record, in one
+    /// transaction. The workflow blob (and `parent_state`) must exist.
+    pub fn start_thread(&self, new: NewThread) -> Result<ThreadRecord, ThreadError> {
+        self.write(|w| {
+            let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
+            let start = w.put_blob(&Blob::Start(StartNode {
+                depth: new.depth,
+                max_rounds: new.max_rounds,
+                name: new.workflow.clone(),
+                parent_state: new.parent_state,
+                prompt,
+                workflow: new.workflow_hash,
+            }))?;
+            let now = w.now_ms();
+            let record = ThreadRecord {
+                active_child: None,
+                agent: new.agent,
+                completed_at: None,
+                created_at: now,
+                forked_from: None,
+                head: start,
+                id: ThreadId::generate(),
+                last_end_seq: 0,
+                last_error: None,
+                next_instruction: Some(new.next_instruction),
+                next_role: Some(new.next_role),
+                parent_thread: new.parent_thread,
+                seq: 0,
+                staged_compact: None,
+                start,
+                status: ThreadStatus::Idle,
+                suspend_message: None,
+                suspended_role: None,
+                updated_at: now,
+                workflow: new.workflow,
+                workflow_hash: new.workflow_hash,
+            };
+            index::put(w, None, &record)?;
+            Ok(record)
+        })
+    }
+
+    /// Appends one role step to an active thread (idle, running or
+    /// suspended) whose head is `expected_head`: reply and instruction
+    /// content nodes, the state node, the head move and the status change in
+    /// one transaction; with [`After::End`] also the end node and the move to
+    /// history. A moved head is [`ThreadError::Conflict`] and writes nothing.
+    pub fn append_step(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        step: StepWrite,
+        after: After,
+    ) -> Result<Written, ThreadError> {
+        self.write(|w| {
+            let (record, location) = load_checked(w, id, expected_head)?;
+            if location != Location::Active {
+                return Err(ThreadError::WrongStatus {
+                    thread: id,
+                    status: record.status,
+                    action: "append a step (resume it instead)",
+                });
+            }
+            append_in(w, record, location, step, after)
+        })
+    }
+
+    /// Resumes an ended (completed or failed) thread with a step: returns it
+    /// from history to the active index and appends the step after its end
+    /// node, in one transaction. If anything fails the thread stays in
+    /// history unchanged.
+    pub fn resume_ended(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        step: StepWrite,
+        after: After,
+    ) -> Result<Written, ThreadError> {
+        self.write(|w| {
+            let (mut record, location) = load_checked(w, id, expected_head)?;
+            if !matches!(
+                record.status,
+                ThreadStatus::Completed | ThreadStatus::Failed
+            ) {
+                return Err(ThreadError::WrongStatus {
+                    thread: id,
+                    status: record.status,
+                    action: "resume from history (only completed or failed threads can)",
+                });
+            }
+            record.completed_at = None;
+            append_in(w, record, location, step, after)
+        })
+    }
+
+    /// Ends an active thread without a step (cancel, or an end decided
+    /// outside a step): writes the end node and moves it to history.
+    pub fn end_thread(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        end: EndSpec,
+    ) -> Result<Written, ThreadError> {
+        self.write(|w| {
+            let (mut record, location) = load_checked(w, id, expected_head)?;
+            if location != Location::Active {
+                return Err(ThreadError::WrongStatus {
+                    thread: id,
+                    status: record.status,
+                    action: "end it again",
+                });
+            }
+            let old = record.clone();
+            let end_hash = write_end(w, &mut record, &end)?;
+            record.updated_at = w.now_ms();
+            index::put(w, Some((&old, location)), &record)?;
+            Ok(Written {
+                record,
+                step: None,
+                end: Some(end_hash),
+            })
+        })
+    }
+
+    /// Forks `source` at `at` (its start or any role step on its chain; not
+    /// an end node): a new record pointing at the shared node, nothing
+    /// copied. Checking that `at` is on the chain reads about
+    /// `distance / 11` nodes back from the head (none for a fork at the head).
+    pub fn fork_thread(
+        &self,
+        source: ThreadId,
+        at: Hash,
+        state: ForkState,
+    ) -> Result<ThreadRecord, ThreadError> {
+        self.write(|w| {
+            let (src, _) = index::find(w.raw(), w.dbs(), w.store_inner(), source)?
+                .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
+            if let (ThreadStatus::Suspended, Some(child)) = (src.status, src.active_child) {
+                return Err(ThreadError::ForkInsideChild {
+                    thread: source,
+                    child,
+                });
+            }
+            let (seq, last_end_seq) = if at == src.start {
+                (0, 0)
+            } else {
+                let node = match w.get_blob(&at)? {
+                    Some(Blob::State(s)) => s,
+                    Some(_) => {
+                        return Err(ThreadError::WrongKind {
+                            hash: at,
+                            expected: "state",
+                        });
+                    }
+                    None => return Err(ThreadError::MissingNode { hash: at }),
+                };
+                if node.role == END_ROLE {
+                    return Err(ThreadError::ForkAtEnd {
+                        thread: source,
+                        node: at,
+                    });
+                }
+                if node.start != src.start || !super::read::on_chain(w, src.head, &at, node.seq)? {
+                    return Err(ThreadError::NotOnChain {
+                        node: at,
+                        thread: source,
+                    });
+                }
+                let last_end = if node.seq > src.last_end_seq {
+                    src.last_end_seq
+                } else {
+                    super::read::last_end_before(w, &node)?
+                };
+                (node.seq, last_end)
+            };
+            let now = w.now_ms();
+            let (status, next_role, next_instruction, suspended_role, suspend_message) = match state
+            {
+                ForkState::Idle { role, instruction } => (
+                    ThreadStatus::Idle,
+                    Some(role),
+                    Some(instruction),
+                    None,
+                    None,
+                ),
+                ForkState::Suspended { role, message } => (
+                    ThreadStatus::Suspended,
+                    None,
+                    None,
+                    Some(role),
+                    Some(message),
+                ),
+            };
+            let record = ThreadRecord {
+                active_child: None,
+                agent: src.agent.clone(),
+                completed_at: None,
+                created_at: now,
+                forked_from: Some(super::ForkOrigin {
+                    node: at,
+                    thread: source,
+                }),
+                head: at,
+                id: ThreadId::generate(),
+                last_end_seq,
+                last_error: None,
+                next_instruction,
+                next_role,
+                parent_thread: src.parent_thread,
+                seq,
+                staged_compact: None,
+                start: src.start,
+                status,
+                suspend_message,
+                suspended_role,
+                updated_at: now,
+                workflow: src.workflow.clone(),
+                workflow_hash: src.workflow_hash,
+            };
+            index::put(w, None, &record)?;
+            Ok(record)
+        })
+    }
+
+    /// Records a failed attempt on the thread (no node, no head move): the
+    /// status stays, `last_error` is set until the next committed step.
+    pub fn record_failure(&self, id: ThreadId, error: &str) -> Result<ThreadRecord, ThreadError> {
+        self.update_record(id, |r| {
+            r.last_error = Some(error.to_owned());
+            Ok(())
+        })
+    }
+
+    /// Stages a compaction summary covering everything up to the current
+    /// head: context assembly uses it at once, and the next node appended
+    /// records it as its `compact`.
+    pub fn stage_compact(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        summary: &str,
+    ) -> Result<(Hash, ThreadRecord), ThreadError> {
+        self.write(|w| {
+            let (mut record, location) = load_checked(w, id, expected_head)?;
+            let old = record.clone();
+            let hash = w.put_blob(&Blob::content(summary, []))?;
+            record.staged_compact = Some(hash);
+            record.updated_at = w.now_ms();
+            index::put(w, Some((&old, location)), &record)?;
+            Ok((hash, record))
+        })
+    }
+
+    /// Changes fields of a record that move no head (status claims, the
+    /// active child, the agent spec), in one transaction.
+    pub fn update_record(
+        &self,
+        id: ThreadId,
+        change: impl FnOnce(&mut ThreadRecord) -> Result<(), ThreadError>,
+    ) -> Result<ThreadRecord, ThreadError> {
+        self.write(|w| {
+            let (mut record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
+                .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+            let old = record.clone();
+            change(&mut record)?;
+            record.id = old.id;
+            record.head = old.head;
+            record.start = old.start;
+            record.updated_at = w.now_ms().max(old.updated_at);
+            index::put(w, Some((&old, location)), &record)?;
+            Ok(record)
+        })
+    }
+
+    /// Unlinks a thread from the index and history; its blobs stay until
+    /// garbage collection frees what nothing else reaches.
+    pub fn remove_thread(&self, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
+        self.write(|w| {
+            let (record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
+                .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+            index::remove(w, &record, location)?;
+            Ok(record)
+        })
+    }
+}
+
+fn append_in(
+    w: &mut WriteTxn<'_>,
+    mut record: ThreadRecord,
+    location: Location,
+    step: StepWrite,
+    after: After,
+) -> Result<Written, ThreadError> {
+    let old = record.clone();
+    let hash = write_state(
+        w,
+        &mut record,
+        &step.role,
+        step.meta,
+        &step.reply,
+        &step.artifacts,
+        &step.instruction,
+        step.child_thread,
+    )?;
+    record.last_error = None;
+    record.active_child = None;
+    let end = apply_after(w, &mut record, after)?;
+    record.updated_at = w.now_ms();
+    index::put(w, Some((&old, location)), &record)?;
+    Ok(Written {
+        record,
+        step: Some(hash),
+        end,
+    })
+}
