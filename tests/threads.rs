@@ -296,9 +296,8 @@ fn suspend_then_resume_and_resume_from_history() {
         .record;
     assert_eq!(r.status, ThreadStatus::Completed);
     assert_eq!(r.rounds(), 0);
-    let input = match store.thread_log(t.id, 3, None).unwrap()[1].node.input {
-        h => store.get(&h).unwrap().unwrap(),
-    };
+    let input_hash = store.thread_log(t.id, 3, None).unwrap()[1].node.input;
+    let input = store.get(&input_hash).unwrap().unwrap();
     assert_eq!(input, Blob::content("Which database?\n\nLMDB", []));
 
     // Resume from history: back in the active index, seq continues.
