@@ -10,8 +10,11 @@ use std::fmt;
 use std::ops::Bound;
 
 use crate::hash::Hash;
-use crate::node::Blob;
-use crate::store::{BlobRecord, Store, StoreError};
+use crate::node::{Blob, Kind};
+use crate::store::{BlobRecord, ReadTxn, Store, StoreError};
+use crate::thread::index;
+use crate::thread::record::{ActivityEntry, activity_key, history_key};
+use crate::thread::{ThreadId, ThreadRecord, utc_day};
 
 /// Blobs checked per read transaction.
 const BATCH: usize = 4096;
@@ -61,6 +64,15 @@ pub enum Problem {
         /// The missing target.
         missing: Hash,
     },
+    /// A thread index entry that is malformed or disagrees with another.
+    ThreadIndex {
+        /// The database: `threads`, `history`, `history_ids`, `activity` or `children`.
+        db: &'static str,
+        /// The entry's key (thread id, or day/id).
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// The format version entry is absent or malformed.
     FormatVersion {
         /// What is wrong.
@@ -85,6 +97,7 @@ impl fmt::Display for Problem {
             Problem::MissingRef { hash, missing } => {
                 write!(f, "blob {hash}: refers to missing blob {missing}")
             }
+            Problem::ThreadIndex { db, key, detail } => write!(f, "{db} entry {key}: {detail}"),
             Problem::FormatVersion { detail } => write!(f, "format version: {detail}"),
         }
     }
@@ -97,6 +110,8 @@ pub struct VerifyReport {
     pub blobs_checked: u64,
     /// Refs examined.
     pub refs_checked: u64,
+    /// Thread index entries examined (all five thread databases).
+    pub index_entries_checked: u64,
     /// Every problem, in key order.
     pub problems: Vec<Problem>,
 }
@@ -182,7 +197,239 @@ pub fn verify(
             None => break,
         }
     }
+    check_thread_indexes(store, &mut report)?;
     Ok(report)
+}
+
+/// Scans one database in key order, a batch per read transaction, calling
+/// `check` with the transaction (for lookups), the key and the value.
+fn scan(
+    store: &Store,
+    db: heed::Database<heed::types::Bytes, heed::types::Bytes>,
+    mut check: impl FnMut(&ReadTxn<'_>, &[u8], &[u8]) -> Result<(), StoreError>,
+) -> Result<u64, StoreError> {
+    let inner = store.inner();
+    let mut after: Option<Vec<u8>> = None;
+    let mut count = 0;
+    loop {
+        let last = store.read(|r| {
+            let range = match &after {
+                Some(k) => (Bound::Excluded(k.as_slice()), Bound::Unbounded),
+                None => (Bound::Unbounded, Bound::Unbounded),
+            };
+            let mut last = None;
+            let iter = db
+                .range(r.raw(), &range)
+                .map_err(|e| inner.error("scanning an index", e))?;
+            for entry in iter.take(BATCH) {
+                let (key, value) = entry.map_err(|e| inner.error("scanning an index", e))?;
+                count += 1;
+                check(r, key, value)?;
+                last = Some(key.to_vec());
+            }
+            Ok::<_, StoreError>(last)
+        })?;
+        match last {
+            Some(k) => after = Some(k),
+            None => return Ok(count),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Checks that every thread record decodes, names its own key, points at
+/// stored start/head/workflow blobs of the right kinds, and that
+/// `history_ids`, `activity` and `children` agree with the records.
+fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), StoreError> {
+    let dbs = store.inner().dbs;
+    let problems = &mut report.problems;
+    let mut n = 0;
+
+    let check_record = |r: &ReadTxn<'_>,
+                        db: &'static str,
+                        key_text: String,
+                        id: Option<ThreadId>,
+                        value: &[u8],
+                        problems: &mut Vec<Problem>|
+     -> Result<Option<ThreadRecord>, StoreError> {
+        let mut bad = |detail: String| {
+            problems.push(Problem::ThreadIndex {
+                db,
+                key: key_text.clone(),
+                detail,
+            })
+        };
+        let record = match ThreadRecord::decode(value) {
+            Ok(rec) => rec,
+            Err(e) => {
+                bad(format!("record does not decode: {e}"));
+                return Ok(None);
+            }
+        };
+        if Some(record.id) != id {
+            bad(format!("record names thread {}", record.id));
+        }
+        for (what, hash, want) in [
+            ("start", record.start, &[Kind::Start][..]),
+            ("head", record.head, &[Kind::Start, Kind::State][..]),
+            ("workflow", record.workflow_hash, &[Kind::Workflow][..]),
+        ] {
+            match r.get_stored(&hash)? {
+                None => bad(format!("{what} {hash} is not stored")),
+                Some(b) if !want.contains(&b.kind) => {
+                    bad(format!("{what} {hash} is a {} blob", b.kind))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(c) = record.staged_compact {
+            if !r.contains(&c)? {
+                bad(format!("staged summary {c} is not stored"));
+            }
+        }
+        let activity = dbs
+            .activity
+            .get(r.raw(), &activity_key(record.last_activity(), record.id))
+            .map_err(|e| store.inner().error("reading activity", e))?;
+        match activity.and_then(ActivityEntry::parse) {
+            None => bad("no activity entry at its last activity time".into()),
+            Some(a) if a != ActivityEntry::of(&record) => {
+                bad("activity entry disagrees with the record".into())
+            }
+            Some(_) => {}
+        }
+        Ok(Some(record))
+    };
+
+    n += scan(store, dbs.threads, |r, key, value| {
+        let id = ThreadId::from_slice(key);
+        if let Some(rec) = check_record(
+            r,
+            "threads",
+            id.map_or_else(|| hex(key), |i| i.to_string()),
+            id,
+            value,
+            problems,
+        )? {
+            if rec.status.is_done() && rec.completed_at.is_some() {
+                problems.push(Problem::ThreadIndex {
+                    db: "threads",
+                    key: rec.id.to_string(),
+                    detail: format!("an ended ({}) thread in the active index", rec.status),
+                });
+            }
+        }
+        Ok(())
+    })?;
+    n += scan(store, dbs.history, |r, key, value| {
+        let (day, id) = match key.split_first_chunk::<4>() {
+            Some((day, id)) => (u32::from_be_bytes(*day), ThreadId::from_slice(id)),
+            None => (0, None),
+        };
+        let key_text = id.map_or_else(|| hex(key), |i| format!("{day}/{i}"));
+        let Some(rec) = check_record(r, "history", key_text.clone(), id, value, problems)? else {
+            return Ok(());
+        };
+        let mut bad = |detail: String| {
+            problems.push(Problem::ThreadIndex {
+                db: "history",
+                key: key_text.clone(),
+                detail,
+            })
+        };
+        if !rec.status.is_done() {
+            bad(format!("a {} thread in history", rec.status));
+        }
+        if rec.completed_at.map(utc_day) != Some(day) {
+            bad("completion time is not in this day's partition".into());
+        }
+        let ids = dbs
+            .history_ids
+            .get(r.raw(), &rec.id.to_bytes())
+            .map_err(|e| store.inner().error("reading history ids", e))?;
+        if ids != Some(&day.to_be_bytes()[..]) {
+            bad("history_ids does not point at this entry".into());
+        }
+        if dbs
+            .threads
+            .get(r.raw(), &rec.id.to_bytes())
+            .map_err(|e| store.inner().error("reading threads", e))?
+            .is_some()
+        {
+            bad("also present in the active index".into());
+        }
+        Ok(())
+    })?;
+    n += scan(store, dbs.history_ids, |r, key, value| {
+        let id = ThreadId::from_slice(key);
+        let day = <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes);
+        let ok = match (id, day) {
+            (Some(id), Some(day)) => dbs
+                .history
+                .get(r.raw(), &history_key(day, id))
+                .map_err(|e| store.inner().error("reading history", e))?
+                .is_some(),
+            _ => false,
+        };
+        if !ok {
+            problems.push(Problem::ThreadIndex {
+                db: "history_ids",
+                key: id.map_or_else(|| hex(key), |i| i.to_string()),
+                detail: "points at no history entry".into(),
+            });
+        }
+        Ok(())
+    })?;
+    n += scan(store, dbs.activity, |r, key, value| {
+        let parsed = key
+            .split_first_chunk::<8>()
+            .and_then(|(at, id)| Some((u64::from_be_bytes(*at), ThreadId::from_slice(id)?)));
+        let key_text = parsed.map_or_else(|| hex(key), |(at, id)| format!("{at}/{id}"));
+        let detail = match (parsed, ActivityEntry::parse(value)) {
+            (Some((at, id)), Some(_)) => match index::find(r.raw(), r.dbs(), r.store_inner(), id) {
+                Ok(Some((rec, _))) if rec.last_activity() == at => None,
+                Ok(Some(_)) => Some("stale: the record's last activity differs".to_owned()),
+                Ok(None) => Some("no such thread".to_owned()),
+                Err(e) => Some(e.to_string()),
+            },
+            _ => Some("malformed key or value".to_owned()),
+        };
+        if let Some(detail) = detail {
+            problems.push(Problem::ThreadIndex {
+                db: "activity",
+                key: key_text,
+                detail,
+            });
+        }
+        Ok(())
+    })?;
+    n += scan(store, dbs.children, |r, key, _| {
+        let pair = key
+            .split_first_chunk::<16>()
+            .and_then(|(p, c)| Some((ThreadId::from_slice(p)?, ThreadId::from_slice(c)?)));
+        let detail = match pair {
+            None => Some("malformed key".to_owned()),
+            Some((parent, child)) => match index::find(r.raw(), r.dbs(), r.store_inner(), child) {
+                Ok(Some((rec, _))) if rec.parent_thread == Some(parent) => None,
+                Ok(Some(_)) => Some("the child names another parent".to_owned()),
+                Ok(None) => Some("no such child thread".to_owned()),
+                Err(e) => Some(e.to_string()),
+            },
+        };
+        if let Some(detail) = detail {
+            problems.push(Problem::ThreadIndex {
+                db: "children",
+                key: pair.map_or_else(|| hex(key), |(p, c)| format!("{p}/{c}")),
+                detail,
+            });
+        }
+        Ok(())
+    })?;
+    report.index_entries_checked = n;
+    Ok(())
 }
 
 /// Checks one record; returns the refs to look up.

@@ -265,26 +265,12 @@ fn map_full_is_distinct_keeps_committed_data_and_a_larger_maximum_continues() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-/// Opens the store's LMDB environment directly, as damage from outside.
-fn raw_env(path: &std::path::Path) -> heed::Env {
-    // SAFETY (test): no other handle of this environment is open in this
-    // process while the raw one is.
-    #[allow(unsafe_code)]
-    unsafe {
-        heed::EnvOpenOptions::new()
-            .max_dbs(16)
-            .map_size(1 << 30)
-            .open(path)
-            .unwrap()
-    }
-}
-
 #[test]
 fn unknown_format_versions_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path()));
     {
-        let env = raw_env(dir.path());
+        let env = common::raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let meta: heed::Database<heed::types::Str, Bytes> =
             env.open_database(&w, Some("meta")).unwrap().unwrap();
@@ -316,7 +302,7 @@ fn verify_finds_altered_bytes_and_removed_ref_targets() {
         (victim, target, holder, clean)
     };
     {
-        let env = raw_env(dir.path());
+        let env = common::raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let blobs: heed::Database<Bytes, Bytes> =
             env.open_database(&w, Some("blobs")).unwrap().unwrap();

@@ -571,3 +571,42 @@ fn rm_unlinks_and_keeps_blobs() {
         Err(ThreadError::Unknown(_))
     ));
 }
+
+#[test]
+fn verify_finds_damaged_thread_indexes() {
+    use heed::types::Bytes;
+    let dir = tempfile::tempdir().unwrap();
+    let (ended, active) = {
+        let store = fast_store(dir.path());
+        let a = new_thread(&store, "a");
+        store.end_thread(a.id, a.head, end(0)).unwrap();
+        let b = new_thread(&store, "b");
+        append_n(&store, b.id, 2);
+        assert!(verify(&store, |_| {}).unwrap().is_ok());
+        (a.id, b.id)
+    };
+    {
+        let env = common::raw_env(dir.path());
+        let mut w = env.write_txn().unwrap();
+        let db = |name| -> heed::Database<Bytes, Bytes> {
+            env.open_database(&w, Some(name)).unwrap().unwrap()
+        };
+        let (history_ids, threads) = (db("history_ids"), db("threads"));
+        assert!(history_ids.delete(&mut w, &ended.to_bytes()).unwrap());
+        threads.put(&mut w, &active.to_bytes(), b"garbage").unwrap();
+        w.commit().unwrap();
+    }
+    let store = fast_store(dir.path());
+    let report = verify(&store, |_| {}).unwrap();
+    let text: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|p| p.contains("history") && p.contains(&ended.to_string())),
+        "{text:?}"
+    );
+    assert!(
+        text.iter()
+            .any(|p| p.contains("threads entry") && p.contains("does not decode")),
+        "{text:?}"
+    );
+}

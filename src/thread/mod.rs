@@ -7,9 +7,9 @@
 //! racing on one thread cannot both commit.
 
 mod id;
-mod index;
+pub(crate) mod index;
 mod read;
-mod record;
+pub(crate) mod record;
 mod write;
 
 pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};

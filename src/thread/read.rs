@@ -441,7 +441,10 @@ impl Store {
                 if parents.len() == MAX_STACK {
                     break;
                 }
-                let rec = need(r, p)?;
+                // A parent removed with `thread rm` ends the walk up.
+                let Some((rec, _)) = find_in(r, p)? else {
+                    break;
+                };
                 up = rec.parent_thread;
                 parents.push(rec);
             }

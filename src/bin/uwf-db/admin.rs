@@ -43,6 +43,7 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             "ok": report.is_ok(),
             "blobs_checked": report.blobs_checked,
             "refs_checked": report.refs_checked,
+            "index_entries_checked": report.index_entries_checked,
             "problems": report.problems.iter().map(|p| {
                 let mut v = serde_json::to_value(p).unwrap_or_default();
                 if let Some(o) = v.as_object_mut() {
@@ -61,8 +62,8 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             n => format!("{n} problems"),
         };
         out.line(format_args!(
-            "verified {} blobs and {} refs: {verdict}",
-            report.blobs_checked, report.refs_checked
+            "verified {} blobs, {} refs and {} index entries: {verdict}",
+            report.blobs_checked, report.refs_checked, report.index_entries_checked
         ))?;
     }
     if report.is_ok() {
