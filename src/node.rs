@@ -440,6 +440,43 @@ impl Blob {
     }
 }
 
+/// The canonical bytes every state blob starts with, up to its `ancestors`
+/// array header: `{"kind": "state", "payload": {"ancestors": [...`.
+const STATE_PREFIX: &[u8] = b"\x83\xa4kind\xa5state\xa7payload\x8a\xa9ancestors";
+
+/// A state blob's `ancestors`, read from its canonical bytes without decoding
+/// the rest (the list is the first field of the payload). `None` if `bytes`
+/// are not a state blob in the canonical layout.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use uwf_db::{Blob, Hash, StateNode, node::state_ancestors};
+/// let s = StateNode {
+///     ancestors: vec![Hash::of(b"p")], child_thread: None, compact: None,
+///     content: Hash::of(b"c"), input: Hash::of(b"i"), meta: BTreeMap::new(),
+///     role: "dev".into(), seq: 2, start: Hash::of(b"s"), timestamp: 0,
+/// };
+/// let enc = Blob::State(s.clone()).encode().unwrap();
+/// assert_eq!(state_ancestors(enc.bytes()), Some(s.ancestors));
+/// ```
+pub fn state_ancestors(bytes: &[u8]) -> Option<Vec<Hash>> {
+    let rest = bytes.strip_prefix(STATE_PREFIX)?;
+    let (&header, rest) = rest.split_first()?;
+    // A fixarray (at most 15 entries; ancestors hold at most 11).
+    if header & 0xf0 != 0x90 {
+        return None;
+    }
+    let n = usize::from(header & 0x0f);
+    let mut out = Vec::with_capacity(n);
+    for item in rest.chunks_exact(34).take(n) {
+        if item[..2] != [0xc4, 0x20] {
+            return None;
+        }
+        out.push(Hash::from_slice(&item[2..])?);
+    }
+    (out.len() == n).then_some(out)
+}
+
 fn decode_wire(bytes: &[u8]) -> Result<DecodedBlob, CodecError> {
     rmp_serde::from_slice::<DecodedBlob>(bytes).map_err(|e| CodecError::Decode(e.to_string()))
 }

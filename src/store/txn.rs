@@ -73,6 +73,17 @@ macro_rules! blob_reads {
                 .map_err(|e| self.store.error("reading a blob", e))
         }
 
+        /// A blob's record, borrowed from the map (valid for this transaction).
+        pub fn get_record(&self, hash: &Hash) -> Result<Option<BlobRecord<'_>>, StoreError> {
+            let value = self
+                .store
+                .dbs
+                .blobs
+                .get(self.raw(), hash.as_bytes())
+                .map_err(|e| self.store.error("reading a blob", e))?;
+            value.map(|v| parse_record(hash, v)).transpose()
+        }
+
         /// Reads one blob's record.
         pub fn get_stored(&self, hash: &Hash) -> Result<Option<StoredBlob>, StoreError> {
             let value = self

@@ -5,8 +5,9 @@ use std::ops::Bound;
 
 use heed::{RoTxn, WithoutTls};
 
-use super::record::{ActivityEntry, activity_key, child_key, history_key, utc_day};
+use super::record::{ActivityEntry, activity_key, child_key, history_key, record_head, utc_day};
 use super::{IdPrefix, ThreadError, ThreadId, ThreadRecord};
+use crate::hash::Hash;
 use crate::store::{Databases, StoreInner, WriteTxn};
 
 /// Where a record lives.
@@ -63,6 +64,26 @@ pub(crate) fn find(
             detail: format!("history_ids points at day {day}, which has no entry"),
         }),
     }
+}
+
+/// A thread's head, read from the record header without decoding the record.
+pub(crate) fn head(
+    txn: &RoTxn<'_, WithoutTls>,
+    dbs: &Databases,
+    inner: &StoreInner,
+    id: ThreadId,
+) -> Result<Option<Hash>, ThreadError> {
+    let key = id.to_bytes();
+    let err = |e| ThreadError::Store(inner.error("reading a thread record", e));
+    let corrupt = || ThreadError::CorruptRecord {
+        thread: id.to_string(),
+        detail: "malformed record header".into(),
+    };
+    if let Some(bytes) = dbs.threads.get(txn, &key).map_err(err)? {
+        return record_head(bytes).map(Some).ok_or_else(corrupt);
+    }
+    // Ended threads are rarely paged: the general lookup is fine.
+    Ok(find(txn, dbs, inner, id)?.map(|(r, _)| r.head))
 }
 
 /// Resolves a full id or unique prefix among active and history threads.

@@ -9,8 +9,8 @@ use super::index::{self, Location};
 use super::record::{ActivityEntry, activity_key, history_key};
 use super::{END_ROLE, IdPrefix, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
 use crate::hash::Hash;
-use crate::node::{Blob, StartNode, StateNode};
-use crate::store::{ReadTxn, Store, WriteTxn};
+use crate::node::{Blob, Kind, StartNode, StateNode, state_ancestors};
+use crate::store::{ReadTxn, Store, StoreError, WriteTxn};
 
 /// Deepest call stack walked (a guard: depth is limited when spawning).
 const MAX_STACK: usize = 64;
@@ -108,40 +108,77 @@ fn state_at(r: &ReadTxn<'_>, hash: &Hash) -> Result<StateNode, ThreadError> {
     }
 }
 
-/// Pages back from `from` (included) through the ancestor lists: each node
-/// names its 11 predecessors, so a page of k nodes needs about k/11
-/// dependent rounds; the start node is never included.
-fn page_from(r: &ReadTxn<'_>, from: Hash, limit: usize) -> Result<Vec<LogEntry>, ThreadError> {
-    let mut out: Vec<LogEntry> = Vec::with_capacity(limit.min(1024));
-    if limit == 0 {
-        return Ok(out);
-    }
-    let node = match r.get_blob(&from)? {
-        Some(Blob::State(s)) => s,
-        Some(Blob::Start(_)) => return Ok(out),
-        Some(_) => {
-            return Err(ThreadError::WrongKind {
-                hash: from,
-                expected: "state",
-            });
-        }
-        None => return Err(ThreadError::MissingNode { hash: from }),
-    };
-    out.push(LogEntry { hash: from, node });
-    while out.len() < limit {
-        // The oldest node read so far names the next up-to-11 nodes.
-        let batch = match out.last() {
-            Some(e) if !e.node.ancestors.is_empty() => e.node.ancestors.clone(),
-            _ => break,
-        };
-        for hash in batch {
-            if out.len() == limit {
+/// Visits the chain back from `from` (included) through the ancestor
+/// lists: each node names its up-to-11 predecessors, so a page of k nodes
+/// needs about k/11 dependent rounds, and only the oldest node of each round
+/// is parsed (its `ancestors` alone, see [`state_ancestors`]). `visit` gets
+/// each node's hash and canonical bytes, borrowed from the map. The start
+/// node is never visited. Returns how many nodes were visited.
+fn visit_chain<E: From<ThreadError> + From<StoreError>>(
+    r: &ReadTxn<'_>,
+    from: Hash,
+    limit: usize,
+    mut visit: impl FnMut(&Hash, &[u8]) -> Result<(), E>,
+) -> Result<usize, E> {
+    let mut visited = 0;
+    let mut batch = vec![from];
+    while visited < limit && !batch.is_empty() {
+        let mut oldest: &[u8] = &[];
+        for hash in &batch {
+            if visited == limit {
                 break;
             }
-            let node = state_at(r, &hash)?;
-            out.push(LogEntry { hash, node });
+            let Some(record) = r.get_record(hash)? else {
+                return Err(ThreadError::MissingNode { hash: *hash }.into());
+            };
+            match record.kind {
+                Kind::State => {}
+                // The chain's first node: nothing before it is a step.
+                Kind::Start if visited == 0 => return Ok(0),
+                _ => {
+                    return Err(ThreadError::WrongKind {
+                        hash: *hash,
+                        expected: "state",
+                    }
+                    .into());
+                }
+            }
+            visit(hash, record.bytes)?;
+            visited += 1;
+            oldest = record.bytes;
         }
+        batch = match state_ancestors(oldest) {
+            Some(a) => a,
+            None => decode_state(&batch[batch.len() - 1], oldest)?.ancestors,
+        };
     }
+    Ok(visited)
+}
+
+fn decode_state(hash: &Hash, bytes: &[u8]) -> Result<StateNode, ThreadError> {
+    match Blob::decode_trusted(bytes) {
+        Ok(Blob::State(s)) => Ok(s),
+        Ok(_) => Err(ThreadError::WrongKind {
+            hash: *hash,
+            expected: "state",
+        }),
+        Err(e) => Err(ThreadError::Store(StoreError::Corrupt {
+            hash: *hash,
+            detail: e.to_string(),
+        })),
+    }
+}
+
+/// Decoded [`visit_chain`].
+fn page_from(r: &ReadTxn<'_>, from: Hash, limit: usize) -> Result<Vec<LogEntry>, ThreadError> {
+    let mut out = Vec::with_capacity(limit.min(1024));
+    visit_chain(r, from, limit, |hash, bytes| {
+        out.push(LogEntry {
+            hash: *hash,
+            node: decode_state(hash, bytes)?,
+        });
+        Ok::<_, ThreadError>(())
+    })?;
     Ok(out)
 }
 
@@ -301,25 +338,25 @@ impl Store {
         limit: usize,
         before: Option<Hash>,
     ) -> Result<Vec<LogEntry>, ThreadError> {
-        self.read(|r| {
-            let record = need(r, id)?;
-            let from = match before {
-                None => record.head,
-                Some(b) => {
-                    let node = state_at(r, &b)?;
-                    if node.start != record.start {
-                        return Err(ThreadError::NotOnChain {
-                            node: b,
-                            thread: id,
-                        });
-                    }
-                    match node.ancestors.first() {
-                        Some(parent) => *parent,
-                        None => return Ok(Vec::new()),
-                    }
-                }
-            };
-            page_from(r, from, limit)
+        self.read(|r| match log_origin(r, id, before)? {
+            Some(from) => page_from(r, from, limit),
+            None => Ok(Vec::new()),
+        })
+    }
+
+    /// Like [`Store::thread_log`] without decoding: `visit` gets each state
+    /// node's hash and canonical bytes, borrowed from the map inside one
+    /// short read transaction (keep `visit` quick). Returns the count.
+    pub fn visit_log<E: From<ThreadError> + From<StoreError>>(
+        &self,
+        id: ThreadId,
+        limit: usize,
+        before: Option<Hash>,
+        visit: impl FnMut(&Hash, &[u8]) -> Result<(), E>,
+    ) -> Result<usize, E> {
+        self.read(|r| match log_origin(r, id, before)? {
+            Some(from) => visit_chain(r, from, limit, visit),
+            None => Ok(0),
         })
     }
 
@@ -455,6 +492,31 @@ impl Store {
                 thread,
             })
         })
+    }
+}
+
+/// Where a log page starts: the head, or the parent of `before` (`None`
+/// when `before` is the first step).
+fn log_origin(
+    r: &ReadTxn<'_>,
+    id: ThreadId,
+    before: Option<Hash>,
+) -> Result<Option<Hash>, ThreadError> {
+    match before {
+        None => index::head(raw(r), r.dbs(), r.store_inner(), id)?
+            .map(Some)
+            .ok_or_else(|| ThreadError::Unknown(id.to_string())),
+        Some(b) => {
+            let record = need(r, id)?;
+            let node = state_at(r, &b)?;
+            if node.start != record.start {
+                return Err(ThreadError::NotOnChain {
+                    node: b,
+                    thread: id,
+                });
+            }
+            Ok(node.ancestors.first().copied())
+        }
     }
 }
 

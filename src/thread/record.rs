@@ -174,12 +174,47 @@ impl ThreadRecord {
         self.completed_at.unwrap_or(self.updated_at)
     }
 
+    /// The stored value: record version `1`, the head (32 bytes, so the hot
+    /// path reads it without decoding), then the record as MessagePack.
     pub(crate) fn encode(&self) -> Result<Vec<u8>, CodecError> {
-        codec::to_canonical(self)
+        let mut out = Vec::with_capacity(400);
+        out.push(RECORD_VERSION);
+        out.extend_from_slice(self.head.as_bytes());
+        codec::to_canonical_into(self, &mut out)?;
+        Ok(out)
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
-        rmp_serde::from_slice(bytes).map_err(|e| CodecError::Decode(e.to_string()))
+        let body = record_body(bytes)?;
+        let record: ThreadRecord =
+            rmp_serde::from_slice(body).map_err(|e| CodecError::Decode(e.to_string()))?;
+        if record_head(bytes) != Some(record.head) {
+            return Err(CodecError::Decode(
+                "the head in the record header differs from the record's".into(),
+            ));
+        }
+        Ok(record)
+    }
+}
+
+/// Version byte of stored thread records.
+const RECORD_VERSION: u8 = 1;
+
+fn record_body(bytes: &[u8]) -> Result<&[u8], CodecError> {
+    match bytes.split_first() {
+        Some((&RECORD_VERSION, rest)) if rest.len() > 32 => Ok(&rest[32..]),
+        Some((v, _)) => Err(CodecError::Decode(format!(
+            "unknown thread record version {v} or truncated record"
+        ))),
+        None => Err(CodecError::Decode("empty thread record".into())),
+    }
+}
+
+/// The head stored in a record value, read without decoding the record.
+pub(crate) fn record_head(bytes: &[u8]) -> Option<Hash> {
+    match bytes.split_first() {
+        Some((&RECORD_VERSION, rest)) => rest.get(..32).and_then(Hash::from_slice),
+        _ => None,
     }
 }
 

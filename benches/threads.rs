@@ -1,0 +1,405 @@
+//! Bench `threads` (SPEC §9), each against a baseline in the same run:
+//! - durable `append_step`, one step per transaction, vs a raw durable heed
+//!   transaction writing the same bytes (goal ≥ 0.8×);
+//! - the newest 50 steps of a 10,000-step thread vs 50 raw heed gets of the
+//!   same keys (goal ≥ 0.5×);
+//! - fork of a 10-step vs a 100,000-step thread (goal within 1.2×: O(1));
+//! - first page of 50 from `list_threads` with 100,000 active threads vs 50
+//!   raw gets (reported).
+//!
+//! Run: `cargo bench --bench threads`. `UWF_BENCH_SCALE=0.1` shrinks it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{Comparison, raw_env, report, scratch_dir, time};
+use heed::types::Bytes;
+use uwf_db::thread::{After, ForkState, NewThread, StepWrite, ThreadId, ThreadQuery};
+use uwf_db::{
+    Blob, Durability, Hash, StateNode, Store, StoreError, StoreOptions, Value, WorkflowNode,
+};
+
+fn scale(n: usize) -> usize {
+    let s: f64 = std::env::var("UWF_BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    ((n as f64 * s) as usize).max(10)
+}
+
+fn open(dir: &std::path::Path, durability: Durability) -> Store {
+    Store::open(
+        dir,
+        StoreOptions {
+            durability,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn start(store: &Store, name: &str) -> uwf_db::thread::ThreadRecord {
+    let wf = store
+        .put(&Blob::Workflow(WorkflowNode {
+            definition: Value::Map(BTreeMap::from([(
+                "name".to_owned(),
+                Value::Str(name.into()),
+            )])),
+        }))
+        .unwrap();
+    store
+        .start_thread(NewThread {
+            workflow: name.into(),
+            workflow_hash: wf,
+            prompt: "Implement the change described in the issue".into(),
+            max_rounds: 1_000_000,
+            depth: 0,
+            parent_state: None,
+            parent_thread: None,
+            next_role: "developer".into(),
+            next_instruction: "Implement the change".into(),
+            agent: None,
+        })
+        .unwrap()
+}
+
+fn step(i: usize) -> StepWrite {
+    StepWrite {
+        role: "developer".into(),
+        meta: BTreeMap::from([("$status".to_owned(), Value::Str("review_needed".into()))]),
+        reply: format!(
+            "Step {i}: implemented the change, added tests, and updated the documentation."
+        ),
+        artifacts: vec![],
+        instruction: format!("Review round {i}: address the comments"),
+        child_thread: None,
+    }
+}
+
+fn next() -> After {
+    After::Next {
+        role: "reviewer".into(),
+        instruction: "Review the change".into(),
+    }
+}
+
+/// Appends `n` steps (one transaction each).
+fn grow(store: &Store, id: ThreadId, mut head: Hash, n: usize) -> Hash {
+    for i in 0..n {
+        head = store
+            .append_step(id, head, step(i), next())
+            .unwrap()
+            .record
+            .head;
+    }
+    head
+}
+
+fn append_bench(n: usize) -> Comparison {
+    // The bytes a step writes, for the raw side: reply and instruction
+    // content blobs, a state node of the same shape, and a record-sized value.
+    let steps: Vec<Vec<(Vec<u8>, Vec<u8>)>> = (0..n)
+        .map(|i| {
+            let s = step(i);
+            let reply = Blob::content(s.reply.as_str(), []).encode().unwrap();
+            let input = Blob::content(s.instruction.as_str(), []).encode().unwrap();
+            let prev = Hash::of(&(i as u64).to_be_bytes());
+            let state = Blob::State(StateNode {
+                ancestors: (0..11.min(i))
+                    .map(|k| Hash::of(&(k as u64).to_le_bytes()))
+                    .collect(),
+                child_thread: None,
+                compact: None,
+                content: reply.hash(),
+                input: input.hash(),
+                meta: s.meta.clone(),
+                role: s.role.clone(),
+                seq: i as u64 + 1,
+                start: prev,
+                timestamp: 1_790_000_000_000,
+            })
+            .encode()
+            .unwrap();
+            vec![
+                (reply.hash().as_bytes().to_vec(), reply.bytes().to_vec()),
+                (input.hash().as_bytes().to_vec(), input.bytes().to_vec()),
+                (state.hash().as_bytes().to_vec(), state.bytes().to_vec()),
+                (vec![7u8; 16], vec![0u8; 330]),
+            ]
+        })
+        .collect();
+    Comparison::run(
+        "durable append_step, one step per txn",
+        n as u64,
+        3,
+        || {
+            let dir = scratch_dir("append-store");
+            let store = open(dir.path(), Durability::Sync);
+            let t = start(&store, "review");
+            time(|| {
+                grow(&store, t.id, t.head, n);
+            })
+        },
+        || {
+            let dir = scratch_dir("append-raw");
+            let env = raw_env(dir.path(), true);
+            let mut w = env.write_txn().unwrap();
+            let blobs: heed::Database<Bytes, Bytes> =
+                env.create_database(&mut w, Some("blobs")).unwrap();
+            let threads: heed::Database<Bytes, Bytes> =
+                env.create_database(&mut w, Some("threads")).unwrap();
+            w.commit().unwrap();
+            time(|| {
+                for puts in &steps {
+                    let mut w = env.write_txn().unwrap();
+                    for (k, v) in &puts[..3] {
+                        blobs.put(&mut w, k, v).unwrap();
+                    }
+                    threads.put(&mut w, &puts[3].0, &puts[3].1).unwrap();
+                    w.commit().unwrap();
+                }
+            })
+        },
+    )
+}
+
+fn main() {
+    let mut rows = Vec::new();
+    let mut context = Vec::new();
+
+    rows.push(append_bench(scale(2000)));
+
+    // History fetch: newest 50 steps of a 10,000-step thread.
+    let steps = scale(10_000);
+    let dir = scratch_dir("log-store");
+    let store = open(dir.path(), Durability::None);
+    let t = start(&store, "long");
+    grow(&store, t.id, t.head, steps);
+    let page = store.thread_log(t.id, 50, None).unwrap();
+    let keys: Vec<Hash> = page.iter().map(|e| e.hash).collect();
+    let rdir = scratch_dir("log-raw");
+    let env = raw_env(rdir.path(), false);
+    let mut w = env.write_txn().unwrap();
+    let raw_blobs: heed::Database<Bytes, Bytes> =
+        env.create_database(&mut w, Some("blobs")).unwrap();
+    store
+        .walk(&t.head, |b| {
+            raw_blobs.put(&mut w, b.hash.as_bytes(), &b.bytes).unwrap();
+            Ok::<_, StoreError>(())
+        })
+        .unwrap();
+    w.commit().unwrap();
+    let fetches = 2000;
+    let raw_gets = || {
+        time(|| {
+            for _ in 0..fetches {
+                let r = env.read_txn().unwrap();
+                for k in &keys {
+                    std::hint::black_box(raw_blobs.get(&r, k.as_bytes()).unwrap());
+                }
+            }
+        })
+    };
+    let decoded = Comparison::run(
+        "newest 50 steps decoded (thread_log) vs fresh raw env",
+        fetches,
+        5,
+        || {
+            time(|| {
+                for _ in 0..fetches {
+                    std::hint::black_box(store.thread_log(t.id, 50, None).unwrap());
+                }
+            })
+        },
+        raw_gets,
+    );
+    let visit = || {
+        time(|| {
+            for _ in 0..fetches {
+                let n = store
+                    .visit_log(t.id, 50, None, |h, bytes| {
+                        std::hint::black_box((h, bytes));
+                        Ok::<_, uwf_db::thread::ThreadError>(())
+                    })
+                    .unwrap();
+                assert_eq!(n, 50);
+            }
+        })
+    };
+    // Like for like: heed gets of the same 50 keys in the same environment
+    // (same file, same page layout), one read transaction per fetch.
+    let log = Comparison::run(
+        "newest 50 steps (visit_log) vs 50 heed gets, same env",
+        fetches,
+        5,
+        visit,
+        || {
+            time(|| {
+                for _ in 0..fetches {
+                    store
+                        .read(|r| {
+                            for k in &keys {
+                                std::hint::black_box(r.contains(k)?);
+                            }
+                            Ok::<_, StoreError>(())
+                        })
+                        .unwrap();
+                }
+            })
+        },
+    );
+    let log_fresh = Comparison::run(
+        "newest 50 steps (visit_log) vs 50 gets in a freshly built raw env",
+        fetches,
+        5,
+        visit,
+        raw_gets,
+    );
+    context.push((
+        "fetch newest 50 (TypeScript: 18 ms)",
+        log.subject / fetches as u32,
+        18.0,
+    ));
+    context.push((
+        "fetch and decode newest 50",
+        decoded.subject / fetches as u32,
+        18.0,
+    ));
+    rows.push(log);
+    rows.push(log_fresh);
+    rows.push(decoded);
+
+    // Fork: O(1) in the thread's length.
+    let fdir = scratch_dir("fork-store");
+    let fstore = open(fdir.path(), Durability::None);
+    let short = start(&fstore, "short");
+    let short_head = grow(&fstore, short.id, short.head, 10);
+    let long = start(&fstore, "long");
+    let long_head = grow(&fstore, long.id, long.head, scale(100_000));
+    let forks = 2000;
+    let fork_state = || ForkState::Idle {
+        role: "developer".into(),
+        instruction: "again".into(),
+    };
+    let fork = Comparison::run(
+        "fork a 100,000-step thread (baseline: a 10-step one)",
+        forks,
+        5,
+        || {
+            time(|| {
+                for _ in 0..forks {
+                    fstore
+                        .fork_thread(long.id, long_head, fork_state())
+                        .unwrap();
+                }
+            })
+        },
+        || {
+            time(|| {
+                for _ in 0..forks {
+                    fstore
+                        .fork_thread(short.id, short_head, fork_state())
+                        .unwrap();
+                }
+            })
+        },
+    );
+    context.push((
+        "fork (TypeScript: 54 ms)",
+        fork.subject / forks as u32,
+        54.0,
+    ));
+    rows.push(fork);
+
+    // List: first page of 50 with 100,000 active threads.
+    let ldir = scratch_dir("list-store");
+    let lstore = open(ldir.path(), Durability::None);
+    let wf = lstore
+        .put(&Blob::Workflow(WorkflowNode {
+            definition: Value::Str("wf".into()),
+        }))
+        .unwrap();
+    let n_threads = scale(100_000);
+    let mut ids = Vec::with_capacity(n_threads);
+    for i in 0..n_threads {
+        let r = lstore
+            .start_thread(NewThread {
+                workflow: if i % 2 == 0 { "review" } else { "plan" }.into(),
+                workflow_hash: wf,
+                prompt: format!("task {i}"),
+                max_rounds: 100,
+                depth: 0,
+                parent_state: None,
+                parent_thread: None,
+                next_role: "developer".into(),
+                next_instruction: "Implement".into(),
+                agent: None,
+            })
+            .unwrap();
+        ids.push(r.id);
+    }
+    let l_raw_dir = scratch_dir("list-raw");
+    let lenv = raw_env(l_raw_dir.path(), false);
+    let mut w = lenv.write_txn().unwrap();
+    let raw_threads: heed::Database<Bytes, Bytes> =
+        lenv.create_database(&mut w, Some("threads")).unwrap();
+    let sample = vec![0u8; 330];
+    for id in &ids {
+        raw_threads.put(&mut w, &id.to_bytes(), &sample).unwrap();
+    }
+    w.commit().unwrap();
+    let newest: Vec<[u8; 16]> = ids.iter().rev().take(50).map(|i| i.to_bytes()).collect();
+    let lists = 2000;
+    let q = ThreadQuery {
+        limit: 50,
+        ..ThreadQuery::default()
+    };
+    let list = Comparison::run(
+        "first page of 50 of 100,000 active threads",
+        lists,
+        5,
+        || {
+            time(|| {
+                for _ in 0..lists {
+                    let page = lstore.list_threads(&q).unwrap();
+                    assert_eq!(page.len(), 50);
+                    std::hint::black_box(page);
+                }
+            })
+        },
+        || {
+            time(|| {
+                for _ in 0..lists {
+                    let r = lenv.read_txn().unwrap();
+                    for k in &newest {
+                        std::hint::black_box(raw_threads.get(&r, k).unwrap());
+                    }
+                }
+            })
+        },
+    );
+    context.push((
+        "list first 50 (TypeScript: 101 ms for 400)",
+        list.subject / lists as u32,
+        101.0,
+    ));
+    rows.push(list);
+
+    report(
+        "threads: store vs raw heed",
+        "append ≥ 0.8×; newest-50 fetch ≥ 0.5×; fork within 1.2× (ratio ≥ 0.83); list reported",
+        &rows,
+    );
+    println!("\n| operation | uwf-db per op | TypeScript reference | factor |");
+    println!("|---|---:|---:|---:|");
+    for (what, per_op, ts_ms) in context {
+        println!(
+            "| {what} | {:.1} µs | {ts_ms} ms | {:.0}× |",
+            per_op.as_secs_f64() * 1e6,
+            ts_ms / 1000.0 / per_op.as_secs_f64()
+        );
+    }
+    let _: Duration = Duration::ZERO;
+}
