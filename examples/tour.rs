@@ -1,14 +1,28 @@
 //! A tour of the storage core on the default store (`$UWF_STORE`, else
-//! `~/.uwf`): writes a small thread-shaped chain of blobs, reads it back by
-//! prefix, walks it and verifies the store.
+//! `~/.uwf`): starts a thread, appends role steps (each one durable,
+//! compare-and-swap transaction), forks it, suspends the fork, ends the
+//! original (moving it to history), pages its log and verifies the store.
 //!
-//! Run: `cargo run --example tour`
+//! Run: `cargo run --example tour`, then inspect with
+//! `cargo run -- thread list`, `thread show ID`, `thread log ID`.
 
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::PathBuf;
 
-use uwf_db::{Blob, StartNode, StateNode, Store, StoreError, StoreOptions, Value, WorkflowNode};
+use uwf_db::thread::{After, EndSpec, ForkState, NewThread, StepWrite};
+use uwf_db::{Blob, Store, StoreOptions, Value, WorkflowNode};
+
+fn step(role: &str, status: &str, reply: &str, instruction: &str) -> StepWrite {
+    StepWrite {
+        role: role.into(),
+        meta: BTreeMap::from([("$status".to_owned(), Value::Str(status.into()))]),
+        reply: reply.into(),
+        artifacts: vec![],
+        instruction: instruction.into(),
+        child_thread: None,
+    }
+}
 
 fn main() -> Result<(), Box<dyn Error>> {
     let path = std::env::var_os("UWF_STORE")
@@ -18,82 +32,142 @@ fn main() -> Result<(), Box<dyn Error>> {
     let store = Store::open(&path, StoreOptions::default())?;
     println!("store: {}", store.path().display());
 
-    // One atomic, durable transaction: the workflow, the task, the start node
-    // and two steps. Each blob's refs are checked inside the transaction.
-    let head = store.write(|w| {
-        let workflow = w.put_blob(&Blob::Workflow(WorkflowNode {
-            definition: Value::Map(BTreeMap::from([(
-                "name".to_owned(),
-                Value::Str("review".into()),
-            )])),
-        }))?;
-        let prompt = w.put_blob(&Blob::content("Add a --json flag to the CLI", []))?;
-        let start = w.put_blob(&Blob::Start(StartNode {
-            depth: 0,
-            max_rounds: 20,
-            name: "review".into(),
-            parent_state: None,
-            prompt,
-            workflow,
-        }))?;
-        let mut ancestors = Vec::new();
-        let mut head = start;
-        for (seq, (role, status, reply)) in [
-            ("developer", "review_needed", "Added the flag and tests."),
-            ("reviewer", "approved", "Looks good."),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let content = w.put_blob(&Blob::content(reply, []))?;
-            let input = w.put_blob(&Blob::content(format!("Your turn, {role}"), []))?;
-            head = w.put_blob(&Blob::State(StateNode {
-                ancestors: ancestors.clone(),
-                child_thread: None,
-                compact: None,
-                content,
-                input,
-                meta: BTreeMap::from([("$status".to_owned(), Value::Str(status.into()))]),
-                role: role.into(),
-                seq: seq as u64 + 1,
-                start,
-                timestamp: w.now_ms(),
-            }))?;
-            ancestors.insert(0, head);
-        }
-        Ok::<_, StoreError>(head)
+    let workflow = store.put(&Blob::Workflow(WorkflowNode {
+        definition: Value::Map(BTreeMap::from([(
+            "name".to_owned(),
+            Value::Str("review".into()),
+        )])),
+    }))?;
+    let t = store.start_thread(NewThread {
+        workflow: "review".into(),
+        workflow_hash: workflow,
+        prompt: "Add a --json flag to the CLI".into(),
+        max_rounds: 20,
+        depth: 0,
+        parent_state: None,
+        parent_thread: None,
+        next_role: "developer".into(),
+        next_instruction: "Implement the change".into(),
+        agent: None,
     })?;
-    println!("head: {head}");
+    println!("started thread {} ({})", t.id, t.status);
 
-    let prefix = head.to_string()[..8].parse()?;
+    let dev = store.append_step(
+        t.id,
+        t.head,
+        step(
+            "developer",
+            "review_needed",
+            "Added the flag and tests.",
+            "Implement the change",
+        ),
+        After::Next {
+            role: "reviewer".into(),
+            instruction: "Review the change".into(),
+        },
+    )?;
+    let rejected = store.append_step(
+        t.id,
+        dev.record.head,
+        step(
+            "reviewer",
+            "rejected",
+            "The flag is not documented.",
+            "Review the change",
+        ),
+        After::Next {
+            role: "developer".into(),
+            instruction: "Fix this: document the flag".into(),
+        },
+    )?;
+    // A stale head is refused: compare-and-swap.
+    let stale = store.append_step(
+        t.id,
+        dev.record.head,
+        step("reviewer", "approved", "LGTM", "Review the change"),
+        After::Next {
+            role: "tester".into(),
+            instruction: "Run the tests".into(),
+        },
+    );
     println!(
-        "{} resolves to {}",
-        &head.to_string()[..8],
-        store.resolve(&prefix)?
+        "append with a stale head: {}",
+        stale.err().map_or("accepted?!".into(), |e| e.to_string())
     );
 
-    println!("reachable from the head:");
-    store.walk(&head, |b| {
-        println!(
-            "  {}  {:<8}  {} bytes",
-            b.hash.short(16),
-            b.kind,
-            b.bytes.len()
-        );
-        Ok::<_, StoreError>(())
-    })?;
+    // Fork at the developer's step: the reviewer runs again on the fork, and
+    // this time the fork suspends to ask a human.
+    let fork = store.fork_thread(
+        t.id,
+        dev.record.head,
+        ForkState::Idle {
+            role: "reviewer".into(),
+            instruction: "Review the change".into(),
+        },
+    )?;
+    let suspended = store.append_step(
+        fork.id,
+        fork.head,
+        step(
+            "reviewer",
+            "need_info",
+            "Which output format?",
+            "Review the change",
+        ),
+        After::Suspend {
+            role: "reviewer".into(),
+            message: "Which JSON shape do you want?".into(),
+        },
+    )?;
+    println!(
+        "forked {} at seq {} -> {}",
+        fork.id, fork.seq, suspended.record.status
+    );
 
+    let fixed = store.append_step(
+        t.id,
+        rejected.record.head,
+        step(
+            "developer",
+            "review_needed",
+            "Documented the flag.",
+            "Fix this: document the flag",
+        ),
+        After::Next {
+            role: "reviewer".into(),
+            instruction: "Review the change".into(),
+        },
+    )?;
+    let done = store.append_step(
+        t.id,
+        fixed.record.head,
+        step("reviewer", "approved", "Approved.", "Review the change"),
+        After::End(EndSpec {
+            return_code: 0,
+            summary: "Approved".into(),
+            prompt: "Approved and merged".into(),
+        }),
+    )?;
+    println!("thread {} {} (moved to history)", t.id, done.record.status);
+
+    for e in store.thread_log(t.id, 50, None)? {
+        println!("  #{} {:<10} {}", e.node.seq, e.node.role, e.hash.short(12));
+    }
     let report = uwf_db::verify::verify(&store, |_| {})?;
     println!(
-        "verify: {} blobs, {} refs, {}",
+        "verify: {} blobs, {} refs, {} index entries: {}",
         report.blobs_checked,
         report.refs_checked,
+        report.index_entries_checked,
         if report.is_ok() {
             "ok".to_owned()
         } else {
             format!("{} problems", report.problems.len())
         }
     );
-    println!("try: cargo run -- cas get {}", head.short(8));
+    println!(
+        "try: cargo run -- thread list; cargo run -- thread log {}",
+        &t.id.to_string()[..10]
+    );
     Ok(())
 }

@@ -7,6 +7,7 @@
 mod admin;
 mod cas;
 mod output;
+mod thread;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +54,9 @@ enum Command {
     /// Add and inspect content-addressed blobs
     #[command(subcommand)]
     Cas(cas::CasCommand),
+    /// Inspect and unlink threads
+    #[command(subcommand)]
+    Thread(thread::ThreadCommand),
     /// Re-hash every blob and check every ref and index entry; exit 1 on any problem
     Verify,
     /// Counts, sizes, map usage, readers, durability
@@ -64,6 +68,8 @@ enum Command {
 enum CliError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Thread(#[from] uwf_db::thread::ThreadError),
     #[error("{0}")]
     Failed(String),
     /// The command already reported what it found; exit 1 quietly.
@@ -113,6 +119,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     match &cli.command {
         Command::Init => admin::init(cli, out),
         Command::Cas(cmd) => cas::run(cli, cmd, out),
+        Command::Thread(cmd) => thread::run(cli, cmd, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
     }

@@ -41,6 +41,36 @@ impl Output {
         Ok(())
     }
 
+    /// An aligned table with a header row.
+    pub fn columns<const N: usize>(
+        &mut self,
+        header: &[&str; N],
+        rows: &[[String; N]],
+    ) -> io::Result<()> {
+        let mut widths = header.map(str::len);
+        for row in rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let mut line = |cells: Vec<&str>| {
+            let mut text = String::new();
+            for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+                if i + 1 == N {
+                    text.push_str(cell);
+                } else {
+                    text.push_str(&format!("{cell:<w$}  "));
+                }
+            }
+            writeln!(self.out, "{}", text.trim_end())
+        };
+        line(header.to_vec())?;
+        for row in rows {
+            line(row.iter().map(String::as_str).collect())?;
+        }
+        Ok(())
+    }
+
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
     }
@@ -77,12 +107,15 @@ pub fn human_size(bytes: u64) -> String {
     }
 }
 
-/// Milliseconds since the epoch as RFC 3339 UTC.
+/// Milliseconds since the epoch as UTC date and time, to the second.
 pub fn timestamp(ms: u64) -> String {
     i64::try_from(ms)
         .ok()
         .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-        .map_or_else(|| format!("{ms} ms"), |t| t.to_string())
+        .map_or_else(
+            || format!("{ms} ms"),
+            |t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        )
 }
 
 /// Parses `4096`, `64KiB`, `512MiB`, `4GiB`, `1TiB` (also `KB`/`MB`/`GB`, binary).
@@ -107,4 +140,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// Parses `--since`/`--until`: RFC 3339, or a duration ago (`30m`, `24h`, `7d`, `90s`, `2w`).
+pub fn parse_time(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if let Ok(ts) = t.parse::<jiff::Timestamp>() {
+        return u64::try_from(ts.as_millisecond()).map_err(|_| format!("'{s}' is before 1970"));
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("'{s}' is neither RFC 3339 nor a relative time like 30m, 24h or 7d")
+    })?;
+    let ms = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "w" => 604_800_000,
+        _ => return Err(format!("unknown time unit in '{s}' (use s, m, h, d or w)")),
+    };
+    let ago = n
+        .checked_mul(ms)
+        .ok_or_else(|| format!("'{s}' is too far back"))?;
+    Ok(uwf_db::store::now_ms().saturating_sub(ago))
 }
