@@ -33,6 +33,7 @@ pub mod node;
 pub mod store;
 pub mod thread;
 pub mod verify;
+pub mod workflow;
 
 pub use codec::CodecError;
 pub use hash::{Hash, HashPrefix, ParseHashError};

@@ -251,21 +251,32 @@ pub(crate) struct Databases {
     pub activity: Database<Bytes, Bytes>,
     /// `children`: parent id then child id → empty.
     pub children: Database<Bytes, Bytes>,
+    /// `workflows`: workflow name (UTF-8) → hash of its `workflow` blob.
+    pub workflows: Database<Bytes, Bytes>,
 }
 
 /// Names of the byte-keyed databases after `meta`, in `Databases` order.
-const BYTE_DATABASES: [&str; 6] = [
+const BYTE_DATABASES: [&str; 7] = [
     "blobs",
     "threads",
     "history",
     "history_ids",
     "activity",
     "children",
+    "workflows",
 ];
 
 impl Databases {
-    fn from_parts(meta: Database<Str, Bytes>, dbs: [Database<Bytes, Bytes>; 6]) -> Self {
-        let [blobs, threads, history, history_ids, activity, children] = dbs;
+    fn from_parts(meta: Database<Str, Bytes>, dbs: [Database<Bytes, Bytes>; 7]) -> Self {
+        let [
+            blobs,
+            threads,
+            history,
+            history_ids,
+            activity,
+            children,
+            workflows,
+        ] = dbs;
         Databases {
             meta,
             blobs,
@@ -274,6 +285,7 @@ impl Databases {
             history_ids,
             activity,
             children,
+            workflows,
         }
     }
 }
@@ -617,7 +629,7 @@ fn open_databases(
         );
     }
     let all: Option<Vec<_>> = found.into_iter().collect();
-    if let (Some(meta), Some(Ok(dbs))) = (meta, all.map(<[_; 6]>::try_from)) {
+    if let (Some(meta), Some(Ok(dbs))) = (meta, all.map(<[_; 7]>::try_from)) {
         let stored = meta
             .get(&rtxn, FORMAT_VERSION_KEY)
             .map_err(|e| fail("reading the format version", e))?
@@ -639,7 +651,7 @@ fn open_databases(
                 .map_err(|e| fail("creating a database", e))?,
         );
     }
-    let Ok(dbs) = <[_; 6]>::try_from(created) else {
+    let Ok(dbs) = <[_; 7]>::try_from(created) else {
         unreachable!("one database per name");
     };
     let dbs = Databases::from_parts(meta, dbs);

@@ -1,0 +1,250 @@
+//! Workflows: the YAML model, validation, templates, routing, and the
+//! registry of workflows by name (`workflows` database).
+
+pub mod model;
+mod parse;
+pub mod template;
+
+use std::collections::BTreeMap;
+
+pub use model::{Compact, Edge, Role, Workflow};
+pub use parse::{Problem, parse_workflow};
+
+use crate::hash::Hash;
+use crate::node::{Blob, Value, WorkflowNode};
+use crate::store::{Store, StoreError};
+use template::TemplateError;
+
+/// What went wrong with a workflow.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkflowError {
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The YAML failed validation.
+    #[error("workflow {source_name} is invalid ({} problems):\n{}", problems.len(),
+        problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        /// The file or name.
+        source_name: String,
+        /// Every problem found.
+        problems: Vec<Problem>,
+    },
+    /// No workflow registered under this name (and no blob with this hash).
+    #[error("no workflow named '{0}' is registered (uwf-db workflow add FILE registers one)")]
+    Unknown(String),
+    /// A stored workflow blob does not hold a workflow.
+    #[error("blob {hash} is not a valid stored workflow: {detail}")]
+    Corrupt {
+        /// The blob.
+        hash: Hash,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The agent's `$status` has no edge.
+    #[error("role '{role}' answered status '{status}', which has no edge (allowed: {})", allowed.join(", "))]
+    UnknownStatus {
+        /// The role.
+        role: String,
+        /// The status given.
+        status: String,
+        /// The statuses with edges.
+        allowed: Vec<String>,
+    },
+    /// A role with no graph node.
+    #[error("role '{0}' is not in the workflow graph")]
+    UnknownRole(String),
+    /// A prompt failed to render.
+    #[error("the edge {role} → {target}: {source}")]
+    Template {
+        /// The role the edge leaves.
+        role: String,
+        /// The edge target.
+        target: String,
+        /// The template error.
+        source: TemplateError,
+    },
+}
+
+/// Where a step leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Run `role` next with `instruction`.
+    Next {
+        /// The next role.
+        role: String,
+        /// The rendered edge prompt.
+        instruction: String,
+    },
+    /// Suspend; `role` (the one that answered) runs again on resume.
+    Suspend {
+        /// The role that produced the status.
+        role: String,
+        /// The rendered edge prompt.
+        message: String,
+    },
+    /// End the thread (return code 0).
+    End {
+        /// The rendered `$END` prompt.
+        prompt: String,
+    },
+}
+
+/// The status a step's frontmatter selects: `$status`, or `_` when absent.
+pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
+    match meta.get("$status") {
+        Some(Value::Str(s)) => s.clone(),
+        Some(other) => other.to_json().to_string(),
+        None => model::DEFAULT_STATUS.to_owned(),
+    }
+}
+
+impl Workflow {
+    /// Where a step of `role` with frontmatter `meta` leads, with the edge
+    /// prompt rendered from `meta`. An unknown status is an error (the step
+    /// must not be committed).
+    pub fn route(
+        &self,
+        role: &str,
+        meta: &BTreeMap<String, Value>,
+    ) -> Result<Route, WorkflowError> {
+        let edges = self
+            .graph
+            .get(role)
+            .ok_or_else(|| WorkflowError::UnknownRole(role.to_owned()))?;
+        let status = status_of(meta);
+        let edge = edges
+            .get(&status)
+            .ok_or_else(|| WorkflowError::UnknownStatus {
+                role: role.to_owned(),
+                status: status.clone(),
+                allowed: edges.keys().cloned().collect(),
+            })?;
+        let data = Value::Map(meta.clone()).to_json();
+        let text =
+            template::render(&edge.prompt, &data).map_err(|source| WorkflowError::Template {
+                role: role.to_owned(),
+                target: edge.role.clone(),
+                source,
+            })?;
+        Ok(match edge.role.as_str() {
+            model::END => Route::End { prompt: text },
+            model::SUSPEND => Route::Suspend {
+                role: role.to_owned(),
+                message: text,
+            },
+            next => Route::Next {
+                role: next.to_owned(),
+                instruction: text,
+            },
+        })
+    }
+
+    /// The first role and its instruction (the `$START` edge).
+    pub fn first(&self) -> Result<(String, String), WorkflowError> {
+        let edge = self
+            .start_edge()
+            .ok_or_else(|| WorkflowError::UnknownRole(model::START.to_owned()))?;
+        let text = template::render(&edge.prompt, &serde_json::json!({})).map_err(|source| {
+            WorkflowError::Template {
+                role: model::START.into(),
+                target: edge.role.clone(),
+                source,
+            }
+        })?;
+        Ok((edge.role.clone(), text))
+    }
+
+    /// The definition as a `workflow` blob.
+    pub fn to_blob(&self) -> Result<Blob, WorkflowError> {
+        let json = serde_json::to_value(self).map_err(|e| WorkflowError::Corrupt {
+            hash: Hash::from_bytes([0; 32]),
+            detail: e.to_string(),
+        })?;
+        Ok(Blob::Workflow(WorkflowNode {
+            definition: Value::from_json(&json),
+        }))
+    }
+
+    /// Reads a definition back from its blob.
+    pub fn from_blob(hash: Hash, blob: &Blob) -> Result<Workflow, WorkflowError> {
+        let corrupt = |detail: String| WorkflowError::Corrupt { hash, detail };
+        match blob {
+            Blob::Workflow(w) => {
+                serde_json::from_value(w.definition.to_json()).map_err(|e| corrupt(e.to_string()))
+            }
+            other => Err(corrupt(format!("it is a {} blob", other.kind()))),
+        }
+    }
+}
+
+impl Store {
+    /// Stores a validated workflow and points its name at it. Returns the
+    /// blob's hash and whether the name moved (identical content: no-op).
+    pub fn add_workflow(&self, wf: &Workflow) -> Result<(Hash, bool), WorkflowError> {
+        let blob = wf.to_blob()?;
+        let changed = self.write(|w| {
+            let hash = w.put_blob(&blob)?;
+            let (txn, dbs, inner) = w.parts();
+            let err = |e| WorkflowError::Store(inner.error("registering a workflow", e));
+            let old = dbs
+                .workflows
+                .get(txn, wf.name.as_bytes())
+                .map_err(err)?
+                .map(<[u8]>::to_vec);
+            if old.as_deref() == Some(hash.as_bytes()) {
+                return Ok::<_, WorkflowError>((hash, false));
+            }
+            dbs.workflows
+                .put(txn, wf.name.as_bytes(), hash.as_bytes())
+                .map_err(err)?;
+            Ok((hash, true))
+        })?;
+        Ok(changed)
+    }
+
+    /// The registered workflow with this name.
+    pub fn workflow_by_name(&self, name: &str) -> Result<Option<(Hash, Workflow)>, WorkflowError> {
+        let hash = self.read(|r| {
+            let v = r
+                .dbs()
+                .workflows
+                .get(r.raw(), name.as_bytes())
+                .map_err(|e| r.store_inner().error("reading the workflow registry", e))?;
+            Ok::<_, StoreError>(v.and_then(Hash::from_slice))
+        })?;
+        match hash {
+            None => Ok(None),
+            Some(h) => Ok(Some((h, self.load_workflow(h)?))),
+        }
+    }
+
+    /// A stored workflow by hash.
+    pub fn load_workflow(&self, hash: Hash) -> Result<Workflow, WorkflowError> {
+        let blob = self
+            .get(&hash)?
+            .ok_or_else(|| WorkflowError::Unknown(hash.to_string()))?;
+        Workflow::from_blob(hash, &blob)
+    }
+
+    /// Registered workflows: name and hash, by name.
+    pub fn list_workflows(&self) -> Result<Vec<(String, Hash)>, WorkflowError> {
+        Ok(self.read(|r| {
+            let inner = r.store_inner();
+            let mut out = Vec::new();
+            for entry in r
+                .dbs()
+                .workflows
+                .iter(r.raw())
+                .map_err(|e| inner.error("listing workflows", e))?
+            {
+                let (k, v) = entry.map_err(|e| inner.error("listing workflows", e))?;
+                if let (Ok(name), Some(h)) = (std::str::from_utf8(k), Hash::from_slice(v)) {
+                    out.push((name.to_owned(), h));
+                }
+            }
+            Ok::<_, StoreError>(out)
+        })?)
+    }
+}

@@ -1,0 +1,142 @@
+//! The validated workflow model, as stored in a `workflow` blob.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Entry pseudo-role.
+pub const START: &str = "$START";
+/// End target.
+pub const END: &str = "$END";
+/// Suspend target.
+pub const SUSPEND: &str = "$SUSPEND";
+/// The status key used when an agent gives no `$status`.
+pub const DEFAULT_STATUS: &str = "_";
+/// Default loop protection.
+pub const DEFAULT_MAX_ROUNDS: u32 = 100;
+
+/// A workflow: roles joined by status edges (SPEC §4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workflow {
+    /// Automatic compaction.
+    pub compact: Option<Compact>,
+    /// What it is for.
+    pub description: Option<String>,
+    /// `graph[role][status]` = the edge taken after `role` answers `status`.
+    pub graph: BTreeMap<String, BTreeMap<String, Edge>>,
+    /// Role steps allowed between two ends.
+    pub max_rounds: u32,
+    /// The workflow's name (the file stem).
+    pub name: String,
+    /// The roles.
+    pub roles: BTreeMap<String, Role>,
+}
+
+/// `compact: {every: N, prompt: TEXT}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compact {
+    /// Summarise after every N role steps.
+    pub every: u32,
+    /// The summarising instruction (a built-in one when absent).
+    pub prompt: Option<String>,
+}
+
+/// A role: an agent's job, or a child workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Role {
+    /// Tools or skills the role may use.
+    pub capabilities: Vec<String>,
+    /// What the role does.
+    pub description: Option<String>,
+    /// JSON Schema of the agent's frontmatter.
+    pub frontmatter: Option<serde_json::Value>,
+    /// The role's goal.
+    pub goal: Option<String>,
+    /// What the reply must contain.
+    pub output: Option<String>,
+    /// How to work.
+    pub procedure: Option<String>,
+    /// For a role that runs a child workflow: its name.
+    pub workflow: Option<String>,
+}
+
+/// An edge: the next role (or `$END`/`$SUSPEND`) and its prompt template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Edge {
+    /// A role, `$END` or `$SUSPEND`.
+    pub role: String,
+    /// A Mustache template rendered with the step's frontmatter.
+    pub prompt: String,
+}
+
+impl Workflow {
+    /// The `$START` edge.
+    pub fn start_edge(&self) -> Option<&Edge> {
+        self.graph.get(START).and_then(|e| e.get(DEFAULT_STATUS))
+    }
+}
+
+impl Role {
+    /// The `$status` values the role's schema allows: one per `oneOf`
+    /// variant `const`, or the `enum`. Empty when the schema has no `$status`.
+    pub fn statuses(&self) -> Vec<String> {
+        let Some(schema) = &self.frontmatter else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let status_of =
+            |s: &serde_json::Value| s.get("properties").and_then(|p| p.get("$status")).cloned();
+        let mut add = |st: &serde_json::Value| {
+            if let Some(c) = st.get("const").and_then(|c| c.as_str()) {
+                out.push(c.to_owned());
+            }
+            if let Some(e) = st.get("enum").and_then(|e| e.as_array()) {
+                out.extend(e.iter().filter_map(|v| v.as_str().map(str::to_owned)));
+            }
+        };
+        if let Some(variants) = schema.get("oneOf").and_then(|v| v.as_array()) {
+            for v in variants {
+                if let Some(st) = status_of(v) {
+                    add(&st);
+                }
+            }
+        }
+        if let Some(st) = status_of(schema) {
+            add(&st);
+        }
+        out.dedup();
+        out
+    }
+
+    /// The frontmatter properties a step answering `status` may carry (the
+    /// variant with that `const`, or the whole schema), `$status` included.
+    pub fn properties_for(&self, status: &str) -> Vec<String> {
+        let mut out = vec!["$status".to_owned()];
+        let Some(schema) = &self.frontmatter else {
+            return out;
+        };
+        let props = |s: &serde_json::Value| -> Vec<String> {
+            s.get("properties")
+                .and_then(|p| p.as_object())
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        out.extend(props(schema));
+        if let Some(variants) = schema.get("oneOf").and_then(|v| v.as_array()) {
+            for v in variants {
+                let matches = v
+                    .get("properties")
+                    .and_then(|p| p.get("$status"))
+                    .and_then(|s| s.get("const"))
+                    .and_then(|c| c.as_str())
+                    .is_none_or(|c| c == status);
+                if matches {
+                    out.extend(props(v));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}

@@ -1,0 +1,450 @@
+//! Reading workflow YAML and validating it, collecting every problem with its
+//! YAML path and, where the parser gives it, its line and column.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::model::{
+    Compact, DEFAULT_MAX_ROUNDS, DEFAULT_STATUS, END, Edge, Role, START, SUSPEND, Workflow,
+};
+use super::template;
+use crate::thread::END_ROLE;
+
+/// One validation problem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Where, as a YAML path (`graph.reviewer.approved.role`).
+    pub path: String,
+    /// 1-based line, when known.
+    pub line: Option<u32>,
+    /// 1-based column, when known.
+    pub column: Option<u32>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{l}:{c}: {}: {}", self.path, self.message),
+            _ => write!(f, "{}: {}", self.path, self.message),
+        }
+    }
+}
+
+type Extra = BTreeMap<String, serde_json::Value>;
+
+/// `graph` as written: node → status → edge, each with its position.
+type GraphSrc = BTreeMap<String, Spanned<BTreeMap<String, Spanned<EdgeSrc>>>>;
+
+#[derive(Deserialize)]
+struct WorkflowSrc {
+    name: Option<Spanned<String>>,
+    description: Option<String>,
+    #[serde(rename = "maxRounds")]
+    max_rounds: Option<Spanned<i64>>,
+    compact: Option<Spanned<CompactSrc>>,
+    roles: Option<BTreeMap<String, Spanned<RoleSrc>>>,
+    graph: Option<GraphSrc>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+#[derive(Deserialize)]
+struct CompactSrc {
+    every: Option<i64>,
+    prompt: Option<String>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+#[derive(Deserialize)]
+struct RoleSrc {
+    description: Option<String>,
+    goal: Option<String>,
+    #[serde(default)]
+    capabilities: Vec<String>,
+    procedure: Option<String>,
+    output: Option<String>,
+    frontmatter: Option<serde_json::Value>,
+    workflow: Option<String>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+#[derive(Deserialize)]
+struct EdgeSrc {
+    role: Option<String>,
+    prompt: Option<String>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn at<T>(
+        &mut self,
+        path: impl Into<String>,
+        span: Option<&Spanned<T>>,
+        message: impl Into<String>,
+    ) {
+        self.0.push(Problem {
+            path: path.into(),
+            line: span.map(|s| s.referenced.line() as u32).filter(|l| *l > 0),
+            column: span
+                .map(|s| s.referenced.column() as u32)
+                .filter(|c| *c > 0),
+            message: message.into(),
+        });
+    }
+    fn unknown_keys<T>(
+        &mut self,
+        path: &str,
+        span: Option<&Spanned<T>>,
+        extra: &Extra,
+        allowed: &str,
+    ) {
+        for k in extra.keys() {
+            let p = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            self.at(p, span, format!("unknown key '{k}' (allowed: {allowed})"));
+        }
+    }
+}
+
+/// Parses and validates workflow YAML. `expected_name` is the file stem, if
+/// the YAML came from a file; `is_registered` says whether a child workflow
+/// named by a `workflow:` role exists.
+pub fn parse_workflow(
+    yaml: &str,
+    expected_name: Option<&str>,
+    is_registered: &dyn Fn(&str) -> bool,
+) -> Result<Workflow, Vec<Problem>> {
+    let src: WorkflowSrc = serde_saphyr::from_str(yaml).map_err(|e| {
+        let loc = e.location();
+        vec![Problem {
+            path: "(document)".into(),
+            line: loc.map(|l| l.line() as u32),
+            column: loc.map(|l| l.column() as u32),
+            message: format!(
+                "not a valid workflow YAML document: {}",
+                first_line(&e.to_string())
+            ),
+        }]
+    })?;
+    let mut p = Problems(Vec::new());
+    p.unknown_keys::<()>(
+        "",
+        None,
+        &src.extra,
+        "name, description, maxRounds, compact, roles, graph",
+    );
+
+    let name = match &src.name {
+        None => {
+            p.at::<()>("name", None, "missing: the workflow needs a name");
+            String::new()
+        }
+        Some(n) => {
+            if let Some(stem) = expected_name {
+                if n.value != stem {
+                    p.at(
+                        "name",
+                        Some(n),
+                        format!("'{}' must match the file stem '{stem}'", n.value),
+                    );
+                }
+            }
+            if n.value.trim().is_empty() {
+                p.at("name", Some(n), "must not be empty");
+            }
+            n.value.clone()
+        }
+    };
+    let max_rounds = match &src.max_rounds {
+        None => DEFAULT_MAX_ROUNDS,
+        Some(m) => match u32::try_from(m.value) {
+            Ok(v) if v > 0 => v,
+            _ => {
+                p.at(
+                    "maxRounds",
+                    Some(m),
+                    format!("must be a positive integer, got {}", m.value),
+                );
+                DEFAULT_MAX_ROUNDS
+            }
+        },
+    };
+    let compact = src.compact.as_ref().and_then(|c| {
+        p.unknown_keys("compact", Some(c), &c.value.extra, "every, prompt");
+        match c.value.every.map(u32::try_from) {
+            Some(Ok(every)) if every > 0 => Some(Compact {
+                every,
+                prompt: c.value.prompt.clone(),
+            }),
+            _ => {
+                p.at("compact.every", Some(c), "must be a positive integer");
+                None
+            }
+        }
+    });
+
+    let mut roles = BTreeMap::new();
+    let roles_src = src.roles.unwrap_or_default();
+    if roles_src.is_empty() {
+        p.at::<()>(
+            "roles",
+            None,
+            "missing or empty: a workflow needs at least one role",
+        );
+    }
+    for (rname, r) in &roles_src {
+        let path = format!("roles.{rname}");
+        if [START, END, SUSPEND, END_ROLE].contains(&rname.as_str()) {
+            p.at(
+                &path,
+                Some(r),
+                format!("'{rname}' is a reserved name and cannot be a role"),
+            );
+        }
+        p.unknown_keys(
+            &path,
+            Some(r),
+            &r.value.extra,
+            "description, goal, capabilities, procedure, output, frontmatter, workflow",
+        );
+        let v = &r.value;
+        if let Some(child) = &v.workflow {
+            if v.frontmatter.is_some() {
+                p.at(
+                    &path,
+                    Some(r),
+                    "a workflow: role has no frontmatter (its statuses are done and failed)",
+                );
+            }
+            if !is_registered(child) {
+                p.at(
+                    format!("{path}.workflow"),
+                    Some(r),
+                    format!(
+                        "child workflow '{child}' is not registered (uwf-db workflow add it first)"
+                    ),
+                );
+            }
+        }
+        if let Some(schema) = &v.frontmatter {
+            if let Err(e) = jsonschema::validator_for(schema) {
+                p.at(
+                    format!("{path}.frontmatter"),
+                    Some(r),
+                    format!("not a valid JSON Schema: {e}"),
+                );
+            }
+        }
+        roles.insert(
+            rname.clone(),
+            Role {
+                capabilities: v.capabilities.clone(),
+                description: v.description.clone(),
+                frontmatter: v.frontmatter.clone(),
+                goal: v.goal.clone(),
+                output: v.output.clone(),
+                procedure: v.procedure.clone(),
+                workflow: v.workflow.clone(),
+            },
+        );
+    }
+
+    let mut graph: BTreeMap<String, BTreeMap<String, Edge>> = BTreeMap::new();
+    let graph_src = src.graph.unwrap_or_default();
+    match graph_src.get(START) {
+        None => p.at::<()>("graph", None, "missing the $START node"),
+        Some(s) => {
+            let keys: Vec<&String> = s.value.keys().collect();
+            if keys != [DEFAULT_STATUS] {
+                p.at(
+                    format!("graph.{START}"),
+                    Some(s),
+                    "$START must have exactly one edge, '_'",
+                );
+            }
+        }
+    }
+    for (from, edges) in &graph_src {
+        let node_path = format!("graph.{from}");
+        let from_role = roles.get(from);
+        if from == END || from == SUSPEND {
+            p.at(
+                &node_path,
+                Some(edges),
+                format!("{from} has no outgoing edges"),
+            );
+            continue;
+        }
+        if from != START && from_role.is_none() {
+            p.at(&node_path, Some(edges), format!("'{from}' is not a role"));
+        }
+        // The status keys must equal what the role's schema allows.
+        if let Some(role) = from_role {
+            let allowed: BTreeSet<String> = if role.workflow.is_some() {
+                ["done", "failed"].map(String::from).into()
+            } else {
+                let s = role.statuses();
+                if s.is_empty() {
+                    [DEFAULT_STATUS.to_owned()].into()
+                } else {
+                    s.into_iter().collect()
+                }
+            };
+            let keys: BTreeSet<String> = edges.value.keys().cloned().collect();
+            if role.workflow.is_some() {
+                for k in keys.difference(&allowed) {
+                    p.at(
+                        format!("{node_path}.{k}"),
+                        edges.value.get(k),
+                        format!("a workflow: role's statuses are done and failed, not '{k}'"),
+                    );
+                }
+            } else {
+                for k in keys.difference(&allowed) {
+                    p.at(format!("{node_path}.{k}"), edges.value.get(k), format!("status '{k}' is not allowed by role '{from}''s frontmatter schema (allowed: {})", join(&allowed)));
+                }
+                for k in allowed.difference(&keys) {
+                    p.at(
+                        &node_path,
+                        Some(edges),
+                        format!("no edge for status '{k}', which role '{from}''s schema allows"),
+                    );
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (status, e) in &edges.value {
+            let path = format!("{node_path}.{status}");
+            p.unknown_keys(&path, Some(e), &e.value.extra, "role, prompt");
+            let target = match &e.value.role {
+                Some(t) => t.clone(),
+                None => {
+                    p.at(&path, Some(e), "missing 'role' (a role, $END or $SUSPEND)");
+                    continue;
+                }
+            };
+            if target != END && target != SUSPEND && !roles.contains_key(&target) {
+                p.at(
+                    format!("{path}.role"),
+                    Some(e),
+                    format!("edge target '{target}' is not a role, $END or $SUSPEND"),
+                );
+            }
+            if target == START {
+                p.at(
+                    format!("{path}.role"),
+                    Some(e),
+                    "$START cannot be an edge target",
+                );
+            }
+            let prompt = e.value.prompt.clone().unwrap_or_default();
+            if prompt.trim().is_empty() {
+                p.at(format!("{path}.prompt"), Some(e), "missing or empty prompt");
+            }
+            match template::variables(&prompt) {
+                Err(err) => p.at(format!("{path}.prompt"), Some(e), err.to_string()),
+                Ok(vars) => {
+                    let allowed: Vec<String> = match from_role {
+                        _ if from == START => Vec::new(),
+                        Some(r) if r.workflow.is_some() => vec!["$status".into()],
+                        Some(r) => r.properties_for(status),
+                        None => Vec::new(),
+                    };
+                    for v in vars {
+                        if !allowed.contains(&v) {
+                            let why = if from == START {
+                                "$START prompts have no variables".to_owned()
+                            } else {
+                                format!(
+                                    "the '{status}' variant of role '{from}' defines {}",
+                                    join(&allowed)
+                                )
+                            };
+                            p.at(
+                                format!("{path}.prompt"),
+                                Some(e),
+                                format!("template variable '{v}' is not defined: {why}"),
+                            );
+                        }
+                    }
+                }
+            }
+            out.insert(
+                status.clone(),
+                Edge {
+                    role: target,
+                    prompt,
+                },
+            );
+        }
+        graph.insert(from.clone(), out);
+    }
+    // Every role has a graph node and is reachable from $START.
+    let mut reachable = BTreeSet::new();
+    let mut stack = vec![START.to_owned()];
+    while let Some(n) = stack.pop() {
+        for e in graph.get(&n).into_iter().flat_map(|m| m.values()) {
+            if roles.contains_key(&e.role) && reachable.insert(e.role.clone()) {
+                stack.push(e.role.clone());
+            }
+        }
+    }
+    for (rname, r) in &roles_src {
+        if !graph.contains_key(rname) {
+            p.at(
+                format!("roles.{rname}"),
+                Some(r),
+                format!("role '{rname}' has no node in graph"),
+            );
+        }
+        if !reachable.contains(rname) {
+            p.at(
+                format!("roles.{rname}"),
+                Some(r),
+                format!("role '{rname}' is not reachable from $START"),
+            );
+        }
+    }
+    if p.0.is_empty() {
+        Ok(Workflow {
+            compact,
+            description: src.description,
+            graph,
+            max_rounds,
+            name,
+            roles,
+        })
+    } else {
+        p.0.sort_by_key(|x| (x.line.unwrap_or(u32::MAX), x.column.unwrap_or(0)));
+        Err(p.0)
+    }
+}
+
+fn join(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+    let v: Vec<String> = items
+        .into_iter()
+        .map(|s| format!("'{}'", s.as_ref()))
+        .collect();
+    if v.is_empty() {
+        "nothing".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or(s).to_owned()
+}

@@ -1,0 +1,137 @@
+//! Workflow YAML: parsing, validation with locations, routing, templates,
+//! and the registry.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use uwf_db::workflow::{Route, WorkflowError, parse_workflow};
+use uwf_db::{Store, StoreOptions, Value};
+
+const REVIEW: &str = include_str!("../examples/review.yaml");
+const FIVE: &str = include_str!("fixtures/five-mistakes.yaml");
+
+fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, Value> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::Str((*v).to_owned())))
+        .collect()
+}
+
+#[test]
+fn the_review_example_parses_and_routes() {
+    let wf = parse_workflow(REVIEW, Some("review"), &|_| false).unwrap();
+    assert_eq!(wf.max_rounds, 20);
+    assert_eq!(
+        wf.first().unwrap(),
+        ("developer".into(), "Implement the change".into())
+    );
+    assert_eq!(
+        wf.route("developer", &meta(&[("$status", "review_needed")]))
+            .unwrap(),
+        Route::Next {
+            role: "reviewer".into(),
+            instruction: "Review the change".into()
+        }
+    );
+    assert_eq!(
+        wf.route(
+            "reviewer",
+            &meta(&[("$status", "rejected"), ("reason", "no <tests> & docs")])
+        )
+        .unwrap(),
+        Route::Next {
+            role: "developer".into(),
+            instruction: "Fix this: no <tests> & docs".into()
+        }
+    );
+    assert_eq!(
+        wf.route("reviewer", &meta(&[("$status", "approved")]))
+            .unwrap(),
+        Route::End {
+            prompt: "Approved".into()
+        }
+    );
+    let err = wf
+        .route("reviewer", &meta(&[("$status", "maybe")]))
+        .unwrap_err();
+    assert!(matches!(err, WorkflowError::UnknownStatus { .. }), "{err}");
+    assert!(err.to_string().contains("approved, rejected"), "{err}");
+    // Missing $status selects `_`, which the reviewer does not have.
+    assert!(wf.route("reviewer", &BTreeMap::new()).is_err());
+    // The stored form round-trips.
+    let blob = wf.to_blob().unwrap();
+    let back = uwf_db::workflow::Workflow::from_blob(blob.encode().unwrap().hash(), &blob).unwrap();
+    assert_eq!(back, wf);
+}
+
+#[test]
+fn five_mistakes_are_all_reported_with_locations() {
+    let problems = parse_workflow(FIVE, Some("five-mistakes"), &|_| false).unwrap_err();
+    let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let has = |needle: &str| text.iter().any(|p| p.contains(needle));
+    assert!(has("unknown key 'colour'"), "{text:#?}");
+    assert!(has("'$END' is a reserved name"), "{text:#?}");
+    assert!(has("status 'finished' is not allowed"), "{text:#?}");
+    assert!(has("no edge for status 'drafted'"), "{text:#?}");
+    assert!(has("edge target 'publisher' is not a role"), "{text:#?}");
+    assert!(has("template variable 'mood' is not defined"), "{text:#?}");
+    assert!(has("role 'orphan' is not reachable"), "{text:#?}");
+    assert!(
+        !has("'notes' is not defined"),
+        "notes is a property of the ok variant"
+    );
+    // Positions: every problem but the flattened unknown key has a line.
+    for p in &problems {
+        if !p.message.contains("unknown key") && !p.path.starts_with("graph.$START") {
+            assert!(p.line.is_some(), "no line for {p}");
+        }
+    }
+    let target = problems
+        .iter()
+        .find(|p| p.message.contains("publisher"))
+        .unwrap();
+    assert_eq!(target.line, Some(27), "{target}");
+    assert_eq!(target.path, "graph.editor.ok.role");
+}
+
+#[test]
+fn bad_yaml_and_name_mismatch() {
+    let p = parse_workflow("name: [unclosed\n", None, &|_| false).unwrap_err();
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].line, Some(1));
+    let p = parse_workflow(REVIEW, Some("other"), &|_| false).unwrap_err();
+    assert!(
+        p[0].message.contains("must match the file stem 'other'"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn registry_adds_idempotently_and_moves_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let wf = parse_workflow(REVIEW, Some("review"), &|_| false).unwrap();
+    let (h1, changed) = store.add_workflow(&wf).unwrap();
+    assert!(changed);
+    let (h2, changed) = store.add_workflow(&wf).unwrap();
+    assert_eq!((h1, changed), (h2, false), "identical content is a no-op");
+    let mut wf2 = wf.clone();
+    wf2.max_rounds = 5;
+    let (h3, changed) = store.add_workflow(&wf2).unwrap();
+    assert!(changed && h3 != h1);
+    assert_eq!(
+        store.workflow_by_name("review").unwrap().unwrap(),
+        (h3, wf2)
+    );
+    assert_eq!(
+        store.load_workflow(h1).unwrap(),
+        wf,
+        "old versions stay readable"
+    );
+    assert_eq!(
+        store.list_workflows().unwrap(),
+        vec![("review".to_owned(), h3)]
+    );
+    assert!(store.workflow_by_name("nope").unwrap().is_none());
+}
