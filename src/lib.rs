@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod codec;
+pub mod engine;
 pub mod hash;
 pub mod node;
 pub mod store;

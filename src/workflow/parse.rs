@@ -403,6 +403,9 @@ pub fn parse_workflow(
         }
     }
     for (rname, r) in &roles_src {
+        if [START, END, SUSPEND, END_ROLE].contains(&rname.as_str()) {
+            continue; // already reported as reserved
+        }
         if !graph.contains_key(rname) {
             p.at(
                 format!("roles.{rname}"),

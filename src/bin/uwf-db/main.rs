@@ -8,6 +8,7 @@ mod admin;
 mod cas;
 mod output;
 mod thread;
+mod workflow;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,7 +55,10 @@ enum Command {
     /// Add and inspect content-addressed blobs
     #[command(subcommand)]
     Cas(cas::CasCommand),
-    /// Inspect and unlink threads
+    /// Register, list, show and validate workflows
+    #[command(subcommand)]
+    Workflow(workflow::WorkflowCommand),
+    /// Start, inspect, fork and unlink threads
     #[command(subcommand)]
     Thread(thread::ThreadCommand),
     /// Re-hash every blob and check every ref and index entry; exit 1 on any problem
@@ -70,6 +74,10 @@ enum CliError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Thread(#[from] uwf_db::thread::ThreadError),
+    #[error(transparent)]
+    Workflow(#[from] uwf_db::workflow::WorkflowError),
+    #[error(transparent)]
+    Engine(#[from] uwf_db::engine::EngineError),
     #[error("{0}")]
     Failed(String),
     /// The command already reported what it found; exit 1 quietly.
@@ -120,6 +128,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         Command::Init => admin::init(cli, out),
         Command::Cas(cmd) => cas::run(cli, cmd, out),
         Command::Thread(cmd) => thread::run(cli, cmd, out),
+        Command::Workflow(cmd) => workflow::run(cli, cmd, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
     }

@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 use serde_json::{Value as Json, json};
+use uwf_db::engine::ForkAt;
 use uwf_db::thread::{
     IdPrefix, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
 };
@@ -22,6 +23,32 @@ fn parse_status(s: &str) -> Result<ThreadStatus, String> {
 
 #[derive(Subcommand)]
 pub enum ThreadCommand {
+    /// Start a thread of a workflow without running it
+    Start {
+        /// A registered workflow name, or a YAML file (registered first)
+        workflow: String,
+        /// The task prompt
+        #[arg(short = 'p', long = "prompt")]
+        prompt: String,
+        /// The agent spec to store on the thread (script:FILE, cmd:PROGRAM ARGS)
+        #[arg(long)]
+        agent: Option<String>,
+        /// Loop protection (default: the workflow's maxRounds)
+        #[arg(long)]
+        max_rounds: Option<u32>,
+    },
+    /// Zero-copy fork: at a node, before a role's latest step, or at the head
+    Fork {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        /// Fork at this node of the chain
+        #[arg(long, value_parser = parse_prefix, conflicts_with = "from_role")]
+        at: Option<HashPrefix>,
+        /// Fork at the parent of ROLE's latest step, so ROLE runs again
+        #[arg(long, value_name = "ROLE")]
+        from_role: Option<String>,
+    },
     /// Threads by last activity, newest first
     List {
         /// Only these statuses (comma-separated: idle,running,suspended,completed,failed,cancelled)
@@ -80,6 +107,61 @@ pub enum ThreadCommand {
 
 pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliError> {
     match cmd {
+        ThreadCommand::Start {
+            workflow,
+            prompt,
+            agent,
+            max_rounds,
+        } => {
+            let store = cli.open(true)?;
+            let (hash, _) = crate::workflow::resolve(&store, workflow)?;
+            let r = store.start_workflow(hash, prompt, agent.clone(), *max_rounds)?;
+            if out.json {
+                out.json_value(&json!({
+                    "thread": r.id, "workflow": r.workflow, "head": r.head,
+                    "status": r.status, "current_role": r.next_role,
+                }))?;
+            } else {
+                out.line(format_args!(
+                    "started thread {} ({}), next role {}",
+                    r.id,
+                    r.workflow,
+                    r.next_role.as_deref().unwrap_or("-")
+                ))?;
+            }
+            Ok(())
+        }
+        ThreadCommand::Fork { id, at, from_role } => {
+            let store = cli.open(true)?;
+            let id = store.resolve_thread(id)?;
+            let at = match (at, from_role) {
+                (Some(p), _) => ForkAt::Node(store.resolve(p)?),
+                (None, Some(role)) => ForkAt::BeforeRole(role.clone()),
+                (None, None) => ForkAt::Head,
+            };
+            let r = store.fork(id, at)?;
+            let origin = r.forked_from.map(|f| f.node);
+            if out.json {
+                out.json_value(&json!({
+                    "thread": r.id,
+                    "forked_from": { "thread": id, "node": origin },
+                    "status": r.status,
+                    "current_role": r.next_role,
+                }))?;
+            } else {
+                out.line(format_args!(
+                    "forked {id} at {} as {} ({}{})",
+                    origin.map_or("-".into(), |h| h.short(12)),
+                    r.id,
+                    r.status,
+                    r.next_role
+                        .as_deref()
+                        .map(|n| format!(", next role {n}"))
+                        .unwrap_or_default()
+                ))?;
+            }
+            Ok(())
+        }
         ThreadCommand::List {
             status,
             workflow,

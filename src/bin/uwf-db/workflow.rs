@@ -1,0 +1,171 @@
+//! `workflow add|list|show|validate`, and resolving a WORKFLOW argument.
+
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+use serde_json::json;
+use uwf_db::workflow::{Workflow, WorkflowError, parse_workflow};
+use uwf_db::{Hash, Store};
+
+use crate::output::Output;
+use crate::{Cli, CliError};
+
+#[derive(Subcommand)]
+pub enum WorkflowCommand {
+    /// Validate and register a workflow YAML file under its name
+    Add {
+        /// The YAML file (its stem must equal its `name`)
+        file: PathBuf,
+    },
+    /// Registered workflows
+    List,
+    /// A registered workflow (by name or hash)
+    Show {
+        /// Name, or hash (prefix) of a stored workflow
+        workflow: String,
+    },
+    /// Check a workflow YAML file and report every problem with its location
+    Validate {
+        /// The YAML file
+        file: PathBuf,
+    },
+}
+
+/// Reads and validates a workflow file; child workflows must be registered.
+pub fn load_file(store: Option<&Store>, file: &Path) -> Result<Workflow, CliError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
+    let stem = file.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
+    let registered =
+        |name: &str| store.is_some_and(|s| matches!(s.workflow_by_name(name), Ok(Some(_))));
+    parse_workflow(&text, stem.as_deref(), &registered).map_err(|problems| {
+        WorkflowError::Invalid {
+            source_name: file.display().to_string(),
+            problems,
+        }
+        .into()
+    })
+}
+
+/// A WORKFLOW argument: a YAML file (registered first) or a registered name.
+pub fn resolve(store: &Store, arg: &str) -> Result<(Hash, Workflow), CliError> {
+    let path = Path::new(arg);
+    if arg.ends_with(".yaml") || arg.ends_with(".yml") || path.is_file() {
+        let wf = load_file(Some(store), path)?;
+        let (hash, _) = store.add_workflow(&wf)?;
+        return Ok((hash, wf));
+    }
+    store
+        .workflow_by_name(arg)?
+        .ok_or_else(|| WorkflowError::Unknown(arg.to_owned()).into())
+}
+
+pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), CliError> {
+    match cmd {
+        WorkflowCommand::Add { file } => {
+            let store = cli.open(true)?;
+            let wf = load_file(Some(&store), file)?;
+            let (hash, changed) = store.add_workflow(&wf)?;
+            if out.json {
+                out.json_value(&json!({ "name": wf.name, "hash": hash, "changed": changed }))?;
+            } else if changed {
+                out.line(format_args!("registered {} as {}", wf.name, hash))?;
+            } else {
+                out.line(format_args!(
+                    "{} is already registered as {} (unchanged)",
+                    wf.name, hash
+                ))?;
+            }
+            Ok(())
+        }
+        WorkflowCommand::List => {
+            let store = cli.open(false)?;
+            let list = store.list_workflows()?;
+            if out.json {
+                let rows: Vec<_> = list
+                    .iter()
+                    .map(|(n, h)| json!({ "name": n, "hash": h }))
+                    .collect();
+                return Ok(out.json_value(&rows)?);
+            }
+            if list.is_empty() {
+                return Ok(out.line("no workflows registered")?);
+            }
+            let rows: Vec<[String; 2]> = list
+                .iter()
+                .map(|(n, h)| [n.clone(), h.to_string()])
+                .collect();
+            Ok(out.columns(&["NAME", "HASH"], &rows)?)
+        }
+        WorkflowCommand::Show { workflow } => {
+            let store = cli.open(false)?;
+            let (hash, wf) = match store.workflow_by_name(workflow)? {
+                Some(found) => found,
+                None => {
+                    let prefix = workflow
+                        .parse()
+                        .map_err(|_| WorkflowError::Unknown(workflow.clone()))?;
+                    let hash = store.resolve(&prefix)?;
+                    (hash, store.load_workflow(hash)?)
+                }
+            };
+            if out.json {
+                let mut v = serde_json::to_value(&wf).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("hash".into(), json!(hash));
+                }
+                return Ok(out.json_value(&v)?);
+            }
+            out.table(&[
+                ("name", wf.name.clone()),
+                ("hash", hash.to_string()),
+                ("description", wf.description.clone().unwrap_or_default()),
+                ("maxRounds", wf.max_rounds.to_string()),
+                (
+                    "roles",
+                    wf.roles.keys().cloned().collect::<Vec<_>>().join(", "),
+                ),
+            ])?;
+            for (from, edges) in &wf.graph {
+                for (status, edge) in edges {
+                    out.line(format_args!(
+                        "  {from} --{status}--> {}: {:?}",
+                        edge.role, edge.prompt
+                    ))?;
+                }
+            }
+            Ok(())
+        }
+        WorkflowCommand::Validate { file } => {
+            // Child workflows are checked against the store when one exists.
+            let store = cli.open(false).ok();
+            match load_file(store.as_ref(), file) {
+                Ok(wf) => {
+                    if out.json {
+                        out.json_value(&json!({ "valid": true, "name": wf.name, "problems": [] }))?;
+                    } else {
+                        out.line(format_args!(
+                            "{}: valid workflow '{}'",
+                            file.display(),
+                            wf.name
+                        ))?;
+                    }
+                    Ok(())
+                }
+                Err(CliError::Workflow(WorkflowError::Invalid { problems, .. })) => {
+                    if out.json {
+                        out.json_value(&json!({ "valid": false, "problems": problems }))?;
+                    } else {
+                        for p in &problems {
+                            let sep = if p.line.is_some() { ":" } else { ": " };
+                            out.line(format_args!("{}{sep}{p}", file.display()))?;
+                        }
+                        out.line(format_args!("{} problems", problems.len()))?;
+                    }
+                    Err(CliError::Reported)
+                }
+                Err(e) => Err(e),
+            }
+        }
+    }
+}

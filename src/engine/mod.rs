@@ -1,0 +1,156 @@
+//! The synchronous workflow engine: starting threads of registered
+//! workflows, stepping them with agents, routing, suspend and resume,
+//! child workflows, compaction, cancel and forks that compute their state
+//! from the pinned workflow.
+
+use crate::hash::Hash;
+use crate::node::Blob;
+use crate::store::{Store, StoreError};
+use crate::thread::{END_ROLE, ForkState, NewThread, ThreadError, ThreadId, ThreadRecord};
+use crate::workflow::{Route, Workflow, WorkflowError};
+
+/// What went wrong while driving a thread.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A thread operation failed.
+    #[error(transparent)]
+    Thread(#[from] ThreadError),
+    /// A workflow problem (unknown, invalid, routing).
+    #[error(transparent)]
+    Workflow(#[from] WorkflowError),
+    /// Forking at a step that routed to `$END`.
+    #[error(
+        "step {node} of thread {thread} routed to $END: fork at an earlier step, or resume the thread"
+    )]
+    ForkAfterEnd {
+        /// The thread.
+        thread: ThreadId,
+        /// The node.
+        node: Hash,
+    },
+    /// No step of that role on the chain.
+    #[error("thread {thread} has no step of role '{role}'")]
+    NoSuchStep {
+        /// The thread.
+        thread: ThreadId,
+        /// The role.
+        role: String,
+    },
+}
+
+/// Where a fork starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForkAt {
+    /// The source's head.
+    Head,
+    /// A node of the source's chain.
+    Node(Hash),
+    /// The parent of the latest step of this role (so the role runs again).
+    BeforeRole(String),
+}
+
+impl Store {
+    /// Starts a thread of a registered workflow (or one already stored, by
+    /// hash) with the task `prompt`; it is `idle` with the first role.
+    pub fn start_workflow(
+        &self,
+        workflow: Hash,
+        prompt: &str,
+        agent: Option<String>,
+        max_rounds: Option<u32>,
+    ) -> Result<ThreadRecord, EngineError> {
+        let wf = self.load_workflow(workflow)?;
+        let (role, instruction) = wf.first()?;
+        Ok(self.start_thread(NewThread {
+            workflow: wf.name.clone(),
+            workflow_hash: workflow,
+            prompt: prompt.to_owned(),
+            max_rounds: max_rounds.unwrap_or(wf.max_rounds),
+            depth: 0,
+            parent_state: None,
+            parent_thread: None,
+            next_role: role,
+            next_instruction: instruction,
+            agent,
+        })?)
+    }
+
+    /// Forks a thread, computing the fork's status once from the node and
+    /// the pinned workflow: the start → `idle` with the first role; a step
+    /// that routed to a role → `idle` with that role; a step that routed to
+    /// `$SUSPEND` → `suspended` with the same role and message.
+    pub fn fork(&self, source: ThreadId, at: ForkAt) -> Result<ThreadRecord, EngineError> {
+        let record = self
+            .thread(source)?
+            .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
+        let node = match at {
+            ForkAt::Head => record.head,
+            ForkAt::Node(h) => h,
+            ForkAt::BeforeRole(role) => self.before_latest_step(&record, &role)?,
+        };
+        let wf = self.load_workflow(record.workflow_hash)?;
+        let state = fork_state(self, &wf, &record, node)?;
+        Ok(self.fork_thread(source, node, state)?)
+    }
+
+    /// The parent (or the start) of the newest step of `role` on the chain.
+    fn before_latest_step(&self, record: &ThreadRecord, role: &str) -> Result<Hash, EngineError> {
+        let mut before = None;
+        loop {
+            let page = self.thread_log(record.id, 256, before)?;
+            if let Some(e) = page.iter().find(|e| e.node.role == role) {
+                return Ok(e.node.ancestors.first().copied().unwrap_or(record.start));
+            }
+            match page.last() {
+                Some(last) if page.len() == 256 => before = Some(last.hash),
+                _ => {
+                    return Err(EngineError::NoSuchStep {
+                        thread: record.id,
+                        role: role.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn fork_state(
+    store: &Store,
+    wf: &Workflow,
+    record: &ThreadRecord,
+    node: Hash,
+) -> Result<ForkState, EngineError> {
+    if node == record.start {
+        let (role, instruction) = wf.first()?;
+        return Ok(ForkState::Idle { role, instruction });
+    }
+    let state = match store.get(&node)? {
+        Some(Blob::State(s)) => s,
+        // Let the storage layer name the problem (missing, wrong kind).
+        _ => {
+            return Ok(ForkState::Idle {
+                role: String::new(),
+                instruction: String::new(),
+            });
+        }
+    };
+    if state.role == END_ROLE {
+        return Err(ThreadError::ForkAtEnd {
+            thread: record.id,
+            node,
+        }
+        .into());
+    }
+    match wf.route(&state.role, &state.meta)? {
+        Route::Next { role, instruction } => Ok(ForkState::Idle { role, instruction }),
+        Route::Suspend { role, message } => Ok(ForkState::Suspended { role, message }),
+        Route::End { .. } => Err(EngineError::ForkAfterEnd {
+            thread: record.id,
+            node,
+        }),
+    }
+}
