@@ -3,6 +3,13 @@
 //! child workflows, compaction, cancel and forks that compute their state
 //! from the pinned workflow.
 
+pub mod agent;
+mod drive;
+pub mod extract;
+pub mod prompt;
+
+pub use drive::StepResult;
+
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::{Store, StoreError};
@@ -32,6 +39,38 @@ pub enum EngineError {
         /// The node.
         node: Hash,
     },
+    /// A step failed (agent error, invalid reply, unknown status): nothing
+    /// was committed; the error is recorded as the thread's `last_error`.
+    #[error("step of thread {thread} failed: {message}")]
+    StepFailed {
+        /// The thread.
+        thread: ThreadId,
+        /// What went wrong.
+        message: String,
+    },
+    /// The thread cannot take a step in its status.
+    #[error(
+        "thread {thread} is {status}: only idle threads take steps (resume a suspended or ended thread)"
+    )]
+    NotSteppable {
+        /// The thread.
+        thread: ThreadId,
+        /// Its status.
+        status: crate::thread::ThreadStatus,
+    },
+    /// The thread cannot be resumed in its status.
+    #[error(
+        "thread {thread} is {status}: only suspended, completed or failed threads can be resumed"
+    )]
+    NotResumable {
+        /// The thread.
+        thread: ThreadId,
+        /// Its status.
+        status: crate::thread::ThreadStatus,
+    },
+    /// An agent spec could not be used.
+    #[error(transparent)]
+    Agent(#[from] agent::AgentError),
     /// No step of that role on the chain.
     #[error("thread {thread} has no step of role '{role}'")]
     NoSuchStep {

@@ -6,6 +6,7 @@
 
 mod admin;
 mod cas;
+mod drive;
 mod output;
 mod thread;
 mod workflow;
@@ -55,6 +56,19 @@ enum Command {
     /// Add and inspect content-addressed blobs
     #[command(subcommand)]
     Cas(cas::CasCommand),
+    /// Start a thread and drive it until it ends or suspends
+    Run {
+        /// A registered workflow name, or a YAML file (registered first)
+        workflow: String,
+        /// The task prompt
+        #[arg(short = 'p', long = "prompt")]
+        prompt: String,
+        #[command(flatten)]
+        agent: drive::AgentArgs,
+        /// Loop protection (default: the workflow's maxRounds)
+        #[arg(long)]
+        max_rounds: Option<u32>,
+    },
     /// Register, list, show and validate workflows
     #[command(subcommand)]
     Workflow(workflow::WorkflowCommand),
@@ -106,6 +120,11 @@ impl Cli {
             })
     }
 
+    /// Whether commits skip fsync.
+    fn durability_none(&self) -> bool {
+        matches!(self.durability, DurabilityArg::None)
+    }
+
     /// Opens the store; `create` for commands that write.
     fn open(&self, create: bool) -> Result<Store, CliError> {
         let durability = match self.durability {
@@ -129,6 +148,12 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         Command::Cas(cmd) => cas::run(cli, cmd, out),
         Command::Thread(cmd) => thread::run(cli, cmd, out),
         Command::Workflow(cmd) => workflow::run(cli, cmd, out),
+        Command::Run {
+            workflow,
+            prompt,
+            agent,
+            max_rounds,
+        } => drive::run(cli, workflow, prompt, agent, *max_rounds, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
     }

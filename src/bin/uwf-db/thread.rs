@@ -37,6 +37,49 @@ pub enum ThreadCommand {
         #[arg(long)]
         max_rounds: Option<u32>,
     },
+    /// Run up to N steps, stopping early at a suspend or an end
+    Step {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        #[command(flatten)]
+        agent: crate::drive::AgentArgs,
+        /// How many steps at most
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+    /// Resume a suspended, completed or failed thread (the resumed step is the first of N)
+    Resume {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        /// What the human says (appended to the suspend message)
+        #[arg(short = 'p', long = "prompt")]
+        prompt: Option<String>,
+        #[command(flatten)]
+        agent: crate::drive::AgentArgs,
+        /// How many steps at most
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+    },
+    /// Cancel: end node with return code 2, into history (suspended children too)
+    Cancel {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        /// Cancel even while a driver holds the thread
+        #[arg(long)]
+        force: bool,
+    },
+    /// Stage a compaction summary covering everything up to the head
+    Compact {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        /// The summary
+        #[arg(long)]
+        summary: String,
+    },
     /// Zero-copy fork: at a node, before a role's latest step, or at the head
     Fork {
         /// Thread id or unique prefix
@@ -127,6 +170,60 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
                     r.id,
                     r.workflow,
                     r.next_role.as_deref().unwrap_or("-")
+                ))?;
+            }
+            Ok(())
+        }
+        ThreadCommand::Step { id, agent, count } => {
+            let store = cli.open(true)?;
+            let id = store.resolve_thread(id)?;
+            let record = store
+                .thread(id)?
+                .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
+            let mut a = agent.agent_for(&store, &record)?;
+            let (results, failure) = crate::drive::drive(&store, id, a.as_mut(), *count, None);
+            crate::drive::report(out, &results, *count > 1, failure)
+        }
+        ThreadCommand::Resume {
+            id,
+            prompt,
+            agent,
+            count,
+        } => {
+            let store = cli.open(true)?;
+            let id = store.resolve_thread(id)?;
+            let record = store
+                .thread(id)?
+                .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
+            let mut a = agent.agent_for(&store, &record)?;
+            let (results, failure) = crate::drive::drive(
+                &store,
+                id,
+                a.as_mut(),
+                (*count).max(1),
+                Some(prompt.as_deref()),
+            );
+            crate::drive::report(out, &results, *count > 1, failure)
+        }
+        ThreadCommand::Cancel { id, force: _ } => {
+            let store = cli.open(true)?;
+            let id = store.resolve_thread(id)?;
+            let r = store.cancel_thread(id)?;
+            crate::drive::report(out, &[r], false, None)
+        }
+        ThreadCommand::Compact { id, summary } => {
+            let store = cli.open(true)?;
+            let id = store.resolve_thread(id)?;
+            let record = store
+                .thread(id)?
+                .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
+            let (hash, _) = store.stage_compact(id, record.head, summary)?;
+            if out.json {
+                out.json_value(&json!({ "thread": id, "summary": hash }))?;
+            } else {
+                out.line(format_args!(
+                    "staged summary {} on thread {id}",
+                    hash.short(12)
                 ))?;
             }
             Ok(())

@@ -1,0 +1,370 @@
+//! Agents: what answers a role step. Built in: `script:FILE` (a scripted
+//! scenario, for tests and examples) and `cmd:PROGRAM ARGS` (an external
+//! program such as an LLM CLI).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::hash::Hash;
+use crate::thread::ThreadId;
+use crate::workflow::Role;
+
+/// Default time a `cmd:` agent may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What an agent is asked.
+#[derive(Debug, Clone)]
+pub struct AgentRequest<'a> {
+    /// The thread.
+    pub thread: ThreadId,
+    /// The thread's workflow name.
+    pub workflow: &'a str,
+    /// The role's name.
+    pub role_name: &'a str,
+    /// The role's definition.
+    pub role: &'a Role,
+    /// The instruction (rendered edge prompt, or the resume instruction).
+    pub instruction: &'a str,
+    /// The assembled prompt (what a `cmd:` agent reads on stdin).
+    pub prompt: &'a str,
+    /// Agent-answered role steps the thread already has.
+    pub answered_steps: usize,
+    /// For a summarising call: how many summaries the thread already has.
+    pub summary_index: Option<usize>,
+}
+
+/// An agent's answer: text, plus the final state of a child thread when the
+/// agent ran one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentReply {
+    /// Markdown with YAML frontmatter.
+    pub output: String,
+    /// The final state of a child thread the agent ran.
+    pub child_thread: Option<Hash>,
+}
+
+impl From<String> for AgentReply {
+    fn from(output: String) -> Self {
+        AgentReply {
+            output,
+            child_thread: None,
+        }
+    }
+}
+
+/// Why an agent gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
+    #[error("unknown agent spec '{0}': use script:FILE or cmd:PROGRAM ARGS")]
+    BadSpec(String),
+    /// The scenario file cannot be used.
+    #[error("scenario {path}: {detail}")]
+    Scenario {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The scenario's next step is for another role.
+    #[error("scenario step {index} is for role '{expected}', but the thread asks role '{actual}'")]
+    RoleMismatch {
+        /// The step index.
+        index: usize,
+        /// The role the scenario has.
+        expected: String,
+        /// The role the thread runs.
+        actual: String,
+    },
+    /// The scenario has no more steps.
+    #[error("scenario has no step {index} (it has {len}); the thread asks role '{actual}'")]
+    PastEnd {
+        /// The step index.
+        index: usize,
+        /// Steps in the scenario.
+        len: usize,
+        /// The role asked.
+        actual: String,
+    },
+    /// The program could not be started.
+    #[error("cannot run agent program '{program}': {detail}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        detail: String,
+    },
+    /// The program exited with an error.
+    #[error("agent program exited with {status}: {stderr}")]
+    Exit {
+        /// The exit status.
+        status: String,
+        /// Its stderr (trimmed).
+        stderr: String,
+    },
+    /// The program took too long; its process group was killed.
+    #[error("agent program timed out after {0:?}; its process group was killed")]
+    Timeout(Duration),
+    /// The program's output is not UTF-8.
+    #[error("agent output is not UTF-8")]
+    NotUtf8,
+}
+
+/// Something that answers role steps.
+pub trait Agent: Send {
+    /// Answers one request.
+    fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError>;
+    /// How many times to re-ask after an invalid reply (frontmatter).
+    fn reasks(&self) -> usize {
+        0
+    }
+}
+
+/// A parsed `--agent` spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSpec {
+    /// `script:FILE`.
+    Script(PathBuf),
+    /// `cmd:PROGRAM ARGS…`, split like shell words.
+    Cmd(Vec<String>),
+}
+
+impl AgentSpec {
+    /// Parses `script:FILE` or `cmd:PROGRAM ARGS`.
+    pub fn parse(spec: &str) -> Result<AgentSpec, AgentError> {
+        if let Some(file) = spec.strip_prefix("script:") {
+            return Ok(AgentSpec::Script(PathBuf::from(file)));
+        }
+        if let Some(line) = spec.strip_prefix("cmd:") {
+            let words = shell_words::split(line)
+                .map_err(|e| AgentError::BadSpec(format!("{spec} ({e})")))?;
+            if words.is_empty() {
+                return Err(AgentError::BadSpec(spec.to_owned()));
+            }
+            return Ok(AgentSpec::Cmd(words));
+        }
+        Err(AgentError::BadSpec(spec.to_owned()))
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ScriptStep {
+    role: String,
+    output: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepList {
+    steps: Vec<ScriptStep>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    #[serde(default)]
+    steps: Option<Vec<ScriptStep>>,
+    #[serde(default)]
+    workflows: Option<BTreeMap<String, StepList>>,
+    #[serde(default)]
+    compact: Vec<String>,
+}
+
+/// `script:FILE`: step *i* answers when the thread already has *i*
+/// agent-answered role steps.
+#[derive(Debug, Clone)]
+pub struct ScriptAgent {
+    path: PathBuf,
+    scenario: Scenario,
+}
+
+impl ScriptAgent {
+    /// Loads a scenario file.
+    pub fn load(path: &Path) -> Result<ScriptAgent, AgentError> {
+        let bad = |detail: String| AgentError::Scenario {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let scenario: Scenario = serde_saphyr::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if scenario.steps.is_none() == scenario.workflows.is_none() {
+            return Err(bad("give exactly one of `steps:` or `workflows:`".into()));
+        }
+        Ok(ScriptAgent {
+            path: path.to_path_buf(),
+            scenario,
+        })
+    }
+}
+
+impl Agent for ScriptAgent {
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        if let Some(i) = req.summary_index {
+            return self
+                .scenario
+                .compact
+                .get(i)
+                .cloned()
+                .map(AgentReply::from)
+                .ok_or_else(|| AgentError::Scenario {
+                    path: self.path.clone(),
+                    detail: format!(
+                        "no compact answer {i} (it has {})",
+                        self.scenario.compact.len()
+                    ),
+                });
+        }
+        let steps = match (&self.scenario.steps, &self.scenario.workflows) {
+            (Some(s), _) => s,
+            (None, Some(w)) => {
+                &w.get(req.workflow)
+                    .ok_or_else(|| AgentError::Scenario {
+                        path: self.path.clone(),
+                        detail: format!("no steps for workflow '{}'", req.workflow),
+                    })?
+                    .steps
+            }
+            (None, None) => unreachable!("checked at load"),
+        };
+        let i = req.answered_steps;
+        let step = steps.get(i).ok_or_else(|| AgentError::PastEnd {
+            index: i,
+            len: steps.len(),
+            actual: req.role_name.to_owned(),
+        })?;
+        if step.role != req.role_name {
+            return Err(AgentError::RoleMismatch {
+                index: i,
+                expected: step.role.clone(),
+                actual: req.role_name.to_owned(),
+            });
+        }
+        Ok(step.output.clone().into())
+    }
+}
+
+/// `cmd:PROGRAM ARGS`: the prompt on stdin, `UWF_THREAD`, `UWF_ROLE`,
+/// `UWF_STORE` in the environment, stdout is the reply. The program runs in
+/// its own process group, killed whole on timeout.
+#[derive(Debug, Clone)]
+pub struct CmdAgent {
+    argv: Vec<String>,
+    store: PathBuf,
+    timeout: Duration,
+    reasks: usize,
+}
+
+impl CmdAgent {
+    /// A command agent.
+    pub fn new(argv: Vec<String>, store: PathBuf, timeout: Duration, reasks: usize) -> Self {
+        CmdAgent {
+            argv,
+            store,
+            timeout,
+            reasks,
+        }
+    }
+}
+
+fn kill_group(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+impl Agent for CmdAgent {
+    fn reasks(&self) -> usize {
+        self.reasks
+    }
+
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        use std::os::unix::process::CommandExt;
+        let program = self.argv[0].clone();
+        let mut child = Command::new(&program)
+            .args(&self.argv[1..])
+            .env("UWF_THREAD", req.thread.to_string())
+            .env("UWF_ROLE", req.role_name)
+            .env("UWF_STORE", &self.store)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| AgentError::Spawn {
+                program: program.clone(),
+                detail: e.to_string(),
+            })?;
+        let pid = child.id();
+        let stdin = child.stdin.take();
+        let prompt = req.prompt.to_owned();
+        // Feed stdin and drain stdout/stderr on threads so no pipe fills up.
+        let writer = std::thread::spawn(move || {
+            if let Some(mut s) = stdin {
+                let _ = s.write_all(prompt.as_bytes());
+            }
+        });
+        let drain = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out = drain(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
+        let err = drain(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
+        let started = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if started.elapsed() >= self.timeout => {
+                    kill_group(pid);
+                    let _ = child.wait();
+                    return Err(AgentError::Timeout(self.timeout));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => {
+                    kill_group(pid);
+                    return Err(AgentError::Spawn {
+                        program,
+                        detail: e.to_string(),
+                    });
+                }
+            }
+        };
+        // The program may have left children holding the pipes: end them.
+        kill_group(pid);
+        let _ = writer.join();
+        let stdout = out.join().unwrap_or_default();
+        let stderr = err.join().unwrap_or_default();
+        if !status.success() {
+            return Err(AgentError::Exit {
+                status: status.to_string(),
+                stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+            });
+        }
+        String::from_utf8(stdout)
+            .map(AgentReply::from)
+            .map_err(|_| AgentError::NotUtf8)
+    }
+}

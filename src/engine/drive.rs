@@ -1,0 +1,396 @@
+//! Stepping threads: one role step at a time, routed before it is
+//! committed; failures are recorded, never committed.
+
+use serde::Serialize;
+
+use super::EngineError;
+use super::agent::{Agent, AgentRequest};
+use super::extract::extract;
+use super::prompt::{RECENT_STEPS, assemble};
+use crate::hash::Hash;
+use crate::node::Blob;
+use crate::store::Store;
+use crate::thread::{
+    After, END_ROLE, EndSpec, StepWrite, ThreadError, ThreadId, ThreadRecord, ThreadStatus,
+};
+use crate::workflow::{Route, Workflow};
+
+/// What a step left (SPEC §7's step result).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepResult {
+    /// The thread.
+    pub thread: ThreadId,
+    /// The workflow's name.
+    pub workflow: String,
+    /// The head after the step.
+    pub head: Hash,
+    /// The status the step left.
+    pub status: ThreadStatus,
+    /// The next role, when idle.
+    pub current_role: Option<String>,
+    /// The suspended role, when suspended.
+    pub suspended_role: Option<String>,
+    /// The suspend message, when suspended.
+    pub suspend_message: Option<String>,
+    /// Completed, failed or cancelled.
+    pub done: bool,
+}
+
+impl StepResult {
+    /// The result for a record.
+    pub fn of(r: &ThreadRecord) -> Self {
+        StepResult {
+            thread: r.id,
+            workflow: r.workflow.clone(),
+            head: r.head,
+            status: r.status,
+            current_role: (r.status == ThreadStatus::Idle)
+                .then(|| r.next_role.clone())
+                .flatten(),
+            suspended_role: r.suspended_role.clone(),
+            suspend_message: r.suspend_message.clone(),
+            done: r.status.is_done(),
+        }
+    }
+}
+
+/// Which kind of step to run.
+enum Mode {
+    /// The next role of an idle thread.
+    Next,
+    /// The suspended role, with the resume instruction.
+    ResumeSuspended,
+    /// The first role after an end node.
+    ResumeEnded,
+}
+
+impl Store {
+    /// Runs one role step of an idle thread with `agent`.
+    pub fn step_thread(
+        &self,
+        id: ThreadId,
+        agent: &mut dyn Agent,
+    ) -> Result<StepResult, EngineError> {
+        let record = self.need_thread(id)?;
+        if record.status != ThreadStatus::Idle {
+            return Err(EngineError::NotSteppable {
+                thread: id,
+                status: record.status,
+            });
+        }
+        let role = record.next_role.clone().unwrap_or_default();
+        let instruction = record.next_instruction.clone().unwrap_or_default();
+        self.run_step(&record, &role, &instruction, Mode::Next, agent)
+    }
+
+    /// Resumes a suspended thread (its suspended role runs again with the
+    /// suspend message, plus `"\n\n"` and `text` when given) or an ended
+    /// one (completed or failed: the first role runs after the end node,
+    /// with the `$START` prompt, plus `"\n\n"` and `text`). If the step
+    /// fails the thread keeps its status, with the error recorded.
+    pub fn resume_thread(
+        &self,
+        id: ThreadId,
+        text: Option<&str>,
+        agent: &mut dyn Agent,
+    ) -> Result<StepResult, EngineError> {
+        let record = self.need_thread(id)?;
+        let with_text = |base: &str| match text {
+            Some(t) => format!("{base}\n\n{t}"),
+            None => base.to_owned(),
+        };
+        match record.status {
+            ThreadStatus::Suspended => {
+                let role = record.suspended_role.clone().unwrap_or_default();
+                let instruction = with_text(record.suspend_message.as_deref().unwrap_or_default());
+                self.run_step(&record, &role, &instruction, Mode::ResumeSuspended, agent)
+            }
+            ThreadStatus::Completed | ThreadStatus::Failed => {
+                let wf = self.load_workflow(record.workflow_hash)?;
+                let (role, start_prompt) = wf.first()?;
+                let instruction = with_text(&start_prompt);
+                self.run_step(&record, &role, &instruction, Mode::ResumeEnded, agent)
+            }
+            status => Err(EngineError::NotResumable { thread: id, status }),
+        }
+    }
+
+    /// Steps until the thread ends or suspends, or `max_steps` steps ran.
+    /// Returns one result per step that ran.
+    pub fn run_thread(
+        &self,
+        id: ThreadId,
+        max_steps: usize,
+        agent: &mut dyn Agent,
+    ) -> Result<Vec<StepResult>, (Vec<StepResult>, EngineError)> {
+        let mut results = Vec::new();
+        while results.len() < max_steps {
+            match self.step_thread(id, agent) {
+                Ok(r) => {
+                    let stop = r.status != ThreadStatus::Idle;
+                    results.push(r);
+                    if stop {
+                        break;
+                    }
+                }
+                Err(e) => return Err((results, e)),
+            }
+        }
+        Ok(results)
+    }
+
+    /// Cancels an active thread: end node with return code 2, into history;
+    /// its suspended children are cancelled too.
+    pub fn cancel_thread(&self, id: ThreadId) -> Result<StepResult, EngineError> {
+        let record = self.need_thread(id)?;
+        if record.status.is_done() {
+            return Err(EngineError::NotSteppable {
+                thread: id,
+                status: record.status,
+            });
+        }
+        for child in self.thread_tree(id)?.children {
+            if child.thread.status == ThreadStatus::Suspended {
+                self.cancel_thread(child.thread.id)?;
+            }
+        }
+        let end = EndSpec {
+            return_code: 2,
+            summary: "cancelled".into(),
+            prompt: "Cancelled".into(),
+        };
+        let w = self.end_thread(id, record.head, end)?;
+        Ok(StepResult::of(&w.record))
+    }
+
+    fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
+        Ok(self
+            .thread(id)?
+            .ok_or_else(|| ThreadError::Unknown(id.to_string()))?)
+    }
+
+    /// Records a failed attempt and returns the error for it.
+    fn fail(&self, id: ThreadId, message: String) -> EngineError {
+        match self.record_failure(id, &message) {
+            Ok(_) => EngineError::StepFailed {
+                thread: id,
+                message,
+            },
+            Err(e) => e.into(),
+        }
+    }
+
+    fn text(&self, h: &Hash) -> String {
+        match self.get(h) {
+            Ok(Some(Blob::Content(c))) => c.text,
+            _ => String::new(),
+        }
+    }
+
+    /// Agent-answered role steps on the chain (steps of `workflow:` roles,
+    /// which carry `child_thread`, and end nodes do not count).
+    fn answered_steps(&self, id: ThreadId) -> Result<usize, EngineError> {
+        let mut n = 0;
+        let mut before = None;
+        loop {
+            let page = self.thread_log(id, 1024, before)?;
+            n += page
+                .iter()
+                .filter(|e| e.node.role != END_ROLE && e.node.child_thread.is_none())
+                .count();
+            match page.last() {
+                Some(last) if page.len() == 1024 => before = Some(last.hash),
+                _ => return Ok(n),
+            }
+        }
+    }
+
+    fn run_step(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        mode: Mode,
+        agent: &mut dyn Agent,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        let wf = self.load_workflow(record.workflow_hash)?;
+        let Some(role_def) = wf.roles.get(role) else {
+            return Err(self.fail(
+                id,
+                format!("role '{role}' is not in workflow '{}'", wf.name),
+            ));
+        };
+        if role_def.workflow.is_some() {
+            return Err(self.fail(
+                id,
+                format!("role '{role}' runs a child workflow, which this build does not drive yet"),
+            ));
+        }
+        let (task, max_rounds) = match self.get(&record.start)? {
+            Some(Blob::Start(s)) => (self.text(&s.prompt), s.max_rounds),
+            _ => (String::new(), wf.max_rounds),
+        };
+        let context = self.context(id, RECENT_STEPS * 4)?;
+        let prompt = assemble(
+            role,
+            role_def,
+            &task,
+            &context,
+            &|h| self.text(h),
+            instruction,
+        );
+        let answered = self.answered_steps(id)?;
+
+        let mut ask = prompt.clone();
+        let mut attempts = 0;
+        let extracted = loop {
+            let request = AgentRequest {
+                thread: id,
+                workflow: &wf.name,
+                role_name: role,
+                role: role_def,
+                instruction,
+                prompt: &ask,
+                answered_steps: answered,
+                summary_index: None,
+            };
+            let reply = match agent.call(&request) {
+                Ok(r) => r,
+                Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
+            };
+            match extract(role_def, &reply.output) {
+                Ok(x) => break x,
+                Err(e) if attempts < agent.reasks() => {
+                    attempts += 1;
+                    ask = format!(
+                        "{prompt}\n## Your previous reply was invalid\n{e}\nAnswer again, following the output format.\n"
+                    );
+                }
+                Err(e) => {
+                    return Err(self.fail(id, format!("invalid reply from role '{role}': {e}")));
+                }
+            }
+        };
+        let route = match wf.route(role, &extracted.meta) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail(id, e.to_string())),
+        };
+        let rounds = match mode {
+            Mode::ResumeEnded => 1,
+            _ => record.rounds() + 1,
+        };
+        let after = after_route(route, rounds, max_rounds);
+        let step = StepWrite {
+            role: role.to_owned(),
+            meta: extracted.meta,
+            reply: extracted.body,
+            artifacts: extracted.artifacts,
+            instruction: instruction.to_owned(),
+            child_thread: None,
+        };
+        let written = match mode {
+            Mode::ResumeEnded => self.resume_ended(id, record.head, step, after),
+            _ => self.append_step(id, record.head, step, after),
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(ThreadError::Store(crate::store::StoreError::MissingRef { missing, .. })) => {
+                return Err(self.fail(
+                    id,
+                    format!(
+                        "role '{role}' referred to artifact {missing}, which is not in the store"
+                    ),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.maybe_compact(&wf, &written.record, agent);
+        let latest = self.thread(id)?.unwrap_or(written.record);
+        Ok(StepResult::of(&latest))
+    }
+
+    /// Automatic compaction: after every `every` role steps, ask the agent
+    /// for a summary (not a role step) and stage it. A failed summary is
+    /// recorded as the thread's last error; the step stands.
+    fn maybe_compact(&self, wf: &Workflow, record: &ThreadRecord, agent: &mut dyn Agent) {
+        let Some(c) = &wf.compact else { return };
+        let rounds = record.rounds();
+        if record.status.is_done() || rounds == 0 || rounds % u64::from(c.every) != 0 {
+            return;
+        }
+        let summaries = self.summaries_so_far(record).unwrap_or(0);
+        let instruction = c.prompt.clone().unwrap_or_else(|| {
+            "Summarise everything that has happened in this thread so far, so that the next steps can rely on your summary instead of the full history.".into()
+        });
+        let context = self.context(record.id, RECENT_STEPS * 4).ok();
+        let role_def = crate::workflow::Role::default();
+        let prompt = match &context {
+            Some(ctx) => assemble(
+                "summariser",
+                &role_def,
+                "",
+                ctx,
+                &|h| self.text(h),
+                &instruction,
+            ),
+            None => instruction.clone(),
+        };
+        let request = AgentRequest {
+            thread: record.id,
+            workflow: &wf.name,
+            role_name: "summariser",
+            role: &role_def,
+            instruction: &instruction,
+            prompt: &prompt,
+            answered_steps: 0,
+            summary_index: Some(summaries),
+        };
+        let outcome = agent
+            .call(&request)
+            .map_err(|e| e.to_string())
+            .and_then(|reply| {
+                let body = extract(&role_def, &reply.output)
+                    .map(|x| x.body)
+                    .unwrap_or(reply.output);
+                self.stage_compact(record.id, record.head, &body)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = outcome {
+            let _ = self.record_failure(record.id, &format!("automatic compaction failed: {e}"));
+        }
+    }
+
+    fn summaries_so_far(&self, record: &ThreadRecord) -> Result<usize, EngineError> {
+        let mut n = usize::from(record.staged_compact.is_some());
+        let mut before = None;
+        loop {
+            let page = self.thread_log(record.id, 1024, before)?;
+            n += page.iter().filter(|e| e.node.compact.is_some()).count();
+            match page.last() {
+                Some(last) if page.len() == 1024 => before = Some(last.hash),
+                _ => return Ok(n),
+            }
+        }
+    }
+}
+
+/// What follows a routed step, with `maxRounds` applied: the step that
+/// reaches the limit is committed; `$END` or `$SUSPEND` wins, otherwise the
+/// same transaction ends the thread with return code 1.
+fn after_route(route: Route, rounds: u64, max_rounds: u32) -> After {
+    match route {
+        Route::End { prompt } => After::End(EndSpec {
+            return_code: 0,
+            summary: prompt.clone(),
+            prompt,
+        }),
+        Route::Suspend { role, message } => After::Suspend { role, message },
+        Route::Next { .. } if rounds >= u64::from(max_rounds) => After::End(EndSpec {
+            return_code: 1,
+            summary: format!("maxRounds ({max_rounds}) reached"),
+            prompt: format!("Stopped: maxRounds ({max_rounds}) reached"),
+        }),
+        Route::Next { role, instruction } => After::Next { role, instruction },
+    }
+}

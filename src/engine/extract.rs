@@ -1,0 +1,231 @@
+//! The extractor: an agent's markdown reply → frontmatter `meta` (validated
+//! against the role's JSON Schema), the body text, and artifact refs
+//! (schema properties with `format: uwf-hash`).
+
+use std::collections::BTreeMap;
+
+use crate::hash::Hash;
+use crate::node::Value;
+use crate::workflow::Role;
+
+/// What a reply yields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extracted {
+    /// The frontmatter keys the schema names (and `$status`).
+    pub meta: BTreeMap<String, Value>,
+    /// The body after the frontmatter.
+    pub body: String,
+    /// Hashes from `format: uwf-hash` properties.
+    pub artifacts: Vec<Hash>,
+}
+
+/// Why a reply was not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExtractError {
+    /// The role has a schema but the reply has no frontmatter.
+    #[error(
+        "the reply has no frontmatter: it must start with a '---' line, YAML, and a closing '---' line"
+    )]
+    Missing,
+    /// The frontmatter is not YAML, or not a map.
+    #[error("the frontmatter is not a YAML map: {0}")]
+    NotYaml(String),
+    /// The frontmatter does not satisfy the schema.
+    #[error("the frontmatter does not match the role's schema: {0}")]
+    Schema(String),
+    /// A `format: uwf-hash` value is not a full hash.
+    #[error("property '{property}' must be a full 64-character hash (format uwf-hash): {detail}")]
+    BadHash {
+        /// The property.
+        property: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// Splits `---\nYAML\n---\nbody`; `None` when there is no frontmatter.
+fn split(text: &str) -> Option<(&str, &str)> {
+    let rest = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))?;
+    let mut offset = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            let body = &rest[offset + line.len()..];
+            return Some((&rest[..offset], body.strip_prefix('\n').unwrap_or(body)));
+        }
+        offset += line.len();
+    }
+    None
+}
+
+/// Extracts a reply for `role`.
+pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
+    let Some((yaml, body)) = split(text) else {
+        if role.frontmatter.is_some() {
+            return Err(ExtractError::Missing);
+        }
+        return Ok(Extracted {
+            meta: BTreeMap::new(),
+            body: text.to_owned(),
+            artifacts: Vec::new(),
+        });
+    };
+    let front: serde_json::Value = if yaml.trim().is_empty() {
+        serde_json::json!({})
+    } else {
+        serde_saphyr::from_str(yaml).map_err(|e| ExtractError::NotYaml(e.to_string()))?
+    };
+    let Some(map) = front.as_object() else {
+        return Err(ExtractError::NotYaml(
+            "it is not a map of keys to values".into(),
+        ));
+    };
+    let mut meta = BTreeMap::new();
+    let mut artifacts = Vec::new();
+    match &role.frontmatter {
+        None => {
+            for (k, v) in map {
+                meta.insert(k.clone(), Value::from_json(v));
+            }
+        }
+        Some(schema) => {
+            let validator = jsonschema::validator_for(schema)
+                .map_err(|e| ExtractError::Schema(e.to_string()))?;
+            let errors: Vec<String> = validator
+                .iter_errors(&front)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    if at.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("{at}: {e}")
+                    }
+                })
+                .collect();
+            if !errors.is_empty() {
+                return Err(ExtractError::Schema(errors.join("; ")));
+            }
+            let named = named_properties(schema);
+            for (k, v) in map {
+                if k == "$status" || named.contains_key(k) {
+                    meta.insert(k.clone(), Value::from_json(v));
+                }
+            }
+            for (k, is_hash) in &named {
+                if !is_hash {
+                    continue;
+                }
+                let values: Vec<&serde_json::Value> = match map.get(k) {
+                    Some(serde_json::Value::Array(a)) => a.iter().collect(),
+                    Some(v) => vec![v],
+                    None => vec![],
+                };
+                for v in values {
+                    let s = v.as_str().ok_or_else(|| ExtractError::BadHash {
+                        property: k.clone(),
+                        detail: format!("{v} is not a string"),
+                    })?;
+                    let h: Hash = s.parse().map_err(|e: crate::hash::ParseHashError| {
+                        ExtractError::BadHash {
+                            property: k.clone(),
+                            detail: e.to_string(),
+                        }
+                    })?;
+                    if !artifacts.contains(&h) {
+                        artifacts.push(h);
+                    }
+                }
+            }
+        }
+    }
+    Ok(Extracted {
+        meta,
+        body: body.to_owned(),
+        artifacts,
+    })
+}
+
+/// Properties named anywhere in the schema's top level or `oneOf`/`anyOf`
+/// variants, and whether each is a `format: uwf-hash` (or an array of them).
+fn named_properties(schema: &serde_json::Value) -> BTreeMap<String, bool> {
+    let mut out = BTreeMap::new();
+    let mut scan = |s: &serde_json::Value| {
+        if let Some(props) = s.get("properties").and_then(|p| p.as_object()) {
+            for (k, p) in props {
+                let is_hash = p.get("format").and_then(|f| f.as_str()) == Some("uwf-hash")
+                    || p.get("items")
+                        .and_then(|i| i.get("format"))
+                        .and_then(|f| f.as_str())
+                        == Some("uwf-hash");
+                *out.entry(k.clone()).or_insert(false) |= is_hash;
+            }
+        }
+    };
+    scan(schema);
+    for key in ["oneOf", "anyOf", "allOf"] {
+        for v in schema
+            .get(key)
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+        {
+            scan(v);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reviewer() -> Role {
+        Role {
+            frontmatter: Some(json!({"oneOf": [
+                {"properties": {"$status": {"const": "approved"}}, "required": ["$status"]},
+                {"properties": {"$status": {"const": "rejected"}, "reason": {"type": "string"},
+                    "patch": {"type": "string", "format": "uwf-hash"}},
+                 "required": ["$status", "reason"]}
+            ]})),
+            ..Role::default()
+        }
+    }
+
+    #[test]
+    fn frontmatter_body_and_artifacts() {
+        let h = Hash::of(b"patch");
+        let text = format!(
+            "---\n$status: rejected\nreason: no tests\npatch: {h}\nnoise: 1\n---\nPlease add tests.\n"
+        );
+        let x = extract(&reviewer(), &text).unwrap();
+        assert_eq!(x.meta["$status"], Value::Str("rejected".into()));
+        assert_eq!(x.meta["reason"], Value::Str("no tests".into()));
+        assert!(!x.meta.contains_key("noise"), "only keys the schema names");
+        assert_eq!(x.body, "Please add tests.\n");
+        assert_eq!(x.artifacts, vec![h]);
+    }
+
+    #[test]
+    fn invalid_replies_say_why() {
+        assert_eq!(
+            extract(&reviewer(), "no frontmatter"),
+            Err(ExtractError::Missing)
+        );
+        let e = extract(&reviewer(), "---\n$status: rejected\n---\nbody").unwrap_err();
+        assert!(matches!(e, ExtractError::Schema(_)), "{e}");
+        let e = extract(&reviewer(), "---\n- a list\n---\n").unwrap_err();
+        assert!(matches!(e, ExtractError::NotYaml(_)), "{e}");
+        let e = extract(
+            &reviewer(),
+            "---\n$status: rejected\nreason: r\npatch: abc\n---\n",
+        )
+        .unwrap_err();
+        assert!(matches!(e, ExtractError::BadHash { .. }), "{e}");
+        // A role without a schema takes any reply.
+        let x = extract(&Role::default(), "just text").unwrap();
+        assert!(x.meta.is_empty());
+    }
+}
