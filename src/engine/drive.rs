@@ -54,6 +54,15 @@ impl StepResult {
     }
 }
 
+/// What a run of several steps did.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// One result per committed step.
+    pub results: Vec<StepResult>,
+    /// The failure that stopped the run, if any.
+    pub error: Option<EngineError>,
+}
+
 /// Which kind of step to run.
 enum Mode {
     /// The next role of an idle thread.
@@ -115,14 +124,9 @@ impl Store {
         }
     }
 
-    /// Steps until the thread ends or suspends, or `max_steps` steps ran.
-    /// Returns one result per step that ran.
-    pub fn run_thread(
-        &self,
-        id: ThreadId,
-        max_steps: usize,
-        agent: &mut dyn Agent,
-    ) -> Result<Vec<StepResult>, (Vec<StepResult>, EngineError)> {
+    /// Steps until the thread ends or suspends, or `max_steps` steps ran,
+    /// or a step fails (the steps before it stay committed).
+    pub fn run_thread(&self, id: ThreadId, max_steps: usize, agent: &mut dyn Agent) -> RunOutcome {
         let mut results = Vec::new();
         while results.len() < max_steps {
             match self.step_thread(id, agent) {
@@ -133,10 +137,18 @@ impl Store {
                         break;
                     }
                 }
-                Err(e) => return Err((results, e)),
+                Err(e) => {
+                    return RunOutcome {
+                        results,
+                        error: Some(e),
+                    };
+                }
             }
         }
-        Ok(results)
+        RunOutcome {
+            results,
+            error: None,
+        }
     }
 
     /// Cancels an active thread: end node with return code 2, into history;

@@ -8,7 +8,7 @@ mod drive;
 pub mod extract;
 pub mod prompt;
 
-pub use drive::StepResult;
+pub use drive::{RunOutcome, StepResult};
 
 use crate::hash::Hash;
 use crate::node::Blob;

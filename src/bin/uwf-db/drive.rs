@@ -160,12 +160,10 @@ pub fn drive(
             .is_some_and(|r: &StepResult| r.current_role.is_none())
     };
     if results.len() < count && !stopped(&results) {
-        match store.run_thread(id, count - results.len(), agent) {
-            Ok(more) => results.extend(more),
-            Err((more, e)) => {
-                results.extend(more);
-                return (results, Some(e));
-            }
+        let outcome = store.run_thread(id, count - results.len(), agent);
+        results.extend(outcome.results);
+        if outcome.error.is_some() {
+            return (results, outcome.error);
         }
     }
     (results, None)
