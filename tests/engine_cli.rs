@@ -1,0 +1,455 @@
+//! The engine through the real binary: runs, loops, counts, templates,
+//! failures that commit nothing, suspend/resume cycles, maxRounds, cancel,
+//! and `cmd:` agents that fail, hang or answer badly. `verify` is clean
+//! after every scenario.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_uwf-db");
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+    fn file(&self, name: &str, text: &str) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    }
+    fn uwf(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(self.store())
+            .args(args)
+            .env_remove("UWF_STORE")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap()
+    }
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let o = self.uwf(&all);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+    fn show(&self, id: &str) -> serde_json::Value {
+        self.json(&["thread", "show", id])
+    }
+    fn log(&self, id: &str) -> Vec<serde_json::Value> {
+        self.json(&["thread", "log", id, "--limit", "1000"])
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+    fn verify_clean(&self) {
+        let o = self.uwf(&["verify"]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "verify: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if !std::thread::panicking() && self.store().exists() {
+            self.verify_clean();
+        }
+    }
+}
+
+fn code(o: &Output) -> Option<i32> {
+    o.status.code()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn step(role: &str, front: &str, body: &str) -> String {
+    format!(
+        "  - role: {role}\n    output: |\n      ---\n{}      ---\n      {body}\n",
+        front
+            .lines()
+            .map(|l| format!("      {l}\n"))
+            .collect::<String>()
+    )
+}
+
+fn review_scenario(steps: &[(&str, &str)]) -> String {
+    let mut s = String::from("steps:\n");
+    for (role, front) in steps {
+        s.push_str(&step(role, front, &format!("{role} answered")));
+    }
+    s
+}
+
+const DEV: &str = "$status: review_needed";
+const OK: &str = "$status: approved";
+
+#[test]
+fn run_loops_and_templates_reach_the_next_prompt_exactly() {
+    let env = Env::new();
+    let r = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "Add a --json flag",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(r["status"], "completed");
+    assert_eq!(r["done"], true);
+    let id = r["thread"].as_str().unwrap();
+    let log = env.log(id);
+    let roles: Vec<&str> = log
+        .iter()
+        .rev()
+        .map(|e| e["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["developer", "reviewer", "developer", "reviewer", "__end__"]
+    );
+    // The rejected reason reached the developer's next instruction exactly.
+    assert_eq!(
+        log[2]["input"],
+        "Fix this: the README does not mention --json"
+    );
+    assert_eq!(log[4]["input"], "Implement the change");
+    assert_eq!(log[0]["input"], "Approved");
+    assert_eq!(log[0]["meta"]["return_code"], 0);
+}
+
+#[test]
+fn count_returns_one_result_per_step() {
+    let env = Env::new();
+    let t = env.json(&[
+        "thread",
+        "start",
+        "examples/review.yaml",
+        "-p",
+        "task",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(t["status"], "idle");
+    assert_eq!(t["current_role"], "developer");
+    let id = t["thread"].as_str().unwrap();
+    let r = env.json(&["thread", "step", id, "--count", "3"]);
+    let r = r.as_array().unwrap();
+    assert_eq!(r.len(), 3);
+    assert_eq!(r[0]["current_role"], "reviewer");
+    assert_eq!(r[1]["current_role"], "developer");
+    assert_eq!(r[2]["current_role"], "reviewer");
+    // Stops early at the end: asking for 5 more runs only 1.
+    let r = env.json(&["thread", "step", id, "--count", "5"]);
+    assert_eq!(r.as_array().unwrap().len(), 1);
+    assert_eq!(r[0]["status"], "completed");
+    // A single step prints one object, not an array.
+    let o = env.uwf(&["thread", "step", id]);
+    assert_eq!(code(&o), Some(1), "a completed thread takes no step");
+    assert!(stderr(&o).contains("completed"));
+}
+
+#[test]
+fn a_role_mismatch_commits_nothing_and_a_retry_works() {
+    let env = Env::new();
+    let bad = env.file("bad.yaml", &review_scenario(&[("reviewer", OK)]));
+    let t = env.json(&[
+        "thread",
+        "start",
+        "examples/review.yaml",
+        "-p",
+        "task",
+        "--agent",
+        &format!("script:{bad}"),
+    ]);
+    let id = t["thread"].as_str().unwrap();
+    let o = env.uwf(&["thread", "step", id]);
+    assert_eq!(code(&o), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("'reviewer'") && err.contains("'developer'"),
+        "{err}"
+    );
+    let s = env.show(id);
+    assert_eq!(s["head"], t["head"], "head unchanged");
+    assert_eq!(s["status"], "idle");
+    assert!(s["last_error"].as_str().unwrap().contains("reviewer"));
+    let failed = env.json(&["thread", "list", "--failed"]);
+    assert_eq!(failed.as_array().unwrap().len(), 1);
+    // Fix the scenario; the retry goes through and clears the error.
+    env.file("bad.yaml", &review_scenario(&[("developer", DEV)]));
+    let r = env.json(&["thread", "step", id]);
+    assert_eq!(r["current_role"], "reviewer");
+    assert_eq!(env.show(id)["last_error"], serde_json::Value::Null);
+}
+
+const PLANNER_TWICE: &str = r#"steps:
+  - role: planner
+    output: |
+      ---
+      $status: need_info
+      question: Which database?
+      ---
+      Unclear.
+  - role: planner
+    output: |
+      ---
+      $status: need_info
+      question: Which version?
+      ---
+      Still unclear.
+  - role: planner
+    output: |
+      ---
+      $status: planned
+      ---
+      Plan.
+  - role: developer
+    output: |
+      ---
+      $status: done
+      ---
+      Done.
+"#;
+
+#[test]
+fn suspend_resume_cycles_record_what_the_human_said() {
+    let env = Env::new();
+    let sc = env.file("p.yaml", PLANNER_TWICE);
+    let r = env.json(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "Export",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(r["status"], "suspended");
+    assert_eq!(r["suspended_role"], "planner");
+    assert_eq!(r["suspend_message"], "The planner asks: Which database?");
+    let id = r["thread"].as_str().unwrap();
+    // Stepping a suspended thread is refused; resuming it works.
+    assert_eq!(code(&env.uwf(&["thread", "step", id])), Some(1));
+    let r = env.json(&["thread", "resume", id, "-p", "PostgreSQL"]);
+    assert_eq!(r["status"], "suspended");
+    assert_eq!(r["suspend_message"], "The planner asks: Which version?");
+    let r = env.json(&["thread", "resume", id, "--count", "5"]);
+    assert_eq!(r.as_array().unwrap().last().unwrap()["status"], "completed");
+    let log = env.log(id);
+    let inputs: Vec<&str> = log
+        .iter()
+        .rev()
+        .map(|e| e["input"].as_str().unwrap())
+        .collect();
+    assert_eq!(inputs[1], "The planner asks: Which database?\n\nPostgreSQL");
+    assert_eq!(inputs[2], "The planner asks: Which version?");
+}
+
+#[test]
+fn a_completed_thread_resumes_with_the_first_role() {
+    let env = Env::new();
+    let sc = env.file(
+        "s.yaml",
+        &review_scenario(&[
+            ("developer", DEV),
+            ("reviewer", OK),
+            ("developer", DEV),
+            ("reviewer", OK),
+        ]),
+    );
+    let r = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(r["status"], "completed");
+    let id = r["thread"].as_str().unwrap();
+    let o = env.uwf(&["thread", "resume", id, "-p", "also add --yaml"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let s = env.show(id);
+    assert_eq!(s["status"], "idle");
+    assert_eq!(s["next_role"], "reviewer");
+    let log = env.log(id);
+    assert_eq!(log[0]["input"], "Implement the change\n\nalso add --yaml");
+    assert_eq!(log[0]["seq"], 4, "continues after the end node");
+    assert_eq!(log[1]["role"], "__end__");
+    let r = env.json(&["thread", "step", id]);
+    assert_eq!(r["status"], "completed");
+    // Idle and cancelled threads cannot be resumed.
+    let t = env.json(&["thread", "start", "review", "-p", "x"]);
+    let o = env.uwf(&[
+        "thread",
+        "resume",
+        t["thread"].as_str().unwrap(),
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("idle"), "{}", stderr(&o));
+}
+
+#[test]
+fn max_rounds_ends_the_thread_as_failed() {
+    let env = Env::new();
+    let sc = env.file(
+        "loop.yaml",
+        &review_scenario(&[
+            ("developer", DEV),
+            ("reviewer", "$status: rejected\nreason: again"),
+            ("developer", DEV),
+        ]),
+    );
+    let r = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--max-rounds",
+        "3",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(r["status"], "failed");
+    let id = r["thread"].as_str().unwrap();
+    let log = env.log(id);
+    assert_eq!(log.len(), 4, "three role steps and the end node");
+    assert_eq!(log[0]["meta"]["return_code"], 1);
+}
+
+#[test]
+fn unknown_status_is_a_step_failure() {
+    let env = Env::new();
+    let wf = env.file("loose.yaml", "name: loose\nroles:\n  writer:\n    frontmatter:\n      properties: { $status: { type: string } }\ngraph:\n  $START:\n    _: { role: writer, prompt: 'Write' }\n  writer:\n    _: { role: $END, prompt: 'Done' }\n");
+    let sc = env.file("w.yaml", &review_scenario(&[("writer", "$status: maybe")]));
+    let o = env.uwf(&["run", &wf, "-p", "t", "--agent", &format!("script:{sc}")]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("status 'maybe'"), "{}", stderr(&o));
+    let list = env.json(&["thread", "list"]);
+    let s = &list[0];
+    assert_eq!(s["status"], "idle");
+    assert_eq!(s["seq"], 0, "nothing committed");
+}
+
+#[test]
+fn a_failing_agent_program_is_recorded_with_its_stderr() {
+    let env = Env::new();
+    let o = env.uwf(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "cmd:sh -c 'echo model overloaded >&2; exit 3'",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("model overloaded"), "{}", stderr(&o));
+    let list = env.json(&["thread", "list", "--failed"]);
+    assert!(
+        list[0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("exit status: 3")
+    );
+}
+
+#[test]
+fn a_hanging_agent_is_killed_after_its_timeout() {
+    let env = Env::new();
+    let started = std::time::Instant::now();
+    let o = env.uwf(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent-timeout",
+        "1s",
+        "--agent",
+        "cmd:sh -c 'sleep 30 & sleep 30'",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the process group was killed"
+    );
+}
+
+#[test]
+fn invalid_frontmatter_twice_then_valid_is_reasked() {
+    let env = Env::new();
+    let counter = env.dir.path().join("n");
+    let script = env.file("agent.sh", &format!(
+        "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}\ncat > /dev/null\nif [ $n -le 2 ]; then echo 'no frontmatter'; else printf -- '---\\n$status: review_needed\\n---\\nDone on try %s\\n' $n; fi\n",
+        c = counter.display()));
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let id = t["thread"].as_str().unwrap();
+    let r = env.json(&["thread", "step", id, "--agent", &format!("cmd:sh {script}")]);
+    assert_eq!(r["current_role"], "reviewer");
+    assert_eq!(env.log(id)[0]["content"], "Done on try 3\n");
+    // With no re-asks the same kind of agent fails the step.
+    std::fs::write(&counter, "0").unwrap();
+    let t = env.json(&["thread", "start", "review", "-p", "t2"]);
+    let o = env.uwf(&[
+        "thread",
+        "step",
+        t["thread"].as_str().unwrap(),
+        "--reasks",
+        "0",
+        "--agent",
+        &format!("cmd:sh {script}"),
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("no frontmatter"), "{}", stderr(&o));
+}
+
+#[test]
+fn cancel_ends_with_return_code_2() {
+    let env = Env::new();
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let id = t["thread"].as_str().unwrap();
+    let r = env.json(&["thread", "cancel", id]);
+    assert_eq!(r["status"], "cancelled");
+    assert_eq!(env.log(id)[0]["meta"]["return_code"], 2);
+    assert_eq!(code(&env.uwf(&["thread", "cancel", id])), Some(1));
+    let o = env.uwf(&[
+        "thread",
+        "resume",
+        id,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("cancelled"));
+}
+
+#[test]
+fn no_agent_is_a_clear_error() {
+    let env = Env::new();
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let o = env.uwf(&["thread", "step", t["thread"].as_str().unwrap()]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("--agent"), "{}", stderr(&o));
+}
