@@ -453,3 +453,87 @@ fn no_agent_is_a_clear_error() {
     assert_eq!(code(&o), Some(1));
     assert!(stderr(&o).contains("--agent"), "{}", stderr(&o));
 }
+
+const SLOW_AGENT: &str =
+    "cmd:sh -c 'sleep 2; printf -- \"---\\n\\$status: review_needed\\n---\\nslow\\n\"'";
+
+#[test]
+fn a_second_driver_is_refused_while_the_first_runs() {
+    let env = Env::new();
+    let t = env.json(&[
+        "thread",
+        "start",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        SLOW_AGENT,
+    ]);
+    let id = t["thread"].as_str().unwrap().to_owned();
+    let store = env.store();
+    let first = Command::new(BIN)
+        .args(["--store", store.to_str().unwrap(), "thread", "step", &id])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let s = env.show(&id);
+    assert_eq!(s["status"], "running", "the driver's claim shows");
+    let second = env.uwf(&["thread", "step", &id]);
+    assert_eq!(code(&second), Some(1));
+    assert!(
+        stderr(&second).contains("being driven by another process"),
+        "{}",
+        stderr(&second)
+    );
+    let o = env.uwf(&["thread", "cancel", &id]);
+    assert_eq!(
+        code(&o),
+        Some(1),
+        "cancel refused while a live driver holds it"
+    );
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let s = env.show(&id);
+    assert_eq!(s["status"], "idle");
+    assert_eq!(s["next_role"], "reviewer");
+}
+
+#[test]
+fn a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over() {
+    let env = Env::new();
+    let t = env.json(&[
+        "thread",
+        "start",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        SLOW_AGENT,
+    ]);
+    let id = t["thread"].as_str().unwrap().to_owned();
+    let store = env.store();
+    let mut victim = Command::new(BIN)
+        .args(["--store", store.to_str().unwrap(), "thread", "step", &id])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert_eq!(env.show(&id)["status"], "running");
+    victim.kill().unwrap(); // SIGKILL
+    victim.wait().unwrap();
+    // The record still says running, but the lock died with the process.
+    let fast = env.file("fast.yaml", &review_scenario(&[("developer", DEV)]));
+    let r = env.json(&["thread", "step", &id, "--agent", &format!("script:{fast}")]);
+    assert_eq!(r["status"], "idle");
+    assert_eq!(r["current_role"], "reviewer");
+    assert_eq!(env.log(&id).len(), 1, "exactly one step");
+    assert_eq!(env.show(&id)["status"], "idle");
+}

@@ -610,3 +610,27 @@ fn verify_finds_damaged_thread_indexes() {
         "{text:?}"
     );
 }
+
+/// Regression: resuming from history used the reopened record (no
+/// completion time) as the "old" one, so the stale `activity` entry keyed by
+/// the completion time stayed behind whenever the end and the last update
+/// fell in different milliseconds.
+#[test]
+fn resume_from_history_replaces_the_activity_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let t = new_thread(&store, "r");
+    let ended = store.end_thread(t.id, t.head, end(0)).unwrap().record;
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    store.record_failure(t.id, "a failed resume").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    store
+        .resume_ended(t.id, ended.head, step("dev", "ok", "back"), next("dev"))
+        .unwrap();
+    let report = verify(&store, |_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(
+        store.list_threads(&ThreadQuery::default()).unwrap().len(),
+        1
+    );
+}

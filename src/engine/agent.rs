@@ -272,7 +272,7 @@ impl CmdAgent {
     }
 }
 
-fn kill_group(pid: u32) {
+pub(crate) fn kill_group(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),
@@ -304,6 +304,7 @@ impl Agent for CmdAgent {
                 detail: e.to_string(),
             })?;
         let pid = child.id();
+        super::claim::agent_started(pid);
         let stdin = child.stdin.take();
         let prompt = req.prompt.to_owned();
         // Feed stdin and drain stdout/stderr on threads so no pipe fills up.
@@ -339,6 +340,7 @@ impl Agent for CmdAgent {
                 Ok(Some(status)) => break status,
                 Ok(None) if started.elapsed() >= self.timeout => {
                     kill_group(pid);
+                    super::claim::agent_finished(pid);
                     let _ = child.wait();
                     return Err(AgentError::Timeout(self.timeout));
                 }
@@ -354,6 +356,7 @@ impl Agent for CmdAgent {
         };
         // The program may have left children holding the pipes: end them.
         kill_group(pid);
+        super::claim::agent_finished(pid);
         let _ = writer.join();
         let stdout = out.join().unwrap_or_default();
         let stderr = err.join().unwrap_or_default();

@@ -38,18 +38,21 @@ pub struct StepResult {
 
 impl StepResult {
     /// The result for a record.
+    /// The result for a record: the status the step left, never the
+    /// driver's own claim.
     pub fn of(r: &ThreadRecord) -> Self {
+        let status = r.underlying_status();
         StepResult {
             thread: r.id,
             workflow: r.workflow.clone(),
             head: r.head,
-            status: r.status,
-            current_role: (r.status == ThreadStatus::Idle)
+            status,
+            current_role: (status == ThreadStatus::Idle)
                 .then(|| r.next_role.clone())
                 .flatten(),
             suspended_role: r.suspended_role.clone(),
             suspend_message: r.suspend_message.clone(),
-            done: r.status.is_done(),
+            done: status.is_done(),
         }
     }
 }
@@ -80,12 +83,11 @@ impl Store {
         id: ThreadId,
         agent: &mut dyn Agent,
     ) -> Result<StepResult, EngineError> {
+        let _claim = self.claim(id)?;
         let record = self.need_thread(id)?;
-        if record.status != ThreadStatus::Idle {
-            return Err(EngineError::NotSteppable {
-                thread: id,
-                status: record.status,
-            });
+        let status = record.underlying_status();
+        if status != ThreadStatus::Idle {
+            return Err(EngineError::NotSteppable { thread: id, status });
         }
         let role = record.next_role.clone().unwrap_or_default();
         let instruction = record.next_instruction.clone().unwrap_or_default();
@@ -103,12 +105,13 @@ impl Store {
         text: Option<&str>,
         agent: &mut dyn Agent,
     ) -> Result<StepResult, EngineError> {
+        let _claim = self.claim(id)?;
         let record = self.need_thread(id)?;
         let with_text = |base: &str| match text {
             Some(t) => format!("{base}\n\n{t}"),
             None => base.to_owned(),
         };
-        match record.status {
+        match record.underlying_status() {
             ThreadStatus::Suspended => {
                 let role = record.suspended_role.clone().unwrap_or_default();
                 let instruction = with_text(record.suspend_message.as_deref().unwrap_or_default());
@@ -128,6 +131,15 @@ impl Store {
     /// or a step fails (the steps before it stay committed).
     pub fn run_thread(&self, id: ThreadId, max_steps: usize, agent: &mut dyn Agent) -> RunOutcome {
         let mut results = Vec::new();
+        let _claim = match self.claim(id) {
+            Ok(c) => c,
+            Err(e) => {
+                return RunOutcome {
+                    results,
+                    error: Some(e),
+                };
+            }
+        };
         while results.len() < max_steps {
             match self.step_thread(id, agent) {
                 Ok(r) => {
@@ -153,7 +165,10 @@ impl Store {
 
     /// Cancels an active thread: end node with return code 2, into history;
     /// its suspended children are cancelled too.
-    pub fn cancel_thread(&self, id: ThreadId) -> Result<StepResult, EngineError> {
+    pub fn cancel_thread(&self, id: ThreadId, force: bool) -> Result<StepResult, EngineError> {
+        if !force && super::claim::is_held(self, id) {
+            return Err(EngineError::Claimed { thread: id });
+        }
         let record = self.need_thread(id)?;
         if record.status.is_done() {
             return Err(EngineError::NotSteppable {
@@ -163,7 +178,7 @@ impl Store {
         }
         for child in self.thread_tree(id)?.children {
             if child.thread.status == ThreadStatus::Suspended {
-                self.cancel_thread(child.thread.id)?;
+                self.cancel_thread(child.thread.id, force)?;
             }
         }
         let end = EndSpec {

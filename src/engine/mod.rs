@@ -4,6 +4,7 @@
 //! from the pinned workflow.
 
 pub mod agent;
+pub mod claim;
 mod drive;
 pub mod extract;
 pub mod prompt;
@@ -67,6 +68,14 @@ pub enum EngineError {
         thread: ThreadId,
         /// Its status.
         status: crate::thread::ThreadStatus,
+    },
+    /// Another live driver holds the thread.
+    #[error(
+        "thread {thread} is being driven by another process; wait for it, or stop that driver (a driver that died is taken over automatically)"
+    )]
+    Claimed {
+        /// The thread.
+        thread: ThreadId,
     },
     /// An agent spec could not be used.
     #[error(transparent)]

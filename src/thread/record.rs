@@ -121,6 +121,10 @@ pub struct ThreadRecord {
     pub active_child: Option<ThreadId>,
     /// The agent spec the thread was driven with.
     pub agent: Option<String>,
+    /// While a driver holds the thread (`status` is `running`): the status
+    /// underneath, which the steps of the drive update.
+    #[serde(default)]
+    pub claimed_status: Option<ThreadStatus>,
     /// When the thread ended (ms), while it is in history.
     pub completed_at: Option<u64>,
     /// When the thread was created (ms).
@@ -164,6 +168,14 @@ pub struct ThreadRecord {
 }
 
 impl ThreadRecord {
+    /// The status without a driver's claim: what a step left.
+    pub fn underlying_status(&self) -> ThreadStatus {
+        match (self.status, self.claimed_status) {
+            (ThreadStatus::Running, Some(s)) => s,
+            (s, _) => s,
+        }
+    }
+
     /// Role steps since the last end node (what `maxRounds` counts).
     pub fn rounds(&self) -> u64 {
         self.seq.saturating_sub(self.last_end_seq)

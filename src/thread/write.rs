@@ -190,6 +190,8 @@ fn write_end(
         None,
     )?;
     record.last_end_seq = record.seq;
+    // An ended thread is in history: any claim on it is over.
+    record.claimed_status = None;
     record.status = ThreadStatus::for_return_code(end.return_code);
     record.completed_at = Some(w.now_ms());
     record.next_role = None;
@@ -209,21 +211,28 @@ fn apply_after(
     record.suspend_message = None;
     record.next_role = None;
     record.next_instruction = None;
-    match after {
+    // A claimed thread stays `running` for the whole drive; the step's
+    // outcome goes underneath, in `claimed_status`.
+    let claimed = record.status == ThreadStatus::Running && record.claimed_status.is_some();
+    let status = match after {
         After::Next { role, instruction } => {
-            record.status = ThreadStatus::Idle;
             record.next_role = Some(role);
             record.next_instruction = Some(instruction);
-            Ok(None)
+            ThreadStatus::Idle
         }
         After::Suspend { role, message } => {
-            record.status = ThreadStatus::Suspended;
             record.suspended_role = Some(role);
             record.suspend_message = Some(message);
-            Ok(None)
+            ThreadStatus::Suspended
         }
-        After::End(end) => write_end(w, record, &end).map(Some),
+        After::End(end) => return write_end(w, record, &end).map(Some),
+    };
+    if claimed {
+        record.claimed_status = Some(status);
+    } else {
+        record.status = status;
     }
+    Ok(None)
 }
 
 /// Loads a record for a compare-and-swap write.
@@ -262,6 +271,7 @@ impl Store {
             let record = ThreadRecord {
                 active_child: None,
                 agent: new.agent,
+                claimed_status: None,
                 completed_at: None,
                 created_at: now,
                 forked_from: None,
@@ -308,7 +318,8 @@ impl Store {
                     action: "append a step (resume it instead)",
                 });
             }
-            append_in(w, record, location, step, after)
+            let old = record.clone();
+            append_in(w, &old, record, location, step, after)
         })
     }
 
@@ -335,8 +346,9 @@ impl Store {
                     action: "resume from history (only completed or failed threads can)",
                 });
             }
+            let old = record.clone();
             record.completed_at = None;
-            append_in(w, record, location, step, after)
+            append_in(w, &old, record, location, step, after)
         })
     }
 
@@ -441,6 +453,7 @@ impl Store {
             let record = ThreadRecord {
                 active_child: None,
                 agent: src.agent.clone(),
+                claimed_status: None,
                 completed_at: None,
                 created_at: now,
                 forked_from: Some(super::ForkOrigin {
@@ -531,14 +544,16 @@ impl Store {
     }
 }
 
+/// Appends a step to `record`; `old` is the record as stored (its index
+/// entries are the ones to replace).
 fn append_in(
     w: &mut WriteTxn<'_>,
+    old: &ThreadRecord,
     mut record: ThreadRecord,
     location: Location,
     step: StepWrite,
     after: After,
 ) -> Result<Written, ThreadError> {
-    let old = record.clone();
     let hash = write_state(
         w,
         &mut record,
@@ -553,7 +568,7 @@ fn append_in(
     record.active_child = None;
     let end = apply_after(w, &mut record, after)?;
     record.updated_at = w.now_ms();
-    index::put(w, Some((&old, location)), &record)?;
+    index::put(w, Some((old, location)), &record)?;
     Ok(Written {
         record,
         step: Some(hash),

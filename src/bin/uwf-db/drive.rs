@@ -148,6 +148,11 @@ pub fn drive(
     resume: Option<Option<&str>>,
 ) -> (Vec<StepResult>, Option<uwf_db::engine::EngineError>) {
     let mut results = Vec::new();
+    // Hold the thread for the whole drive, not per step.
+    let _claim = match store.claim(id) {
+        Ok(c) => c,
+        Err(e) => return (results, Some(e)),
+    };
     if let Some(text) = resume {
         match store.resume_thread(id, text, agent) {
             Ok(r) => results.push(r),

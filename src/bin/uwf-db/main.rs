@@ -164,6 +164,9 @@ fn main() -> ExitCode {
     // Ctrl-C: exit 130. An open write transaction dies with the process and
     // LMDB discards it, so nothing half-written can remain.
     let _ = ctrlc::set_handler(|| {
+        // Kill the agent's process group and release claims first, so the
+        // thread is retryable at once.
+        uwf_db::engine::claim::interrupt();
         eprintln!("interrupted");
         std::process::exit(130);
     });

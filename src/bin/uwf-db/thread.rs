@@ -205,10 +205,10 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
             );
             crate::drive::report(out, &results, *count > 1, failure)
         }
-        ThreadCommand::Cancel { id, force: _ } => {
+        ThreadCommand::Cancel { id, force } => {
             let store = cli.open(true)?;
             let id = store.resolve_thread(id)?;
-            let r = store.cancel_thread(id)?;
+            let r = store.cancel_thread(id, *force)?;
             crate::drive::report(out, &[r], false, None)
         }
         ThreadCommand::Compact { id, summary } => {
@@ -316,12 +316,10 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
         ThreadCommand::Rm { id } => {
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
-            if let Some(r) = store.thread(id)? {
-                if r.status == ThreadStatus::Running {
-                    return Err(CliError::Failed(format!(
-                        "thread {id} is running (a driver holds it); stop the driver first"
-                    )));
-                }
+            if uwf_db::engine::claim::is_held(&store, id) {
+                return Err(CliError::Failed(format!(
+                    "thread {id} is being driven by another process; stop that driver first"
+                )));
             }
             let removed = store.remove_thread(id)?;
             if out.json {
