@@ -232,13 +232,13 @@ impl Scanner<'_> {
                     let key_start = self.pos;
                     let key_marker = Marker::from_u8(self.take(1, key_start)?[0]);
                     let key = self.string(key_marker, key_start)?;
-                    if let Some((ps, pe)) = previous {
-                        if self.bytes[ps..pe] >= self.bytes[key.0..key.1] {
-                            return Err(CodecError::NotCanonical {
-                                offset: key_start,
-                                reason: "map keys are not sorted or repeat",
-                            });
-                        }
+                    if let Some((ps, pe)) = previous
+                        && self.bytes[ps..pe] >= self.bytes[key.0..key.1]
+                    {
+                        return Err(CodecError::NotCanonical {
+                            offset: key_start,
+                            reason: "map keys are not sorted or repeat",
+                        });
                     }
                     previous = Some(key);
                     self.value(depth + 1)?;

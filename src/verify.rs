@@ -285,10 +285,10 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
                 Some(_) => {}
             }
         }
-        if let Some(c) = record.staged_compact {
-            if !r.contains(&c)? {
-                bad(format!("staged summary {c} is not stored"));
-            }
+        if let Some(c) = record.staged_compact
+            && !r.contains(&c)?
+        {
+            bad(format!("staged summary {c} is not stored"));
         }
         let activity = dbs
             .activity
@@ -313,14 +313,14 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
             id,
             value,
             problems,
-        )? {
-            if rec.status.is_done() && rec.completed_at.is_some() {
-                problems.push(Problem::ThreadIndex {
-                    db: "threads",
-                    key: rec.id.to_string(),
-                    detail: format!("an ended ({}) thread in the active index", rec.status),
-                });
-            }
+        )? && rec.status.is_done()
+            && rec.completed_at.is_some()
+        {
+            problems.push(Problem::ThreadIndex {
+                db: "threads",
+                key: rec.id.to_string(),
+                detail: format!("an ended ({}) thread in the active index", rec.status),
+            });
         }
         Ok(())
     })?;

@@ -343,7 +343,7 @@ impl Store {
     fn maybe_compact(&self, wf: &Workflow, record: &ThreadRecord, agent: &mut dyn Agent) {
         let Some(c) = &wf.compact else { return };
         let rounds = record.rounds();
-        if record.status.is_done() || rounds == 0 || rounds % u64::from(c.every) != 0 {
+        if record.status.is_done() || rounds == 0 || !rounds.is_multiple_of(u64::from(c.every)) {
             return;
         }
         let summaries = self.summaries_so_far(record).unwrap_or(0);

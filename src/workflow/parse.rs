@@ -153,14 +153,14 @@ pub fn parse_workflow(
             String::new()
         }
         Some(n) => {
-            if let Some(stem) = expected_name {
-                if n.value != stem {
-                    p.at(
-                        "name",
-                        Some(n),
-                        format!("'{}' must match the file stem '{stem}'", n.value),
-                    );
-                }
+            if let Some(stem) = expected_name
+                && n.value != stem
+            {
+                p.at(
+                    "name",
+                    Some(n),
+                    format!("'{}' must match the file stem '{stem}'", n.value),
+                );
             }
             if n.value.trim().is_empty() {
                 p.at("name", Some(n), "must not be empty");
@@ -239,14 +239,14 @@ pub fn parse_workflow(
                 );
             }
         }
-        if let Some(schema) = &v.frontmatter {
-            if let Err(e) = jsonschema::validator_for(schema) {
-                p.at(
-                    format!("{path}.frontmatter"),
-                    Some(r),
-                    format!("not a valid JSON Schema: {e}"),
-                );
-            }
+        if let Some(schema) = &v.frontmatter
+            && let Err(e) = jsonschema::validator_for(schema)
+        {
+            p.at(
+                format!("{path}.frontmatter"),
+                Some(r),
+                format!("not a valid JSON Schema: {e}"),
+            );
         }
         roles.insert(
             rname.clone(),
