@@ -537,3 +537,88 @@ fn a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over() {
     assert_eq!(env.log(&id).len(), 1, "exactly one step");
     assert_eq!(env.show(&id)["status"], "idle");
 }
+
+#[test]
+fn a_child_workflow_links_both_ways() {
+    let env = Env::new();
+    env.json(&["workflow", "add", "examples/review.yaml"]);
+    let r = env.json(&[
+        "run",
+        "examples/ship.yaml",
+        "-p",
+        "Ship it",
+        "--agent",
+        "script:examples/ship.scenario.yaml",
+    ]);
+    assert_eq!(r["status"], "completed");
+    let parent = r["thread"].as_str().unwrap();
+    let tree = env.json(&["thread", "tree", parent]);
+    let kids = tree["thread"]["children"].as_array().unwrap();
+    assert_eq!(kids.len(), 1);
+    let child = kids[0]["thread"].as_str().unwrap();
+    assert_eq!(kids[0]["workflow"], "review");
+    let up = env.json(&["thread", "tree", child]);
+    assert_eq!(up["parents"][0]["thread"], parent);
+    let plog = env.log(parent);
+    let step = &plog[2];
+    assert_eq!(step["role"], "implement");
+    assert_eq!(step["status"], "done");
+    assert_eq!(step["content"], "Approved", "the child's end summary");
+    let clog = env.log(child);
+    assert_eq!(
+        step["child_thread"], clog[0]["hash"],
+        "the child's end node"
+    );
+    assert_eq!(
+        clog.len(),
+        3,
+        "the parent's log never shows the child's steps"
+    );
+    assert_eq!(env.show(child)["parent_thread"], parent);
+    // The child's task is the rendered edge prompt.
+    let start = env.json(&["cas", "get", env.show(child)["start"].as_str().unwrap()]);
+    let prompt = start["payload"]["prompt"].as_str().unwrap().to_owned();
+    assert_eq!(
+        env.json(&["cas", "get", &prompt])["payload"],
+        "Add a --json flag to the CLI"
+    );
+    assert_eq!(start["payload"]["depth"], 1);
+}
+
+#[test]
+fn a_child_that_suspends_suspends_its_parent_and_resumes_through_it() {
+    let env = Env::new();
+    env.json(&["workflow", "add", "examples/planner.yaml"]);
+    let r = env.json(&[
+        "run",
+        "tests/fixtures/plan-and-build.yaml",
+        "-p",
+        "Export",
+        "--agent",
+        "script:tests/fixtures/plan-and-build.scenario.yaml",
+    ]);
+    assert_eq!(r["status"], "suspended");
+    assert_eq!(r["suspended_role"], "plan");
+    assert_eq!(r["suspend_message"], "The planner asks: Which database?");
+    let parent = r["thread"].as_str().unwrap().to_owned();
+    let before = env.show(&parent);
+    assert_eq!(before["seq"], 0, "no parent step written");
+    let child = before["active_child"].as_str().unwrap().to_owned();
+    // The child cannot be resumed directly.
+    let o = env.uwf(&["thread", "resume", &child, "-p", "PostgreSQL"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("resume the parent"), "{}", stderr(&o));
+    // Forking the suspended parent is refused too.
+    assert_eq!(code(&env.uwf(&["thread", "fork", &parent])), Some(1));
+    let r = env.json(&["thread", "resume", &parent, "-p", "PostgreSQL"]);
+    assert_eq!(r["status"], "completed");
+    let clog = env.log(&child);
+    assert_eq!(clog.last().unwrap()["input"], "Plan the task");
+    assert_eq!(
+        clog[clog.len() - 2]["input"],
+        "The planner asks: Which database?\n\nPostgreSQL"
+    );
+    let plog = env.log(&parent);
+    assert_eq!(plog[1]["role"], "plan");
+    assert_eq!(plog[1]["child_thread"], clog[0]["hash"]);
+}

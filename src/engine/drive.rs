@@ -11,7 +11,8 @@ use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::Store;
 use crate::thread::{
-    After, END_ROLE, EndSpec, StepWrite, ThreadError, ThreadId, ThreadRecord, ThreadStatus,
+    After, END_ROLE, EndSpec, NewThread, StepWrite, ThreadError, ThreadId, ThreadRecord,
+    ThreadStatus,
 };
 use crate::workflow::{Route, Workflow};
 
@@ -105,6 +106,24 @@ impl Store {
         text: Option<&str>,
         agent: &mut dyn Agent,
     ) -> Result<StepResult, EngineError> {
+        if let Some(record) = self.thread(id)?
+            && let Some(parent) = record.parent_thread
+            && let Some(p) = self.thread(parent)?
+            && p.active_child == Some(id)
+            && p.underlying_status() == ThreadStatus::Suspended
+        {
+            return Err(EngineError::ResumeThroughParent { thread: id, parent });
+        }
+        self.resume_inner(id, text, agent)
+    }
+
+    /// `resume_thread` without the refusal for children of suspended parents.
+    fn resume_inner(
+        &self,
+        id: ThreadId,
+        text: Option<&str>,
+        agent: &mut dyn Agent,
+    ) -> Result<StepResult, EngineError> {
         let _claim = self.claim(id)?;
         let record = self.need_thread(id)?;
         let with_text = |base: &str| match text {
@@ -112,6 +131,16 @@ impl Store {
             None => base.to_owned(),
         };
         match record.underlying_status() {
+            ThreadStatus::Suspended if record.active_child.is_some() => {
+                // Suspended inside a child workflow: resume the innermost
+                // suspended child; the parent's step is written when the
+                // child ends.
+                let child = record.active_child.unwrap_or(id);
+                let role = record.next_role.clone().unwrap_or_default();
+                let instruction = record.next_instruction.clone().unwrap_or_default();
+                let wf = self.load_workflow(record.workflow_hash)?;
+                self.finish_child(&record, &role, &instruction, child, &wf, agent, Some(text))
+            }
             ThreadStatus::Suspended => {
                 let role = record.suspended_role.clone().unwrap_or_default();
                 let instruction = with_text(record.suspend_message.as_deref().unwrap_or_default());
@@ -248,11 +277,16 @@ impl Store {
                 format!("role '{role}' is not in workflow '{}'", wf.name),
             ));
         };
-        if role_def.workflow.is_some() {
-            return Err(self.fail(
-                id,
-                format!("role '{role}' runs a child workflow, which this build does not drive yet"),
-            ));
+        if let Some(child_workflow) = &role_def.workflow {
+            return self.run_child_step(
+                record,
+                role,
+                instruction,
+                child_workflow,
+                &wf,
+                mode,
+                agent,
+            );
         }
         let (task, max_rounds) = match self.get(&record.start)? {
             Some(Blob::Start(s)) => (self.text(&s.prompt), s.max_rounds),
@@ -399,6 +433,165 @@ impl Store {
                 _ => return Ok(n),
             }
         }
+    }
+}
+
+/// Deepest child-workflow nesting (a top-level thread has depth 0).
+pub const MAX_DEPTH: u32 = 3;
+
+impl Store {
+    /// A step of a `workflow:` role: runs (or continues) the child thread
+    /// with the same agent; the parent's step is written when it ends.
+    #[allow(clippy::too_many_arguments)]
+    fn run_child_step(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        child_workflow: &str,
+        wf: &Workflow,
+        mode: Mode,
+        agent: &mut dyn Agent,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        if matches!(mode, Mode::ResumeEnded) {
+            return Err(self.fail(id, format!("role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread")));
+        }
+        let child = match record.active_child {
+            Some(c) => c,
+            None => {
+                let depth = match self.get(&record.start)? {
+                    Some(Blob::Start(s)) => s.depth + 1,
+                    _ => 1,
+                };
+                if depth > MAX_DEPTH {
+                    return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
+                }
+                let Some((hash, child_wf)) = self.workflow_by_name(child_workflow)? else {
+                    return Err(self.fail(
+                        id,
+                        format!(
+                            "child workflow '{child_workflow}' of role '{role}' is not registered"
+                        ),
+                    ));
+                };
+                let (first_role, first_instruction) = child_wf.first()?;
+                let c = self.start_thread(NewThread {
+                    workflow: child_wf.name.clone(),
+                    workflow_hash: hash,
+                    prompt: instruction.to_owned(),
+                    max_rounds: child_wf.max_rounds,
+                    depth,
+                    parent_state: Some(record.head),
+                    parent_thread: Some(id),
+                    next_role: first_role,
+                    next_instruction: first_instruction,
+                    agent: record.agent.clone(),
+                })?;
+                self.update_record(id, |r| {
+                    r.active_child = Some(c.id);
+                    Ok(())
+                })?;
+                c.id
+            }
+        };
+        let latest = self.need_thread(id)?;
+        self.finish_child(&latest, role, instruction, child, wf, agent, None)
+    }
+
+    /// Drives the child (resuming it first when `resume` is given) until it
+    /// ends or suspends. Ended: the parent's step is written (`done` when the
+    /// child completed, else `failed`; the child's end summary; its end node
+    /// as `child_thread`). Suspended: the parent is suspended too, with the
+    /// child's message, and no parent step is written.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_child(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        child: ThreadId,
+        wf: &Workflow,
+        agent: &mut dyn Agent,
+        resume: Option<Option<&str>>,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        let child_failed =
+            |e: EngineError| self.fail(id, format!("child workflow thread {child}: {e}"));
+        if let Some(text) = resume
+            && let Err(e) = self.resume_inner(child, text, agent)
+        {
+            return Err(child_failed(e));
+        }
+        if self.need_thread(child)?.underlying_status() == ThreadStatus::Idle {
+            let outcome = self.run_thread(child, usize::MAX, agent);
+            if let Some(e) = outcome.error {
+                return Err(child_failed(e));
+            }
+        }
+        let c = self.need_thread(child)?;
+        match c.underlying_status() {
+            ThreadStatus::Suspended => {
+                let message = c.suspend_message.clone().unwrap_or_default();
+                let r = self.update_record(id, |r| {
+                    set_underlying(r, ThreadStatus::Suspended);
+                    r.suspended_role = Some(role.to_owned());
+                    r.suspend_message = Some(message);
+                    r.active_child = Some(child);
+                    Ok(())
+                })?;
+                Ok(StepResult::of(&r))
+            }
+            done if done.is_done() => {
+                let status = if done == ThreadStatus::Completed {
+                    "done"
+                } else {
+                    "failed"
+                };
+                let summary = match self.get(&c.head)? {
+                    Some(Blob::State(s)) => self.text(&s.content),
+                    _ => String::new(),
+                };
+                let meta = std::collections::BTreeMap::from([(
+                    "$status".to_owned(),
+                    crate::node::Value::Str(status.into()),
+                )]);
+                let route = match wf.route(role, &meta) {
+                    Ok(r) => r,
+                    Err(e) => return Err(self.fail(id, e.to_string())),
+                };
+                let max_rounds = match self.get(&record.start)? {
+                    Some(Blob::Start(s)) => s.max_rounds,
+                    _ => wf.max_rounds,
+                };
+                let after = after_route(route, record.rounds() + 1, max_rounds);
+                let step = StepWrite {
+                    role: role.to_owned(),
+                    meta,
+                    reply: summary,
+                    artifacts: Vec::new(),
+                    instruction: instruction.to_owned(),
+                    child_thread: Some(c.head),
+                };
+                let latest = self.need_thread(id)?;
+                let w = self.append_step(id, latest.head, step, after)?;
+                self.maybe_compact(wf, &w.record, agent);
+                Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
+            }
+            other => Err(self.fail(
+                id,
+                format!("child workflow thread {child} stopped while {other}"),
+            )),
+        }
+    }
+}
+
+/// Sets the status a step left, under a driver's claim if there is one.
+fn set_underlying(r: &mut ThreadRecord, status: ThreadStatus) {
+    if r.status == ThreadStatus::Running && r.claimed_status.is_some() {
+        r.claimed_status = Some(status);
+    } else {
+        r.status = status;
     }
 }
 

@@ -69,6 +69,16 @@ pub enum EngineError {
         /// Its status.
         status: crate::thread::ThreadStatus,
     },
+    /// A child suspended inside its parent is resumed through the parent.
+    #[error(
+        "thread {thread} is a child workflow suspended inside thread {parent}: resume the parent (uwf-db thread resume {parent})"
+    )]
+    ResumeThroughParent {
+        /// The child.
+        thread: ThreadId,
+        /// The parent to resume.
+        parent: ThreadId,
+    },
     /// Another live driver holds the thread.
     #[error(
         "thread {thread} is being driven by another process; wait for it, or stop that driver (a driver that died is taken over automatically)"
