@@ -121,11 +121,15 @@ fn registry_adds_idempotently_and_moves_names() {
     let (h3, changed) = store.add_workflow(&wf2).unwrap();
     assert!(changed && h3 != h1);
     assert_eq!(
-        store.workflow_by_name("review").unwrap().unwrap(),
+        store
+            .workflow_by_name("review")
+            .unwrap()
+            .map(|(h, w)| (h, (*w).clone()))
+            .unwrap(),
         (h3, wf2)
     );
     assert_eq!(
-        store.load_workflow(h1).unwrap(),
+        *store.load_workflow(h1).unwrap(),
         wf,
         "old versions stay readable"
     );

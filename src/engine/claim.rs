@@ -1,16 +1,22 @@
 //! Driver claims: a thread is held by one driving process at a time.
 //!
-//! A claim is an exclusive OS file lock on `<store>/claims/<thread id>`,
+//! A claim is an exclusive open-file-description lock (`F_OFD_SETLK`) on one
+//! byte of `<store>/claims.lock`, at an offset derived from the thread id,
 //! held for the whole drive, plus the record's status `running` (the status
-//! underneath kept in `claimed_status`). The lock dies with its process, so
-//! a driver killed with `kill -9` leaves a record that says `running` but a
-//! lock anyone can take: the next driver takes it over. Within one process
-//! the held claims are tracked so nested calls reuse the outer claim.
+//! underneath kept in `claimed_status`). One lock file serves every thread,
+//! so a claim costs one `fcntl`, not a file creation. The lock dies with its
+//! process, so a driver killed with `kill -9` leaves a record that says
+//! `running` but a lock anyone can take: the next driver takes it over.
+//! Within one process the held claims are tracked so nested calls reuse the
+//! outer claim (OFD locks of one open file never conflict with each other).
 
-use std::collections::HashSet;
-use std::fs::{File, OpenOptions, TryLockError};
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::libc;
 
 use super::EngineError;
 use crate::store::{Store, StoreError};
@@ -32,11 +38,40 @@ static CLAIMED: LazyLock<Mutex<Vec<(Store, ThreadId)>>> = LazyLock::new(|| Mutex
 pub struct Claim {
     store: Store,
     id: ThreadId,
-    _lock: Option<File>,
+    /// The lock file, when this claim took the lock (not a nested claim).
+    lock: Option<Arc<File>>,
 }
 
-fn claim_path(store: &Store, id: ThreadId) -> PathBuf {
-    store.path().join("claims").join(id.to_string())
+/// The store's lock file, opened once per process.
+fn lock_file(store: &Store) -> std::io::Result<Arc<File>> {
+    static FILES: LazyLock<Mutex<HashMap<PathBuf, Arc<File>>>> =
+        LazyLock::new(|| Mutex::new(HashMap::new()));
+    let mut files = FILES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = files.get(store.path()) {
+        return Ok(Arc::clone(f));
+    }
+    let f = Arc::new(
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(store.path().join("claims.lock"))?,
+    );
+    files.insert(store.path().to_path_buf(), Arc::clone(&f));
+    Ok(f)
+}
+
+/// The byte a thread's claim locks: its id folded into 62 bits.
+fn lock_range(id: ThreadId, kind: libc::c_short) -> libc::flock {
+    let offset = u128::from_be_bytes(id.to_bytes()) % (1u128 << 62);
+    libc::flock {
+        l_type: kind,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: i64::try_from(offset).unwrap_or(0),
+        l_len: 1,
+        l_pid: 0,
+    }
 }
 
 /// Whether a live driver (another process, or a claim of this process)
@@ -50,13 +85,13 @@ pub fn is_held(store: &Store, id: ThreadId) -> bool {
     {
         return true;
     }
-    let Ok(file) = File::open(claim_path(store, id)) else {
+    let Ok(file) = lock_file(store) else {
         return false;
     };
-    match file.try_lock() {
-        Ok(()) => false,
-        Err(TryLockError::WouldBlock) => true,
-        Err(TryLockError::Error(_)) => false,
+    let mut probe = lock_range(id, libc::F_WRLCK as libc::c_short);
+    match fcntl(&*file, FcntlArg::F_OFD_GETLK(&mut probe)) {
+        Ok(_) => probe.l_type != libc::F_UNLCK as libc::c_short,
+        Err(_) => false,
     }
 }
 
@@ -72,7 +107,7 @@ impl Store {
                 return Ok(Claim {
                     store: self.clone(),
                     id,
-                    _lock: None,
+                    lock: None,
                 });
             }
             held.insert(key.clone());
@@ -80,40 +115,32 @@ impl Store {
         let unhold = || {
             HELD.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         };
-        let path = claim_path(self, id);
-        let io = |e: std::io::Error| {
-            EngineError::Store(StoreError::Io {
-                op: "open the claim file",
-                path: path.clone(),
-                source: e,
-            })
-        };
-        let opened = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| {
-                OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&path)
-            });
-        let file = match opened {
+        let path = self.path().join("claims.lock");
+        let file = match lock_file(self) {
             Ok(f) => f,
             Err(e) => {
                 unhold();
-                return Err(io(e));
+                return Err(EngineError::Store(StoreError::Io {
+                    op: "open the claim lock file",
+                    path,
+                    source: e,
+                }));
             }
         };
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
+        let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
+        match fcntl(&*file, FcntlArg::F_OFD_SETLK(&lock)) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => {
                 unhold();
                 return Err(EngineError::Claimed { thread: id });
             }
-            Err(TryLockError::Error(e)) => {
+            Err(e) => {
                 unhold();
-                return Err(io(e));
+                return Err(EngineError::Store(StoreError::Io {
+                    op: "lock the claim lock file",
+                    path,
+                    source: std::io::Error::from(e),
+                }));
             }
         }
         let marked = self.update_record(id, |r| {
@@ -129,6 +156,7 @@ impl Store {
             Ok(())
         });
         if let Err(e) = marked {
+            unlock(&file, id);
             unhold();
             return Err(e.into());
         }
@@ -139,19 +167,35 @@ impl Store {
         Ok(Claim {
             store: self.clone(),
             id,
-            _lock: Some(file),
+            lock: Some(file),
         })
     }
 }
 
+fn unlock(file: &File, id: ThreadId) {
+    let _ = fcntl(
+        file,
+        FcntlArg::F_OFD_SETLK(&lock_range(id, libc::F_UNLCK as libc::c_short)),
+    );
+}
+
 fn release(store: &Store, id: ThreadId) {
-    let _ = store.update_record(id, |r| {
-        if let (ThreadStatus::Running, Some(s)) = (r.status, r.claimed_status) {
-            r.status = s;
-        }
-        r.claimed_status = None;
-        Ok(())
-    });
+    // Usually the drive's last commit (an end or a suspend) released it.
+    let claimed = store
+        .thread(id)
+        .ok()
+        .flatten()
+        .is_some_and(|r| r.status == ThreadStatus::Running || r.claimed_status.is_some());
+    let _ = claimed
+        && store
+            .update_record(id, |r| {
+                if let (ThreadStatus::Running, Some(s)) = (r.status, r.claimed_status) {
+                    r.status = s;
+                }
+                r.claimed_status = None;
+                Ok(())
+            })
+            .is_ok();
     HELD.lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&(store.path().to_path_buf(), id));
@@ -163,8 +207,9 @@ fn release(store: &Store, id: ThreadId) {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if self._lock.is_some() {
+        if let Some(file) = &self.lock {
             release(&self.store, self.id);
+            unlock(file, self.id);
         }
     }
 }

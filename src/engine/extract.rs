@@ -2,7 +2,8 @@
 //! against the role's JSON Schema), the body text, and artifact refs
 //! (schema properties with `format: uwf-hash`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::hash::Hash;
 use crate::node::Value;
@@ -91,8 +92,7 @@ pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
             }
         }
         Some(schema) => {
-            let validator = jsonschema::validator_for(schema)
-                .map_err(|e| ExtractError::Schema(e.to_string()))?;
+            let validator = validator(schema)?;
             let errors: Vec<String> = validator
                 .iter_errors(&front)
                 .map(|e| {
@@ -145,6 +145,26 @@ pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
         body: body.to_owned(),
         artifacts,
     })
+}
+
+/// Compiled schemas, cached by their JSON text (roles are immutable once
+/// stored, and compiling a schema costs far more than validating with it).
+fn validator(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, ExtractError> {
+    static COMPILED: LazyLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> =
+        LazyLock::new(|| Mutex::new(HashMap::new()));
+    let key = schema.to_string();
+    if let Some(v) = COMPILED.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(Arc::clone(v));
+    }
+    let v = Arc::new(
+        jsonschema::validator_for(schema).map_err(|e| ExtractError::Schema(e.to_string()))?,
+    );
+    let mut cache = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= 4096 {
+        cache.clear();
+    }
+    cache.insert(key, Arc::clone(&v));
+    Ok(v)
 }
 
 /// Properties named anywhere in the schema's top level or `oneOf`/`anyOf`

@@ -227,9 +227,12 @@ fn apply_after(
         }
         After::End(end) => return write_end(w, record, &end).map(Some),
     };
-    if claimed {
+    if claimed && status == ThreadStatus::Idle {
         record.claimed_status = Some(status);
     } else {
+        // A suspend ends the drive: release the claim in this same commit
+        // rather than in a transaction of its own.
+        record.claimed_status = None;
         record.status = status;
     }
     Ok(None)

@@ -5,7 +5,8 @@ pub mod model;
 mod parse;
 pub mod template;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
 
 pub use model::{Compact, Edge, Role, Workflow};
 pub use parse::{Problem, parse_workflow};
@@ -205,7 +206,10 @@ impl Store {
     }
 
     /// The registered workflow with this name.
-    pub fn workflow_by_name(&self, name: &str) -> Result<Option<(Hash, Workflow)>, WorkflowError> {
+    pub fn workflow_by_name(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Hash, Arc<Workflow>)>, WorkflowError> {
         let hash = self.read(|r| {
             let v = r
                 .dbs()
@@ -221,11 +225,25 @@ impl Store {
     }
 
     /// A stored workflow by hash.
-    pub fn load_workflow(&self, hash: Hash) -> Result<Workflow, WorkflowError> {
+    ///
+    /// Workflows are content-addressed and immutable, so decoded ones are
+    /// cached per hash for the life of the process.
+    pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
+        static LOADED: LazyLock<Mutex<HashMap<Hash, Arc<Workflow>>>> =
+            LazyLock::new(|| Mutex::new(HashMap::new()));
+        if let Some(wf) = LOADED.lock().unwrap_or_else(|p| p.into_inner()).get(&hash) {
+            return Ok(Arc::clone(wf));
+        }
         let blob = self
             .get(&hash)?
             .ok_or_else(|| WorkflowError::Unknown(hash.to_string()))?;
-        Workflow::from_blob(hash, &blob)
+        let wf = Arc::new(Workflow::from_blob(hash, &blob)?);
+        let mut cache = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= 4096 {
+            cache.clear();
+        }
+        cache.insert(hash, Arc::clone(&wf));
+        Ok(wf)
     }
 
     /// Registered workflows: name and hash, by name.

@@ -3,6 +3,7 @@
 //! previous step's frontmatter.
 
 use std::collections::BTreeSet;
+use std::sync::LazyLock;
 
 use handlebars::template::{Parameter, Template, TemplateElement};
 use handlebars::{Handlebars, Path};
@@ -68,9 +69,12 @@ fn collect(t: &Template, out: &mut BTreeSet<String>) {
 
 /// Renders `template` with `data`; an empty or all-whitespace result is an error.
 pub fn render(template: &str, data: &serde_json::Value) -> Result<String, TemplateError> {
-    let mut hb = Handlebars::new();
-    hb.register_escape_fn(handlebars::no_escape);
-    let text = hb
+    static REGISTRY: LazyLock<Handlebars<'static>> = LazyLock::new(|| {
+        let mut hb = Handlebars::new();
+        hb.register_escape_fn(handlebars::no_escape);
+        hb
+    });
+    let text = REGISTRY
         .render_template(template, data)
         .map_err(|e| TemplateError::Render(e.to_string()))?;
     if text.trim().is_empty() {

@@ -1,6 +1,7 @@
 //! `workflow add|list|show|validate`, and resolving a WORKFLOW argument.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Subcommand;
 use serde_json::json;
@@ -48,12 +49,12 @@ pub fn load_file(store: Option<&Store>, file: &Path) -> Result<Workflow, CliErro
 }
 
 /// A WORKFLOW argument: a YAML file (registered first) or a registered name.
-pub fn resolve(store: &Store, arg: &str) -> Result<(Hash, Workflow), CliError> {
+pub fn resolve(store: &Store, arg: &str) -> Result<(Hash, Arc<Workflow>), CliError> {
     let path = Path::new(arg);
     if arg.ends_with(".yaml") || arg.ends_with(".yml") || path.is_file() {
         let wf = load_file(Some(store), path)?;
         let (hash, _) = store.add_workflow(&wf)?;
-        return Ok((hash, wf));
+        return Ok((hash, Arc::new(wf)));
     }
     store
         .workflow_by_name(arg)?
@@ -110,7 +111,7 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
                 }
             };
             if out.json {
-                let mut v = serde_json::to_value(&wf).unwrap_or_default();
+                let mut v = serde_json::to_value(&*wf).unwrap_or_default();
                 if let Some(o) = v.as_object_mut() {
                     o.insert("hash".into(), json!(hash));
                 }
