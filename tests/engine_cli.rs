@@ -741,3 +741,84 @@ fn compaction_manual_and_automatic() {
     let by_hand = o["summary"].as_str().unwrap();
     assert_eq!(env.show(&id)["staged_compact"], by_hand);
 }
+
+#[test]
+fn ctrl_c_kills_the_agent_releases_the_claim_and_exits_130() {
+    let env = Env::new();
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let id = t["thread"].as_str().unwrap().to_owned();
+    let marker = env.dir.path().join("agent-survived");
+    let agent = format!("cmd:sh -c 'sleep 3; touch {}'", marker.display());
+    let store = env.store();
+    let child = Command::new(BIN)
+        .args([
+            "--store",
+            store.to_str().unwrap(),
+            "thread",
+            "step",
+            &id,
+            "--agent",
+            &agent,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert_eq!(env.show(&id)["status"], "running");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = env.show(&id);
+    assert_eq!(s["status"], "idle", "the claim was released");
+    assert_eq!(s["seq"], 0, "nothing committed");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!marker.exists(), "the agent's process group was killed");
+    // Retryable at once.
+    let r = env.json(&[
+        "thread",
+        "step",
+        &id,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(r["current_role"], "reviewer");
+}
+
+#[test]
+fn workflow_validate_reports_every_problem_with_its_location() {
+    let env = Env::new();
+    let o = env.uwf(&["workflow", "validate", "tests/fixtures/five-mistakes.yaml"]);
+    assert_eq!(code(&o), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    for needle in [
+        "tests/fixtures/five-mistakes.yaml:6:5: roles.$END",
+        ":25:15: graph.writer.finished",
+        ":27:9: graph.editor.ok.role",
+        ":27:9: graph.editor.ok.prompt: template variable 'mood'",
+        ":20:5: roles.orphan",
+        "unknown key 'colour'",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    let o = env.json(&["workflow", "validate", "examples/review.yaml"]);
+    assert_eq!(o["valid"], true);
+    let o = env.uwf(&[
+        "--json",
+        "workflow",
+        "validate",
+        "tests/fixtures/five-mistakes.yaml",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["valid"], false);
+    assert!(v["problems"].as_array().unwrap().len() >= 5);
+    let o = env.json(&["workflow", "add", "examples/review.yaml"]);
+    assert_eq!(o["name"], "review");
+    assert_eq!(o["hash"].as_str().unwrap().len(), 64);
+}
