@@ -822,3 +822,68 @@ fn workflow_validate_reports_every_problem_with_its_location() {
     assert_eq!(o["name"], "review");
     assert_eq!(o["hash"].as_str().unwrap().len(), 64);
 }
+
+#[test]
+fn a_failed_resume_keeps_the_previous_status() {
+    let env = Env::new();
+    let r = env.json(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/planner.scenario.yaml",
+    ]);
+    let id = r["thread"].as_str().unwrap().to_owned();
+    let o = env.uwf(&[
+        "thread",
+        "resume",
+        &id,
+        "-p",
+        "x",
+        "--agent",
+        "cmd:sh -c 'exit 4'",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    let s = env.show(&id);
+    assert_eq!(s["status"], "suspended", "still suspended");
+    assert!(s["last_error"].as_str().unwrap().contains("exit status: 4"));
+    // A completed thread whose resume fails stays in history, completed.
+    let done = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    let did = done["thread"].as_str().unwrap().to_owned();
+    let o = env.uwf(&["thread", "resume", &did, "--agent", "cmd:sh -c 'exit 5'"]);
+    assert_eq!(code(&o), Some(1));
+    let s = env.show(&did);
+    assert_eq!(s["status"], "completed");
+    assert!(s["completed_at"].is_u64());
+    assert!(s["last_error"].as_str().unwrap().contains("exit status: 5"));
+}
+
+#[test]
+fn cancelling_a_parent_cancels_its_suspended_child() {
+    let env = Env::new();
+    env.json(&["workflow", "add", "examples/planner.yaml"]);
+    let r = env.json(&[
+        "run",
+        "tests/fixtures/plan-and-build.yaml",
+        "-p",
+        "Export",
+        "--agent",
+        "script:tests/fixtures/plan-and-build.scenario.yaml",
+    ]);
+    let parent = r["thread"].as_str().unwrap().to_owned();
+    let child = env.show(&parent)["active_child"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let c = env.json(&["thread", "cancel", &parent]);
+    assert_eq!(c["status"], "cancelled");
+    assert_eq!(env.show(&child)["status"], "cancelled");
+}
