@@ -124,6 +124,11 @@ pub trait Agent: Send {
     fn reasks(&self) -> usize {
         0
     }
+    /// Whether the agent reads [`AgentRequest::answered_steps`] (counting
+    /// may walk a forked thread's history, so it is skipped otherwise).
+    fn needs_step_count(&self) -> bool {
+        false
+    }
 }
 
 /// A parsed `--agent` spec.
@@ -204,6 +209,10 @@ impl ScriptAgent {
 }
 
 impl Agent for ScriptAgent {
+    fn needs_step_count(&self) -> bool {
+        true
+    }
+
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
         if let Some(i) = req.summary_index {
             return self

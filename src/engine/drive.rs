@@ -301,7 +301,11 @@ impl Store {
             &|h| self.text(h),
             instruction,
         );
-        let answered = self.answered_steps(id)?;
+        let answered = match (agent.needs_step_count(), record.agent_steps) {
+            (false, _) => 0,
+            (true, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+            (true, None) => self.answered_steps(id)?,
+        };
 
         let mut ask = prompt.clone();
         let mut attempts = 0;
@@ -366,19 +370,22 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        self.maybe_compact(&wf, &written.record, agent);
-        let latest = self.thread(id)?.unwrap_or(written.record);
-        Ok(StepResult::of(&latest))
+        if self.maybe_compact(&wf, &written.record, agent) {
+            let latest = self.thread(id)?.unwrap_or(written.record);
+            return Ok(StepResult::of(&latest));
+        }
+        Ok(StepResult::of(&written.record))
     }
 
     /// Automatic compaction: after every `every` role steps, ask the agent
     /// for a summary (not a role step) and stage it. A failed summary is
     /// recorded as the thread's last error; the step stands.
-    fn maybe_compact(&self, wf: &Workflow, record: &ThreadRecord, agent: &mut dyn Agent) {
-        let Some(c) = &wf.compact else { return };
+    /// Returns whether it changed the record.
+    fn maybe_compact(&self, wf: &Workflow, record: &ThreadRecord, agent: &mut dyn Agent) -> bool {
+        let Some(c) = &wf.compact else { return false };
         let rounds = record.rounds();
         if record.status.is_done() || rounds == 0 || !rounds.is_multiple_of(u64::from(c.every)) {
-            return;
+            return false;
         }
         let summaries = self.summaries_so_far(record).unwrap_or(0);
         let instruction = c.prompt.clone().unwrap_or_else(|| {
@@ -420,6 +427,7 @@ impl Store {
         if let Err(e) = outcome {
             let _ = self.record_failure(record.id, &format!("automatic compaction failed: {e}"));
         }
+        true
     }
 
     fn summaries_so_far(&self, record: &ThreadRecord) -> Result<usize, EngineError> {

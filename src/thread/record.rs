@@ -121,6 +121,11 @@ pub struct ThreadRecord {
     pub active_child: Option<ThreadId>,
     /// The agent spec the thread was driven with.
     pub agent: Option<String>,
+    /// Role steps on the chain answered by agents (not `workflow:` roles'
+    /// steps, not end nodes), kept by every append; unknown (`None`) for a
+    /// fork, whose count would need a walk of the shared history.
+    #[serde(default)]
+    pub agent_steps: Option<u64>,
     /// While a driver holds the thread (`status` is `running`): the status
     /// underneath, which the steps of the drive update.
     #[serde(default)]

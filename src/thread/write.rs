@@ -274,6 +274,7 @@ impl Store {
             let record = ThreadRecord {
                 active_child: None,
                 agent: new.agent,
+                agent_steps: Some(0),
                 claimed_status: None,
                 completed_at: None,
                 created_at: now,
@@ -456,6 +457,7 @@ impl Store {
             let record = ThreadRecord {
                 active_child: None,
                 agent: src.agent.clone(),
+                agent_steps: None,
                 claimed_status: None,
                 completed_at: None,
                 created_at: now,
@@ -569,6 +571,9 @@ fn append_in(
     )?;
     record.last_error = None;
     record.active_child = None;
+    if step.child_thread.is_none() {
+        record.agent_steps = record.agent_steps.map(|n| n + 1);
+    }
     let end = apply_after(w, &mut record, after)?;
     record.updated_at = w.now_ms();
     index::put(w, Some((old, location)), &record)?;

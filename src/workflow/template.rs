@@ -3,7 +3,7 @@
 //! previous step's frontmatter.
 
 use std::collections::BTreeSet;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, RwLock};
 
 use handlebars::template::{Parameter, Template, TemplateElement};
 use handlebars::{Handlebars, Path};
@@ -69,13 +69,29 @@ fn collect(t: &Template, out: &mut BTreeSet<String>) {
 
 /// Renders `template` with `data`; an empty or all-whitespace result is an error.
 pub fn render(template: &str, data: &serde_json::Value) -> Result<String, TemplateError> {
-    static REGISTRY: LazyLock<Handlebars<'static>> = LazyLock::new(|| {
+    // Templates are compiled once and kept, named by their own text: a
+    // workflow's prompts are few and rendered at every step.
+    static REGISTRY: LazyLock<RwLock<Handlebars<'static>>> = LazyLock::new(|| {
         let mut hb = Handlebars::new();
         hb.register_escape_fn(handlebars::no_escape);
-        hb
+        RwLock::new(hb)
     });
+    let known = REGISTRY
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .has_template(template);
+    if !known {
+        let mut hb = REGISTRY.write().unwrap_or_else(|p| p.into_inner());
+        if hb.get_templates().len() >= 4096 {
+            hb.clear_templates();
+        }
+        hb.register_template_string(template, template)
+            .map_err(|e| TemplateError::Parse(e.to_string()))?;
+    }
     let text = REGISTRY
-        .render_template(template, data)
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .render(template, data)
         .map_err(|e| TemplateError::Render(e.to_string()))?;
     if text.trim().is_empty() {
         return Err(TemplateError::Empty {
