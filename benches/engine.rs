@@ -124,10 +124,9 @@ fn main() {
                 let mut agent = ScriptAgent::load(&scenario).unwrap();
                 time(|| {
                     for i in 0..threads {
-                        let t = store
-                            .start_workflow(hash, &format!("task {i}"), None, None)
+                        let (_, out) = store
+                            .run_workflow(hash, &format!("task {i}"), None, None, &mut agent)
                             .unwrap();
-                        let out = store.run_thread(t.id, usize::MAX, &mut agent);
                         assert!(out.error.is_none(), "{:?}", out.error);
                         assert_eq!(out.results.len(), 4);
                     }

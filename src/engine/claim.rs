@@ -96,10 +96,20 @@ pub fn is_held(store: &Store, id: ThreadId) -> bool {
 }
 
 impl Store {
+    /// Takes the driver's lock for a thread that does not exist yet (see
+    /// [`Store::start_thread_as`]); dropping the claim releases it.
+    pub fn claim_new(&self, id: ThreadId) -> Result<Claim, EngineError> {
+        self.lock_claim(id, false)
+    }
+
     /// Claims a thread for a drive. Refused while another live driver holds
     /// it; a claim left by a dead driver is taken over. Claiming a thread
     /// this process already holds returns a claim that releases nothing.
     pub fn claim(&self, id: ThreadId) -> Result<Claim, EngineError> {
+        self.lock_claim(id, true)
+    }
+
+    fn lock_claim(&self, id: ThreadId, mark: bool) -> Result<Claim, EngineError> {
         let key = (self.path().to_path_buf(), id);
         {
             let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
@@ -143,18 +153,23 @@ impl Store {
                 }));
             }
         }
-        let marked = self.update_record(id, |r| {
-            match (r.status, r.claimed_status) {
-                // A dead driver's claim: keep the status underneath.
-                (ThreadStatus::Running, Some(_)) => {}
-                (s, _) if s.is_done() => {}
-                (s, _) => {
-                    r.claimed_status = Some(s);
-                    r.status = ThreadStatus::Running;
-                }
-            }
+        let marked = if !mark {
             Ok(())
-        });
+        } else {
+            self.update_record(id, |r| {
+                match (r.status, r.claimed_status) {
+                    // A dead driver's claim: keep the status underneath.
+                    (ThreadStatus::Running, Some(_)) => {}
+                    (s, _) if s.is_done() => {}
+                    (s, _) => {
+                        r.claimed_status = Some(s);
+                        r.status = ThreadStatus::Running;
+                    }
+                }
+                Ok(())
+            })
+            .map(|_| ())
+        };
         if let Err(e) = marked {
             unlock(&file, id);
             unhold();

@@ -137,6 +137,42 @@ impl Store {
         })?)
     }
 
+    /// Starts a thread and drives it until it ends or suspends (what
+    /// `uwf-db run` does): the thread is created already claimed, so the
+    /// drive costs no separate claim commit.
+    pub fn run_workflow(
+        &self,
+        workflow: Hash,
+        prompt: &str,
+        agent_spec: Option<String>,
+        max_rounds: Option<u32>,
+        agent: &mut dyn agent::Agent,
+    ) -> Result<(ThreadRecord, RunOutcome), EngineError> {
+        let wf = self.load_workflow(workflow)?;
+        let (role, instruction) = wf.first()?;
+        let id = ThreadId::generate();
+        let claim = self.claim_new(id)?;
+        let record = self.start_thread_as(
+            NewThread {
+                workflow: wf.name.clone(),
+                workflow_hash: workflow,
+                prompt: prompt.to_owned(),
+                max_rounds: max_rounds.unwrap_or(wf.max_rounds),
+                depth: 0,
+                parent_state: None,
+                parent_thread: None,
+                next_role: role,
+                next_instruction: instruction,
+                agent: agent_spec,
+            },
+            id,
+            true,
+        )?;
+        let outcome = self.run_thread(id, usize::MAX, agent);
+        drop(claim);
+        Ok((record, outcome))
+    }
+
     /// Forks a thread, computing the fork's status once from the node and
     /// the pinned workflow: the start → `idle` with the first role; a step
     /// that routed to a role → `idle` with that role; a step that routed to

@@ -260,6 +260,18 @@ impl Store {
     /// Creates a thread: the prompt, the start node and the record, in one
     /// transaction. The workflow blob (and `parent_state`) must exist.
     pub fn start_thread(&self, new: NewThread) -> Result<ThreadRecord, ThreadError> {
+        self.start_thread_as(new, ThreadId::generate(), false)
+    }
+
+    /// `start_thread` with a given id, optionally already claimed by a
+    /// driver (status `running` over `idle`): the caller holds the driver's
+    /// lock for `id`, so a start-and-drive costs no separate claim commit.
+    pub fn start_thread_as(
+        &self,
+        new: NewThread,
+        id: ThreadId,
+        claimed: bool,
+    ) -> Result<ThreadRecord, ThreadError> {
         self.write(|w| {
             let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
             let start = w.put_blob(&Blob::Start(StartNode {
@@ -275,12 +287,12 @@ impl Store {
                 active_child: None,
                 agent: new.agent,
                 agent_steps: Some(0),
-                claimed_status: None,
+                claimed_status: claimed.then_some(ThreadStatus::Idle),
                 completed_at: None,
                 created_at: now,
                 forked_from: None,
                 head: start,
-                id: ThreadId::generate(),
+                id,
                 last_end_seq: 0,
                 last_error: None,
                 next_instruction: Some(new.next_instruction),
@@ -289,7 +301,11 @@ impl Store {
                 seq: 0,
                 staged_compact: None,
                 start,
-                status: ThreadStatus::Idle,
+                status: if claimed {
+                    ThreadStatus::Running
+                } else {
+                    ThreadStatus::Idle
+                },
                 suspend_message: None,
                 suspended_role: None,
                 updated_at: now,

@@ -81,7 +81,7 @@ impl AgentArgs {
         self.build(store.path(), &spec)
     }
 
-    fn build(&self, store: &Path, spec: &str) -> Result<Box<dyn Agent>, CliError> {
+    pub fn build(&self, store: &Path, spec: &str) -> Result<Box<dyn Agent>, CliError> {
         match AgentSpec::parse(spec).map_err(uwf_db::engine::EngineError::from)? {
             AgentSpec::Script(file) => Ok(Box::new(
                 ScriptAgent::load(&file).map_err(uwf_db::engine::EngineError::from)?,
@@ -190,15 +190,16 @@ pub fn run(
         ));
     }
     let (hash, _) = crate::workflow::resolve(&store, workflow)?;
-    let record = store.start_workflow(hash, prompt, agent.agent.clone(), max_rounds)?;
-    let mut a = agent.agent_for(&store, &record)?;
+    let spec = agent.agent.clone().unwrap_or_default();
+    let mut a = agent.build(store.path(), &spec)?;
+    let (record, outcome) = store.run_workflow(hash, prompt, Some(spec), max_rounds, a.as_mut())?;
+    let (results, failure) = (outcome.results, outcome.error);
     if !out.json {
         out.line(format_args!(
             "started thread {} ({})",
             record.id, record.workflow
         ))?;
     }
-    let (results, failure) = drive(&store, record.id, a.as_mut(), usize::MAX, None);
     if out.json {
         match results.last() {
             Some(r) => out.json_value(r)?,
