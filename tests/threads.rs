@@ -634,3 +634,24 @@ fn resume_from_history_replaces_the_activity_entry() {
         1
     );
 }
+
+/// Regression: context assembly paged on from the wrong ancestor (11 back
+/// instead of the parent) and skipped steps on threads longer than a page.
+#[test]
+fn context_walks_long_threads_without_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let t = new_thread(&store, "long-context");
+    let r = append_n(&store, t.id, 150);
+    let ctx = store.context(t.id, 140).unwrap();
+    let seqs: Vec<u64> = ctx.steps.iter().map(|e| e.node.seq).collect();
+    assert_eq!(seqs, (11..=150).collect::<Vec<_>>());
+    assert!(ctx.summary.is_none());
+    // A summary 100 steps back stops the walk there.
+    let (h, _) = store.stage_compact(t.id, r.head, "early summary").unwrap();
+    append_n(&store, t.id, 100);
+    let ctx = store.context(t.id, 1000).unwrap();
+    assert_eq!(ctx.summary.map(|s| s.0), Some(h));
+    assert_eq!(ctx.steps.len(), 100);
+    assert_eq!(ctx.steps[0].node.seq, 151);
+}

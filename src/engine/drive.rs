@@ -292,7 +292,7 @@ impl Store {
             Some(Blob::Start(s)) => (self.text(&s.prompt), s.max_rounds),
             _ => (String::new(), wf.max_rounds),
         };
-        let context = self.context(id, RECENT_STEPS * 4)?;
+        let context = self.context(id, RECENT_STEPS + 1)?;
         let prompt = assemble(
             role,
             role_def,

@@ -392,9 +392,11 @@ impl Store {
             let mut summary = None;
             let mut from = Some(record.head);
             'walk: while let Some(h) = from {
-                let page = page_from(r, h, 64)?;
-                from = page.last().and_then(|e| e.node.ancestors.last().copied());
-                if page.len() < 64 {
+                let want = max_steps.saturating_sub(steps.len()).clamp(1, 64);
+                let page = page_from(r, h, want)?;
+                // The next page starts at the parent of this page's oldest node.
+                from = page.last().and_then(|e| e.node.ancestors.first().copied());
+                if page.len() < want {
                     from = None;
                 }
                 for entry in page {
