@@ -59,6 +59,8 @@ fn init_is_idempotent_and_read_commands_need_a_store() {
     assert_eq!(code(&o), 0);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["blob_count"], 0);
+    assert_eq!(v["active_threads"], 0);
+    assert_eq!(v["ended_threads"], 0);
     assert_eq!(v["durability"], "sync");
     let o = uwf(&store, &["--durability", "none", "stats"]);
     assert!(stdout(&o).contains("NOT durable"), "{}", stdout(&o));

@@ -541,13 +541,14 @@ impl Store {
     /// Counts, sizes and map usage.
     pub fn stats(&self) -> Result<Stats, StoreError> {
         let inner = &self.inner;
-        let (blobs, format_version) = self.read(|r| {
-            let stat = inner
-                .dbs
-                .blobs
-                .stat(r.raw())
-                .map_err(|e| inner.error("reading statistics", e))?;
-            Ok::<_, StoreError>((stat, r.format_version()?))
+        let (blobs, counts, format_version) = self.read(|r| {
+            let err = |e| inner.error("reading statistics", e);
+            let stat = inner.dbs.blobs.stat(r.raw()).map_err(err)?;
+            let dbs = &inner.dbs;
+            let counts =
+                [dbs.threads, dbs.history, dbs.workflows].map(|db| db.len(r.raw()).map_err(err));
+            let [active, ended, workflows] = counts;
+            Ok::<_, StoreError>((stat, [active?, ended?, workflows?], r.format_version()?))
         })?;
         let info = inner.env.info();
         let page = u64::from(blobs.page_size);
@@ -558,6 +559,9 @@ impl Store {
             path: inner.path.clone(),
             format_version,
             blob_count: blobs.entries as u64,
+            active_threads: counts[0],
+            ended_threads: counts[1],
+            workflows: counts[2],
             blob_bytes: (blobs.branch_pages + blobs.leaf_pages + blobs.overflow_pages) as u64
                 * page,
             map_size: info.map_size as u64,
@@ -584,6 +588,12 @@ pub struct Stats {
     pub format_version: u32,
     /// Number of blobs.
     pub blob_count: u64,
+    /// Threads in the active index.
+    pub active_threads: u64,
+    /// Threads in history.
+    pub ended_threads: u64,
+    /// Registered workflow names.
+    pub workflows: u64,
     /// Bytes of pages holding the blobs database.
     pub blob_bytes: u64,
     /// The virtual map reserved by this process.

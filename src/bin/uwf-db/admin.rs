@@ -96,6 +96,11 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ("store", s.path.display().to_string()),
         ("format version", s.format_version.to_string()),
         ("blobs", s.blob_count.to_string()),
+        (
+            "threads",
+            format!("{} active, {} ended", s.active_threads, s.ended_threads),
+        ),
+        ("workflows", s.workflows.to_string()),
         ("blob pages", output::human_size(s.blob_bytes)),
         ("file size", output::human_size(s.file_size)),
         (
