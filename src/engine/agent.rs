@@ -239,7 +239,12 @@ impl Agent for ScriptAgent {
                     })?
                     .steps
             }
-            (None, None) => unreachable!("checked at load"),
+            (None, None) => {
+                return Err(AgentError::Scenario {
+                    path: self.path.clone(),
+                    detail: "give exactly one of `steps:` or `workflows:`".into(),
+                });
+            }
         };
         let i = req.answered_steps;
         let step = steps.get(i).ok_or_else(|| AgentError::PastEnd {

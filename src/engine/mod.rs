@@ -224,13 +224,14 @@ fn fork_state(
     }
     let state = match store.get(&node)? {
         Some(Blob::State(s)) => s,
-        // Let the storage layer name the problem (missing, wrong kind).
-        _ => {
-            return Ok(ForkState::Idle {
-                role: String::new(),
-                instruction: String::new(),
-            });
+        Some(_) => {
+            return Err(ThreadError::WrongKind {
+                hash: node,
+                expected: "state",
+            }
+            .into());
         }
+        None => return Err(ThreadError::MissingNode { hash: node }.into()),
     };
     if state.role == END_ROLE {
         return Err(ThreadError::ForkAtEnd {
