@@ -480,6 +480,7 @@ fn a_second_driver_is_refused_while_the_first_runs() {
     std::thread::sleep(std::time::Duration::from_millis(700));
     let s = env.show(&id);
     assert_eq!(s["status"], "running", "the driver's claim shows");
+    assert_eq!(s["driver_alive"], true);
     let second = env.uwf(&["thread", "step", &id]);
     assert_eq!(code(&second), Some(1));
     assert!(
@@ -530,6 +531,7 @@ fn a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over() {
     victim.kill().unwrap(); // SIGKILL
     victim.wait().unwrap();
     // The record still says running, but the lock died with the process.
+    assert_eq!(env.show(&id)["driver_alive"], false);
     let fast = env.file("fast.yaml", &review_scenario(&[("developer", DEV)]));
     let r = env.json(&["thread", "step", &id, "--agent", &format!("script:{fast}")]);
     assert_eq!(r["status"], "idle");

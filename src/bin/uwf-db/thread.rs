@@ -285,7 +285,8 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
             let tree = store.thread_tree(id)?;
-            show(&tree, out)
+            let driver_alive = uwf_db::engine::claim::is_held(&store, id);
+            show(&tree, driver_alive, out)
         }
         ThreadCommand::Log { id, limit, before } => {
             let store = cli.open(false)?;
@@ -376,7 +377,7 @@ fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
     Ok(())
 }
 
-fn show(tree: &ThreadTree, out: &mut Output) -> Result<(), CliError> {
+fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), CliError> {
     let r = &tree.thread;
     let children: Vec<ThreadId> = tree.children.iter().map(|c| c.thread.id).collect();
     if out.json {
@@ -385,6 +386,7 @@ fn show(tree: &ThreadTree, out: &mut Output) -> Result<(), CliError> {
             o.insert("children".into(), json!(children));
             o.insert("done".into(), json!(r.status.is_done()));
             o.insert("rounds".into(), json!(r.rounds()));
+            o.insert("driver_alive".into(), json!(driver_alive));
         }
         return Ok(out.json_value(&v)?);
     }
@@ -395,7 +397,18 @@ fn show(tree: &ThreadTree, out: &mut Output) -> Result<(), CliError> {
             "workflow",
             format!("{} ({})", r.workflow, r.workflow_hash.short(12)),
         ),
-        ("status", r.status.to_string()),
+        (
+            "status",
+            match (r.status, driver_alive, r.claimed_status) {
+                (ThreadStatus::Running, true, Some(under)) => {
+                    format!("running (a driver holds it; {under} underneath)")
+                }
+                (ThreadStatus::Running, false, Some(under)) => format!(
+                    "running, but its driver is gone ({under} underneath; the next driver takes over)"
+                ),
+                (s, _, _) => s.to_string(),
+            },
+        ),
         ("head", format!("{} (seq {})", r.head, r.seq)),
         ("start", r.start.to_string()),
     ];
