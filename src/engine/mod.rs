@@ -121,20 +121,8 @@ impl Store {
         agent: Option<String>,
         max_rounds: Option<u32>,
     ) -> Result<ThreadRecord, EngineError> {
-        let wf = self.load_workflow(workflow)?;
-        let (role, instruction) = wf.first()?;
-        Ok(self.start_thread(NewThread {
-            workflow: wf.name.clone(),
-            workflow_hash: workflow,
-            prompt: prompt.to_owned(),
-            max_rounds: max_rounds.unwrap_or(wf.max_rounds),
-            depth: 0,
-            parent_state: None,
-            parent_thread: None,
-            next_role: role,
-            next_instruction: instruction,
-            agent,
-        })?)
+        let new = self.top_level_thread(workflow, prompt, agent, max_rounds)?;
+        Ok(self.start_thread(new)?)
     }
 
     /// Starts a thread and drives it until it ends or suspends (what
@@ -148,29 +136,37 @@ impl Store {
         max_rounds: Option<u32>,
         agent: &mut dyn agent::Agent,
     ) -> Result<(ThreadRecord, RunOutcome), EngineError> {
-        let wf = self.load_workflow(workflow)?;
-        let (role, instruction) = wf.first()?;
+        let new = self.top_level_thread(workflow, prompt, agent_spec, max_rounds)?;
         let id = ThreadId::generate();
         let claim = self.claim_new(id)?;
-        let record = self.start_thread_as(
-            NewThread {
-                workflow: wf.name.clone(),
-                workflow_hash: workflow,
-                prompt: prompt.to_owned(),
-                max_rounds: max_rounds.unwrap_or(wf.max_rounds),
-                depth: 0,
-                parent_state: None,
-                parent_thread: None,
-                next_role: role,
-                next_instruction: instruction,
-                agent: agent_spec,
-            },
-            id,
-            true,
-        )?;
+        let record = self.start_thread_as(new, id, true)?;
         let outcome = self.run_thread(id, usize::MAX, agent);
         drop(claim);
         Ok((record, outcome))
+    }
+
+    /// A top-level thread of a stored workflow, idle with its first role.
+    fn top_level_thread(
+        &self,
+        workflow: Hash,
+        prompt: &str,
+        agent: Option<String>,
+        max_rounds: Option<u32>,
+    ) -> Result<NewThread, EngineError> {
+        let wf = self.load_workflow(workflow)?;
+        let (role, instruction) = wf.first()?;
+        Ok(NewThread {
+            workflow: wf.name.clone(),
+            workflow_hash: workflow,
+            prompt: prompt.to_owned(),
+            max_rounds: max_rounds.unwrap_or(wf.max_rounds),
+            depth: 0,
+            parent_state: None,
+            parent_thread: None,
+            next_role: role,
+            next_instruction: instruction,
+            agent,
+        })
     }
 
     /// Forks a thread, computing the fork's status once from the node and

@@ -147,17 +147,7 @@ pub(crate) fn put(
             .delete(txn, &activity_key(old.last_activity(), id))
             .map_err(err)?;
         if old_location != location {
-            match old_location {
-                Location::Active => {
-                    dbs.threads.delete(txn, &key).map_err(err)?;
-                }
-                Location::History(day) => {
-                    dbs.history
-                        .delete(txn, &history_key(day, id))
-                        .map_err(err)?;
-                    dbs.history_ids.delete(txn, &key).map_err(err)?;
-                }
-            }
+            delete_record(txn, dbs, id, old_location).map_err(err)?;
         }
     } else if let Some(parent) = new.parent_thread {
         dbs.children
@@ -185,6 +175,27 @@ pub(crate) fn put(
     Ok(location)
 }
 
+/// Deletes a record from where it lives (`threads`, or `history` and
+/// `history_ids`).
+fn delete_record(
+    txn: &mut heed::RwTxn<'_>,
+    dbs: &Databases,
+    id: ThreadId,
+    location: Location,
+) -> heed::Result<()> {
+    let key = id.to_bytes();
+    match location {
+        Location::Active => {
+            dbs.threads.delete(txn, &key)?;
+        }
+        Location::History(day) => {
+            dbs.history.delete(txn, &history_key(day, id))?;
+            dbs.history_ids.delete(txn, &key)?;
+        }
+    }
+    Ok(())
+}
+
 /// Removes every index entry of a thread (its blobs stay for GC).
 pub(crate) fn remove(
     w: &mut WriteTxn<'_>,
@@ -194,18 +205,7 @@ pub(crate) fn remove(
     let (txn, dbs, inner) = w.parts();
     let err = |e| ThreadError::Store(inner.error("removing a thread", e));
     let id = record.id;
-    let key = id.to_bytes();
-    match location {
-        Location::Active => {
-            dbs.threads.delete(txn, &key).map_err(err)?;
-        }
-        Location::History(day) => {
-            dbs.history
-                .delete(txn, &history_key(day, id))
-                .map_err(err)?;
-            dbs.history_ids.delete(txn, &key).map_err(err)?;
-        }
-    }
+    delete_record(txn, dbs, id, location).map_err(err)?;
     dbs.activity
         .delete(txn, &activity_key(record.last_activity(), id))
         .map_err(err)?;
