@@ -86,17 +86,7 @@ macro_rules! blob_reads {
 
         /// Reads one blob's record.
         pub fn get_stored(&self, hash: &Hash) -> Result<Option<StoredBlob>, StoreError> {
-            let value = self
-                .store
-                .dbs
-                .blobs
-                .get(self.raw(), hash.as_bytes())
-                .map_err(|e| self.store.error("reading a blob", e))?;
-            let Some(value) = value else {
-                return Ok(None);
-            };
-            let rec = parse_record(hash, value)?;
-            Ok(Some(StoredBlob {
+            Ok(self.get_record(hash)?.map(|rec| StoredBlob {
                 hash: *hash,
                 kind: rec.kind,
                 written_at: rec.written_at,
@@ -108,16 +98,9 @@ macro_rules! blob_reads {
 
         /// Reads and decodes one blob.
         pub fn get_blob(&self, hash: &Hash) -> Result<Option<Blob>, StoreError> {
-            let value = self
-                .store
-                .dbs
-                .blobs
-                .get(self.raw(), hash.as_bytes())
-                .map_err(|e| self.store.error("reading a blob", e))?;
-            let Some(value) = value else {
+            let Some(rec) = self.get_record(hash)? else {
                 return Ok(None);
             };
-            let rec = parse_record(hash, value)?;
             Blob::decode_trusted(rec.bytes)
                 .map(Some)
                 .map_err(|e| StoreError::Corrupt {
