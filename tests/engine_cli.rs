@@ -452,6 +452,29 @@ fn no_agent_is_a_clear_error() {
     let o = env.uwf(&["thread", "step", t["thread"].as_str().unwrap()]);
     assert_eq!(code(&o), Some(1));
     assert!(stderr(&o).contains("--agent"), "{}", stderr(&o));
+    // A spec that does not work is refused and not stored on the thread.
+    let id = t["thread"].as_str().unwrap();
+    let o = env.uwf(&["thread", "step", id, "--agent", "telepathy"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("unknown agent spec 'telepathy'"),
+        "{}",
+        stderr(&o)
+    );
+    let o = env.uwf(&[
+        "thread",
+        "step",
+        id,
+        "--agent",
+        "script:/no/such/scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("/no/such/scenario.yaml"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(env.show(id)["agent"], serde_json::Value::Null);
 }
 
 const SLOW_AGENT: &str =

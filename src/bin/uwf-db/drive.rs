@@ -59,26 +59,22 @@ impl AgentArgs {
         store: &Store,
         record: &ThreadRecord,
     ) -> Result<Box<dyn Agent>, CliError> {
-        let spec = match (&self.agent, &record.agent) {
-            (Some(given), stored) => {
-                if stored.as_deref() != Some(given.as_str()) {
-                    let given = given.clone();
-                    store.update_record(record.id, |r| {
-                        r.agent = Some(given);
-                        Ok(())
-                    })?;
-                }
-                given.clone()
-            }
-            (None, Some(stored)) => stored.clone(),
-            (None, None) => {
-                return Err(CliError::Failed(format!(
-                    "thread {} has no agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'",
-                    record.id
-                )));
-            }
+        let Some(spec) = self.agent.as_ref().or(record.agent.as_ref()) else {
+            return Err(CliError::Failed(format!(
+                "thread {} has no agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'",
+                record.id
+            )));
         };
-        self.build(store.path(), &spec)
+        // Build first: a spec that does not work is never stored.
+        let agent = self.build(store.path(), spec)?;
+        if record.agent.as_ref() != Some(spec) {
+            let spec = spec.clone();
+            store.update_record(record.id, |r| {
+                r.agent = Some(spec);
+                Ok(())
+            })?;
+        }
+        Ok(agent)
     }
 
     pub fn build(&self, store: &Path, spec: &str) -> Result<Box<dyn Agent>, CliError> {
