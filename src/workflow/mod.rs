@@ -24,7 +24,8 @@ pub enum WorkflowError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The YAML failed validation.
-    #[error("workflow {source_name} is invalid ({} problems):\n{}", problems.len(),
+    #[error("workflow {source_name} is invalid ({} problem{}):\n{}", problems.len(),
+        if problems.len() == 1 { "" } else { "s" },
         problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
     Invalid {
         /// The file or name.

@@ -161,7 +161,8 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
                             let sep = if p.line.is_some() { ":" } else { ": " };
                             out.line(format_args!("{}{sep}{p}", file.display()))?;
                         }
-                        out.line(format_args!("{} problems", problems.len()))?;
+                        let n = problems.len();
+                        out.line(format_args!("{n} problem{}", if n == 1 { "" } else { "s" }))?;
                     }
                     Err(CliError::Reported)
                 }
