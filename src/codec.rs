@@ -5,7 +5,8 @@
 //!   (structs are encoded as such maps, never as arrays);
 //! - integers use the smallest MessagePack form, and non-negative integers
 //!   always use the unsigned forms;
-//! - floats are always `float 64`, and NaN is rejected;
+//! - floats are always `float 64`, NaN is rejected, and `-0.0` is written
+//!   as `0.0` (they compare equal, so they must not hash differently);
 //! - string, binary, array and map headers use the smallest form for their
 //!   length; hashes are `bin 8` of 32 bytes;
 //! - no extension types, nothing after the top-level value.
@@ -187,6 +188,9 @@ impl Scanner<'_> {
                 if f64::from_bits(bits).is_nan() {
                     return Err(CodecError::NaN { offset: start });
                 }
+                if bits == (-0.0f64).to_bits() {
+                    return Err(not("negative zero is written as 0.0"));
+                }
                 Ok(())
             }
             Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
@@ -325,6 +329,7 @@ mod tests {
         assert!(not_canonical(&[0xd0, 0xff])); // int8 -1 (fits fixneg)
         assert!(not_canonical(&[0xd9, 0x01, b'a'])); // str8 of length 1
         assert!(not_canonical(&[0xca, 0, 0, 0, 0])); // float32
+        assert!(not_canonical(&[0xcb, 0x80, 0, 0, 0, 0, 0, 0, 0])); // -0.0
         assert!(not_canonical(&[0xd4, 0, 0])); // fixext1
         assert!(not_canonical(&[0xc1])); // reserved
         // {"b":1,"a":2}: keys out of order.

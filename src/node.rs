@@ -85,7 +85,8 @@ pub enum Value {
     Int(i64),
     /// A non-negative integer.
     UInt(u64),
-    /// A finite float (or infinity), always encoded as `float 64`.
+    /// A float (not NaN), always encoded as `float 64`; `-0.0` is encoded as
+    /// `0.0`, to which it is equal.
     Float(f64),
     /// UTF-8 text.
     Str(String),
@@ -146,6 +147,8 @@ impl Serialize for Value {
             Value::Bool(b) => s.serialize_bool(*b),
             Value::Int(i) => s.serialize_i64(*i),
             Value::UInt(u) => s.serialize_u64(*u),
+            // -0.0 == 0.0: one value, one encoding.
+            Value::Float(f) if *f == 0.0 => s.serialize_f64(0.0),
             Value::Float(f) => s.serialize_f64(*f),
             Value::Str(v) => s.serialize_str(v),
             Value::Array(a) => a.serialize(s),

@@ -1,12 +1,15 @@
 //! Stepping threads: one role step at a time, routed before it is
 //! committed; failures are recorded, never committed.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use serde::Serialize;
 
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
-use super::extract::extract;
-use super::prompt::{RECENT_STEPS, assemble};
+use super::extract::{extract, extract_keyed};
+use super::prompt::{RECENT_STEPS, assemble, output_format};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::Store;
@@ -236,6 +239,26 @@ impl Store {
         }
     }
 
+    /// A thread's task prompt and `max_rounds`, from its start node. Start
+    /// nodes are immutable, so they are cached by hash.
+    fn task_of(&self, start: Hash, default_rounds: u32) -> Result<(Arc<str>, u32), EngineError> {
+        static TASKS: LazyLock<Mutex<HashMap<Hash, (Arc<str>, u32)>>> =
+            LazyLock::new(|| Mutex::new(HashMap::new()));
+        if let Some(hit) = TASKS.lock().unwrap_or_else(|p| p.into_inner()).get(&start) {
+            return Ok(hit.clone());
+        }
+        let found = match self.get(&start)? {
+            Some(Blob::Start(s)) => (Arc::from(self.text(&s.prompt)), s.max_rounds),
+            _ => (Arc::from(""), default_rounds),
+        };
+        let mut cache = TASKS.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= 65_536 {
+            cache.clear();
+        }
+        cache.insert(start, found.clone());
+        Ok(found)
+    }
+
     fn text(&self, h: &Hash) -> String {
         match self.get(h) {
             Ok(Some(Blob::Content(c))) => c.text,
@@ -288,14 +311,13 @@ impl Store {
                 agent,
             );
         }
-        let (task, max_rounds) = match self.get(&record.start)? {
-            Some(Blob::Start(s)) => (self.text(&s.prompt), s.max_rounds),
-            _ => (String::new(), wf.max_rounds),
-        };
-        let context = self.context(id, RECENT_STEPS + 1)?;
+        let (task, max_rounds) = self.task_of(record.start, wf.max_rounds)?;
+        let context = self.context_of(record, RECENT_STEPS + 1)?;
+        let format = output_format_of(record.workflow_hash, role, role_def);
         let prompt = assemble(
             role,
             role_def,
+            &format,
             &task,
             &context,
             &|h| self.text(h),
@@ -324,7 +346,7 @@ impl Store {
                 Ok(r) => r,
                 Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
             };
-            match extract(role_def, &reply.output) {
+            match extract_keyed(Some((record.workflow_hash, role)), role_def, &reply.output) {
                 Ok(x) => break x,
                 Err(e) if attempts < agent.reasks() => {
                     attempts += 1;
@@ -397,6 +419,7 @@ impl Store {
             Some(ctx) => assemble(
                 "summariser",
                 &role_def,
+                &output_format(&role_def),
                 "",
                 ctx,
                 &|h| self.text(h),
@@ -592,6 +615,31 @@ impl Store {
             )),
         }
     }
+}
+
+/// The output-format instruction of a stored workflow's role, cached by
+/// workflow hash and role (stored workflows never change).
+fn output_format_of(workflow: Hash, role_name: &str, role: &crate::workflow::Role) -> Arc<str> {
+    static FORMATS: LazyLock<Mutex<HashMap<Hash, HashMap<String, Arc<str>>>>> =
+        LazyLock::new(|| Mutex::new(HashMap::new()));
+    if let Some(f) = FORMATS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&workflow)
+        .and_then(|m| m.get(role_name))
+    {
+        return Arc::clone(f);
+    }
+    let f: Arc<str> = Arc::from(output_format(role));
+    let mut cache = FORMATS.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= 4096 {
+        cache.clear();
+    }
+    cache
+        .entry(workflow)
+        .or_default()
+        .insert(role_name.to_owned(), Arc::clone(&f));
+    f
 }
 
 /// Sets the status a step left, under a driver's claim if there is one.

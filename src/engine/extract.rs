@@ -63,6 +63,16 @@ fn split(text: &str) -> Option<(&str, &str)> {
 
 /// Extracts a reply for `role`.
 pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
+    extract_keyed(None, role, text)
+}
+
+/// [`extract`] for a role of a stored workflow: `key` (workflow hash, role
+/// name) finds the compiled schema without re-serialising it.
+pub fn extract_keyed(
+    key: Option<(Hash, &str)>,
+    role: &Role,
+    text: &str,
+) -> Result<Extracted, ExtractError> {
     let Some((yaml, body)) = split(text) else {
         if role.frontmatter.is_some() {
             return Err(ExtractError::Missing);
@@ -92,7 +102,10 @@ pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
             }
         }
         Some(schema) => {
-            let validator = validator(schema)?;
+            let validator = match key {
+                Some((wf, name)) => validator_for_role(wf, name, schema)?,
+                None => validator(schema)?,
+            };
             let errors: Vec<String> = validator
                 .iter_errors(&front)
                 .map(|e| {
@@ -164,6 +177,35 @@ fn validator(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, E
         cache.clear();
     }
     cache.insert(key, Arc::clone(&v));
+    Ok(v)
+}
+
+/// Compiled schemas of stored workflows' roles, by workflow hash and role.
+fn validator_for_role(
+    workflow: Hash,
+    role: &str,
+    schema: &serde_json::Value,
+) -> Result<Arc<jsonschema::Validator>, ExtractError> {
+    type ByRole = HashMap<String, Arc<jsonschema::Validator>>;
+    static BY_ROLE: LazyLock<Mutex<HashMap<Hash, ByRole>>> =
+        LazyLock::new(|| Mutex::new(HashMap::new()));
+    if let Some(v) = BY_ROLE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&workflow)
+        .and_then(|m| m.get(role))
+    {
+        return Ok(Arc::clone(v));
+    }
+    let v = validator(schema)?;
+    let mut cache = BY_ROLE.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= 4096 {
+        cache.clear();
+    }
+    cache
+        .entry(workflow)
+        .or_default()
+        .insert(role.to_owned(), Arc::clone(&v));
     Ok(v)
 }
 

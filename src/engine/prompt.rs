@@ -29,11 +29,13 @@ pub fn output_format(role: &Role) -> String {
 }
 
 /// Assembles the prompt for `role`: goal, capabilities, procedure, output,
-/// the output format, the task, the compact summary, what happened since
+/// the output format (`format`, from [`output_format`]), the task, the compact summary, what happened since
 /// the role's last turn (bounded), and the instruction.
+#[allow(clippy::too_many_arguments)]
 pub fn assemble(
     role_name: &str,
     role: &Role,
+    format: &str,
     task: &str,
     context: &Context,
     texts: &dyn Fn(&crate::hash::Hash) -> String,
@@ -53,7 +55,7 @@ pub fn assemble(
     if !role.capabilities.is_empty() {
         let _ = writeln!(p, "\n## Capabilities\n{}", role.capabilities.join(", "));
     }
-    let _ = writeln!(p, "\n## Output format\n{}", output_format(role));
+    let _ = writeln!(p, "\n## Output format\n{format}");
     let _ = writeln!(p, "\n## Task\n{task}");
     if let Some((_, summary)) = &context.summary {
         let _ = writeln!(p, "\n## Summary of earlier steps\n{summary}");

@@ -370,50 +370,16 @@ impl Store {
     /// from the head, the steps after the newest node carrying `compact` (that
     /// node included) and its summary; at most `max_steps` steps.
     pub fn context(&self, id: ThreadId, max_steps: usize) -> Result<Context, ThreadError> {
-        self.read(|r| {
-            let record = need(r, id)?;
-            let text = |h: &Hash| -> Result<String, ThreadError> {
-                match r.get_blob(h)? {
-                    Some(Blob::Content(c)) => Ok(c.text),
-                    Some(_) => Err(ThreadError::WrongKind {
-                        hash: *h,
-                        expected: "content",
-                    }),
-                    None => Err(ThreadError::MissingNode { hash: *h }),
-                }
-            };
-            if let Some(staged) = record.staged_compact {
-                return Ok(Context {
-                    summary: Some((staged, text(&staged)?)),
-                    steps: Vec::new(),
-                });
-            }
-            let mut steps = Vec::new();
-            let mut summary = None;
-            let mut from = Some(record.head);
-            'walk: while let Some(h) = from {
-                let want = max_steps.saturating_sub(steps.len()).clamp(1, 64);
-                let page = page_from(r, h, want)?;
-                // The next page starts at the parent of this page's oldest node.
-                from = page.last().and_then(|e| e.node.ancestors.first().copied());
-                if page.len() < want {
-                    from = None;
-                }
-                for entry in page {
-                    let compact = entry.node.compact;
-                    steps.push(entry);
-                    if let Some(c) = compact {
-                        summary = Some((c, text(&c)?));
-                        break 'walk;
-                    }
-                    if steps.len() == max_steps {
-                        break 'walk;
-                    }
-                }
-            }
-            steps.reverse();
-            Ok(Context { summary, steps })
-        })
+        self.read(|r| context_in(r, &need(r, id)?, max_steps))
+    }
+
+    /// [`Store::context`] for a record the caller has already read.
+    pub fn context_of(
+        &self,
+        record: &ThreadRecord,
+        max_steps: usize,
+    ) -> Result<Context, ThreadError> {
+        self.read(|r| context_in(r, record, max_steps))
     }
 
     /// The Merkle call stack of any node, innermost first: the node's own
@@ -520,6 +486,55 @@ fn log_origin(
             Ok(node.ancestors.first().copied())
         }
     }
+}
+
+/// Context assembly inside one read transaction (see [`Store::context`]).
+fn context_in(
+    r: &ReadTxn<'_>,
+    record: &ThreadRecord,
+    max_steps: usize,
+) -> Result<Context, ThreadError> {
+    let text = |h: &Hash| -> Result<String, ThreadError> {
+        match r.get_blob(h)? {
+            Some(Blob::Content(c)) => Ok(c.text),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: *h,
+                expected: "content",
+            }),
+            None => Err(ThreadError::MissingNode { hash: *h }),
+        }
+    };
+    if let Some(staged) = record.staged_compact {
+        return Ok(Context {
+            summary: Some((staged, text(&staged)?)),
+            steps: Vec::new(),
+        });
+    }
+    let mut steps = Vec::new();
+    let mut summary = None;
+    let mut from = Some(record.head);
+    'walk: while let Some(h) = from {
+        let want = max_steps.saturating_sub(steps.len()).clamp(1, 64);
+        let page = page_from(r, h, want)?;
+        // The next page starts at the parent of this page's oldest node.
+        from = page.last().and_then(|e| e.node.ancestors.first().copied());
+        if page.len() < want {
+            from = None;
+        }
+        for entry in page {
+            let compact = entry.node.compact;
+            steps.push(entry);
+            if let Some(c) = compact {
+                summary = Some((c, text(&c)?));
+                break 'walk;
+            }
+            if steps.len() == max_steps {
+                break 'walk;
+            }
+        }
+    }
+    steps.reverse();
+    Ok(Context { summary, steps })
 }
 
 fn subtree(r: &ReadTxn<'_>, id: ThreadId, depth: usize) -> Result<Vec<ThreadTree>, ThreadError> {
