@@ -242,8 +242,8 @@ impl Store {
     /// A thread's task prompt and `max_rounds`, from its start node. Start
     /// nodes are immutable, so they are cached by hash.
     fn task_of(&self, start: Hash, default_rounds: u32) -> Result<(Arc<str>, u32), EngineError> {
-        static TASKS: LazyLock<Mutex<HashMap<Hash, (Arc<str>, u32)>>> =
-            LazyLock::new(|| Mutex::new(HashMap::new()));
+        type Tasks = HashMap<Hash, (Arc<str>, u32)>;
+        static TASKS: LazyLock<Mutex<Tasks>> = LazyLock::new(|| Mutex::new(HashMap::new()));
         if let Some(hit) = TASKS.lock().unwrap_or_else(|p| p.into_inner()).get(&start) {
             return Ok(hit.clone());
         }
@@ -620,8 +620,8 @@ impl Store {
 /// The output-format instruction of a stored workflow's role, cached by
 /// workflow hash and role (stored workflows never change).
 fn output_format_of(workflow: Hash, role_name: &str, role: &crate::workflow::Role) -> Arc<str> {
-    static FORMATS: LazyLock<Mutex<HashMap<Hash, HashMap<String, Arc<str>>>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
+    type Formats = HashMap<Hash, HashMap<String, Arc<str>>>;
+    static FORMATS: LazyLock<Mutex<Formats>> = LazyLock::new(|| Mutex::new(HashMap::new()));
     if let Some(f) = FORMATS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
