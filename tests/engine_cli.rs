@@ -627,6 +627,15 @@ fn a_child_that_suspends_suspends_its_parent_and_resumes_through_it() {
     assert_eq!(r["suspend_message"], "The planner asks: Which database?");
     let parent = r["thread"].as_str().unwrap().to_owned();
     let before = env.show(&parent);
+    assert_eq!(
+        before["status"], "suspended",
+        "the record, not only the result"
+    );
+    assert_eq!(
+        before["claimed_status"],
+        serde_json::Value::Null,
+        "the claim is released"
+    );
     assert_eq!(before["seq"], 0, "no parent step written");
     let child = before["active_child"].as_str().unwrap().to_owned();
     // The child cannot be resumed directly.

@@ -211,6 +211,23 @@ fn release(store: &Store, id: ThreadId) {
                 Ok(())
             })
             .is_ok();
+    forget(store, id);
+}
+
+impl Claim {
+    /// Ends a drive whose last commit already released the thread (an end
+    /// or a suspend writes the final status itself): unlocks without
+    /// reading or writing the record again.
+    pub fn released_by_commit(mut self) {
+        if let Some(file) = self.lock.take() {
+            forget(&self.store, self.id);
+            unlock(&file, self.id);
+        }
+    }
+}
+
+/// Forgets a claim this process held, without touching the record.
+fn forget(store: &Store, id: ThreadId) {
     HELD.lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&(store.path().to_path_buf(), id));

@@ -565,7 +565,10 @@ impl Store {
             ThreadStatus::Suspended => {
                 let message = c.suspend_message.clone().unwrap_or_default();
                 let r = self.update_record(id, |r| {
-                    set_underlying(r, ThreadStatus::Suspended);
+                    // A suspend ends the drive: release the claim in this
+                    // same commit, as a suspending step does.
+                    r.status = ThreadStatus::Suspended;
+                    r.claimed_status = None;
                     r.suspended_role = Some(role.to_owned());
                     r.suspend_message = Some(message);
                     r.active_child = Some(child);
@@ -640,15 +643,6 @@ fn output_format_of(workflow: Hash, role_name: &str, role: &crate::workflow::Rol
         .or_default()
         .insert(role_name.to_owned(), Arc::clone(&f));
     f
-}
-
-/// Sets the status a step left, under a driver's claim if there is one.
-fn set_underlying(r: &mut ThreadRecord, status: ThreadStatus) {
-    if r.status == ThreadStatus::Running && r.claimed_status.is_some() {
-        r.claimed_status = Some(status);
-    } else {
-        r.status = status;
-    }
 }
 
 /// What follows a routed step, with `maxRounds` applied: the step that

@@ -141,7 +141,12 @@ impl Store {
         let claim = self.claim_new(id)?;
         let record = self.start_thread_as(new, id, true)?;
         let outcome = self.run_thread(id, usize::MAX, agent);
-        drop(claim);
+        match outcome.results.last() {
+            Some(last) if outcome.error.is_none() && last.current_role.is_none() => {
+                claim.released_by_commit();
+            }
+            _ => drop(claim),
+        }
         Ok((record, outcome))
     }
 

@@ -123,9 +123,8 @@ impl Workflow {
                 status: status.clone(),
                 allowed: edges.keys().cloned().collect(),
             })?;
-        let data = Value::Map(meta.clone()).to_json();
         let text =
-            template::render(&edge.prompt, &data).map_err(|source| WorkflowError::Template {
+            template::render(&edge.prompt, meta).map_err(|source| WorkflowError::Template {
                 role: role.to_owned(),
                 target: edge.role.clone(),
                 source,

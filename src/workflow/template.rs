@@ -68,7 +68,7 @@ fn collect(t: &Template, out: &mut BTreeSet<String>) {
 }
 
 /// Renders `template` with `data`; an empty or all-whitespace result is an error.
-pub fn render(template: &str, data: &serde_json::Value) -> Result<String, TemplateError> {
+pub fn render(template: &str, data: &impl serde::Serialize) -> Result<String, TemplateError> {
     // Templates are compiled once and kept, named by their own text: a
     // workflow's prompts are few and rendered at every step.
     static REGISTRY: LazyLock<RwLock<Handlebars<'static>>> = LazyLock::new(|| {
