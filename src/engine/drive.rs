@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
 use super::extract::{extract, extract_keyed};
-use super::prompt::{RECENT_STEPS, assemble, output_format};
+use super::prompt::{RECENT_STEPS, assemble, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::Store;
@@ -313,11 +313,10 @@ impl Store {
         }
         let (task, max_rounds) = self.task_of(record.start, wf.max_rounds)?;
         let context = self.context_of(record, RECENT_STEPS + 1)?;
-        let format = output_format_of(record.workflow_hash, role, role_def);
-        let prompt = assemble(
+        let header = role_header_of(record.workflow_hash, role, role_def);
+        let prompt = assemble_with_header(
+            &header,
             role,
-            role_def,
-            &format,
             &task,
             &context,
             &|h| self.text(h),
@@ -620,29 +619,30 @@ impl Store {
     }
 }
 
-/// The output-format instruction of a stored workflow's role, cached by
-/// workflow hash and role (stored workflows never change).
-fn output_format_of(workflow: Hash, role_name: &str, role: &crate::workflow::Role) -> Arc<str> {
-    type Formats = HashMap<Hash, HashMap<String, Arc<str>>>;
-    static FORMATS: LazyLock<Mutex<Formats>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-    if let Some(f) = FORMATS
+/// The role-only part of a stored workflow's role prompt (see
+/// [`role_header`]), cached by workflow hash and role: stored workflows never
+/// change.
+fn role_header_of(workflow: Hash, role_name: &str, role: &crate::workflow::Role) -> Arc<str> {
+    type Headers = HashMap<Hash, HashMap<String, Arc<str>>>;
+    static HEADERS: LazyLock<Mutex<Headers>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+    if let Some(h) = HEADERS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(&workflow)
         .and_then(|m| m.get(role_name))
     {
-        return Arc::clone(f);
+        return Arc::clone(h);
     }
-    let f: Arc<str> = Arc::from(output_format(role));
-    let mut cache = FORMATS.lock().unwrap_or_else(|p| p.into_inner());
+    let h: Arc<str> = Arc::from(role_header(role_name, role, &output_format(role)));
+    let mut cache = HEADERS.lock().unwrap_or_else(|p| p.into_inner());
     if cache.len() >= 4096 {
         cache.clear();
     }
     cache
         .entry(workflow)
         .or_default()
-        .insert(role_name.to_owned(), Arc::clone(&f));
-    f
+        .insert(role_name.to_owned(), Arc::clone(&h));
+    h
 }
 
 /// What follows a routed step, with `maxRounds` applied: the step that

@@ -28,19 +28,10 @@ pub fn output_format(role: &Role) -> String {
     s
 }
 
-/// Assembles the prompt for `role`: goal, capabilities, procedure, output,
-/// the output format (`format`, from [`output_format`]), the task, the compact summary, what happened since
-/// the role's last turn (bounded), and the instruction.
-#[allow(clippy::too_many_arguments)]
-pub fn assemble(
-    role_name: &str,
-    role: &Role,
-    format: &str,
-    task: &str,
-    context: &Context,
-    texts: &dyn Fn(&crate::hash::Hash) -> String,
-    instruction: &str,
-) -> String {
+/// The part of a role's prompt that depends only on the role: its name,
+/// goal, procedure, output, capabilities and the output format (`format`,
+/// from [`output_format`]).
+pub fn role_header(role_name: &str, role: &Role, format: &str) -> String {
     let mut p = String::new();
     let _ = writeln!(p, "# Role: {role_name}");
     for (title, v) in [
@@ -56,6 +47,38 @@ pub fn assemble(
         let _ = writeln!(p, "\n## Capabilities\n{}", role.capabilities.join(", "));
     }
     let _ = writeln!(p, "\n## Output format\n{format}");
+    p
+}
+
+/// Assembles the prompt for `role`: goal, capabilities, procedure, output,
+/// the output format (`format`, from [`output_format`]), the task, the
+/// compact summary, what happened since the role's last turn (bounded), and
+/// the instruction.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble(
+    role_name: &str,
+    role: &Role,
+    format: &str,
+    task: &str,
+    context: &Context,
+    texts: &dyn Fn(&crate::hash::Hash) -> String,
+    instruction: &str,
+) -> String {
+    let header = role_header(role_name, role, format);
+    assemble_with_header(&header, role_name, task, context, texts, instruction)
+}
+
+/// [`assemble`] with the role's header already built by [`role_header`].
+pub fn assemble_with_header(
+    header: &str,
+    role_name: &str,
+    task: &str,
+    context: &Context,
+    texts: &dyn Fn(&crate::hash::Hash) -> String,
+    instruction: &str,
+) -> String {
+    let mut p = String::with_capacity(header.len() + task.len() + instruction.len() + 512);
+    p.push_str(header);
     let _ = writeln!(p, "\n## Task\n{task}");
     if let Some((_, summary)) = &context.summary {
         let _ = writeln!(p, "\n## Summary of earlier steps\n{summary}");
