@@ -47,6 +47,19 @@ impl Env {
         );
         serde_json::from_slice(&o.stdout).unwrap()
     }
+    /// Starts `uwf-db` in the background (stdout discarded, stderr piped).
+    fn spawn(&self, args: &[&str]) -> std::process::Child {
+        Command::new(BIN)
+            .arg("--store")
+            .arg(self.store())
+            .args(args)
+            .env_remove("UWF_STORE")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
     fn show(&self, id: &str) -> serde_json::Value {
         self.json(&["thread", "show", id])
     }
@@ -493,13 +506,7 @@ fn a_second_driver_is_refused_while_the_first_runs() {
         SLOW_AGENT,
     ]);
     let id = t["thread"].as_str().unwrap().to_owned();
-    let store = env.store();
-    let first = Command::new(BIN)
-        .args(["--store", store.to_str().unwrap(), "thread", "step", &id])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let first = env.spawn(&["thread", "step", &id]);
     std::thread::sleep(std::time::Duration::from_millis(700));
     let s = env.show(&id);
     assert_eq!(s["status"], "running", "the driver's claim shows");
@@ -542,13 +549,7 @@ fn a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over() {
         SLOW_AGENT,
     ]);
     let id = t["thread"].as_str().unwrap().to_owned();
-    let store = env.store();
-    let mut victim = Command::new(BIN)
-        .args(["--store", store.to_str().unwrap(), "thread", "step", &id])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut victim = env.spawn(&["thread", "step", &id]);
     std::thread::sleep(std::time::Duration::from_millis(700));
     assert_eq!(env.show(&id)["status"], "running");
     victim.kill().unwrap(); // SIGKILL
@@ -783,21 +784,7 @@ fn ctrl_c_kills_the_agent_releases_the_claim_and_exits_130() {
     let id = t["thread"].as_str().unwrap().to_owned();
     let marker = env.dir.path().join("agent-survived");
     let agent = format!("cmd:sh -c 'sleep 3; touch {}'", marker.display());
-    let store = env.store();
-    let child = Command::new(BIN)
-        .args([
-            "--store",
-            store.to_str().unwrap(),
-            "thread",
-            "step",
-            &id,
-            "--agent",
-            &agent,
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = env.spawn(&["thread", "step", &id, "--agent", &agent]);
     std::thread::sleep(std::time::Duration::from_millis(800));
     assert_eq!(env.show(&id)["status"], "running");
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());

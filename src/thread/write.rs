@@ -194,12 +194,17 @@ fn write_end(
     record.claimed_status = None;
     record.status = ThreadStatus::for_return_code(end.return_code);
     record.completed_at = Some(w.now_ms());
+    clear_next(record);
+    record.active_child = None;
+    Ok(hash)
+}
+
+/// Forgets what the next step needed (next role, suspend fields).
+fn clear_next(record: &mut ThreadRecord) {
     record.next_role = None;
     record.next_instruction = None;
     record.suspended_role = None;
     record.suspend_message = None;
-    record.active_child = None;
-    Ok(hash)
 }
 
 fn apply_after(
@@ -207,10 +212,7 @@ fn apply_after(
     record: &mut ThreadRecord,
     after: After,
 ) -> Result<Option<Hash>, ThreadError> {
-    record.suspended_role = None;
-    record.suspend_message = None;
-    record.next_role = None;
-    record.next_instruction = None;
+    clear_next(record);
     // A claimed thread stays `running` for the whole drive; the step's
     // outcome goes underneath, in `claimed_status`.
     let claimed = record.status == ThreadStatus::Running && record.claimed_status.is_some();
