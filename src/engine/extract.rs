@@ -61,6 +61,55 @@ fn split(text: &str) -> Option<(&str, &str)> {
     None
 }
 
+/// The common shape of agent frontmatter, read without a YAML parser: one
+/// `key: value` per line, where every key and value is a plain string that
+/// YAML could not read as anything else. Any other text (`None`) goes to the
+/// YAML parser, so the result is always what the parser would give; the
+/// `agent_reply` fuzz target checks exactly that.
+///
+/// A line qualifies when its key is `[A-Za-z_$][A-Za-z0-9_$-]*`, then `": "`,
+/// then a value that starts with an ASCII letter, holds only printable ASCII
+/// other than `#` and `:`, and is not a word YAML reads as null or a boolean.
+/// Duplicate keys do not qualify (the parser rejects them).
+#[doc(hidden)]
+pub fn flat_frontmatter(yaml: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    fn special(word: &str) -> bool {
+        const WORDS: [&str; 11] = [
+            "null", "true", "false", "yes", "no", "on", "off", "y", "n", "nan", "inf",
+        ];
+        WORDS.iter().any(|w| w.eq_ignore_ascii_case(word))
+    }
+    let mut map = serde_json::Map::new();
+    for line in yaml.strip_suffix('\n').unwrap_or(yaml).split('\n') {
+        let (key, value) = line.split_once(": ")?;
+        let mut chars = key.chars();
+        if !chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '$')
+            || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '-'))
+            || special(key)
+        {
+            return None;
+        }
+        let value = value.trim_end_matches(' ');
+        if !value.starts_with(|c: char| c.is_ascii_alphabetic())
+            || !value
+                .bytes()
+                .all(|b| (0x20..0x7f).contains(&b) && b != b'#' && b != b':')
+            || special(value)
+        {
+            return None;
+        }
+        if map
+            .insert(key.to_owned(), serde_json::Value::String(value.to_owned()))
+            .is_some()
+        {
+            return None;
+        }
+    }
+    Some(map)
+}
+
 /// Extracts a reply for `role`.
 pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
     extract_keyed(None, role, text)
@@ -85,6 +134,8 @@ pub fn extract_keyed(
     };
     let front: serde_json::Value = if yaml.trim().is_empty() {
         serde_json::json!({})
+    } else if let Some(flat) = flat_frontmatter(yaml) {
+        serde_json::Value::Object(flat)
     } else {
         serde_saphyr::from_str(yaml).map_err(|e| ExtractError::NotYaml(e.to_string()))?
     };
@@ -268,6 +319,103 @@ mod tests {
         assert!(!x.meta.contains_key("noise"), "only keys the schema names");
         assert_eq!(x.body, "Please add tests.\n");
         assert_eq!(x.artifacts, vec![h]);
+    }
+
+    /// The fast path gives exactly what the YAML parser gives, or stands
+    /// aside.
+    #[test]
+    fn flat_frontmatter_agrees_with_the_parser() {
+        let values = [
+            "approved",
+            "the README does not mention --json",
+            "yes",
+            "No",
+            "ON",
+            "off",
+            "y",
+            "N",
+            "null",
+            "Null",
+            "NULL",
+            "true",
+            "True",
+            "FALSE",
+            "nan",
+            "NaN",
+            ".nan",
+            "inf",
+            ".inf",
+            "-.inf",
+            "Infinity",
+            "infinity",
+            "e10",
+            "E5",
+            "x1",
+            "0x1f",
+            "0o17",
+            "12",
+            "1.5",
+            "1e3",
+            "~",
+            "a: b",
+            "a #c",
+            "a#c",
+            "'quoted'",
+            "\"dq\"",
+            "it's",
+            "[a, b]",
+            "{a: 1}",
+            "a [b]",
+            "a {b}",
+            "*alias",
+            "&anchor a",
+            "!tag a",
+            "|",
+            ">",
+            "- item",
+            "?",
+            "%x",
+            "@x",
+            "`x",
+            "a,b",
+            "a  b",
+            "trailing  ",
+            "tab\there",
+            "ünïcode",
+            "",
+            "2026-11-22",
+            "T",
+            "F",
+            "yes please",
+            "nulls",
+            "o",
+            "off-by-one",
+        ];
+        let keys = [
+            "$status", "reason", "_k", "a-b", "yes", "null", "1a", "a b", "a:b", "k",
+        ];
+        let mut checked = 0;
+        for k in keys {
+            for v in values {
+                let yaml = format!("{k}: {v}\nother: word\n");
+                let parsed: Result<serde_json::Value, _> = serde_saphyr::from_str(&yaml);
+                if let Some(fast) = flat_frontmatter(&yaml) {
+                    checked += 1;
+                    assert_eq!(
+                        parsed.as_ref().ok(),
+                        Some(&serde_json::Value::Object(fast)),
+                        "{yaml:?}"
+                    );
+                }
+            }
+        }
+        assert!(checked > 50, "the fast path took only {checked} inputs");
+        assert!(flat_frontmatter("a: b\na: c\n").is_none(), "duplicate keys");
+        assert!(flat_frontmatter("a: b\r\n").is_none());
+        assert!(
+            flat_frontmatter("a: b\n  c\n").is_none(),
+            "continuation line"
+        );
     }
 
     #[test]
