@@ -9,6 +9,9 @@
 //! - [`node`]: blobs (`start`, `state`, `content`, `workflow`) and `collect_refs`.
 //! - [`store`]: the LMDB environment (through `heed`), blob put/get with
 //!   referential integrity, prefix resolution, statistics.
+//! - [`thread`]: thread records, chains, forks, history and listings.
+//! - [`workflow`] and [`engine`]: YAML workflows and the synchronous engine.
+//! - [`gc`]: garbage collection that is safe while writers run.
 //! - [`verify`]: re-hash every blob and check every ref and index entry.
 //!
 //! The on-disk format is described byte by byte in `docs/design.md`.
@@ -29,6 +32,7 @@
 
 pub mod codec;
 pub mod engine;
+pub mod gc;
 pub mod hash;
 pub mod node;
 pub mod store;

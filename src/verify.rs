@@ -201,41 +201,6 @@ pub fn verify(
     Ok(report)
 }
 
-/// Scans one database in key order, a batch per read transaction, calling
-/// `check` with the transaction (for lookups), the key and the value.
-fn scan(
-    store: &Store,
-    db: heed::Database<heed::types::Bytes, heed::types::Bytes>,
-    mut check: impl FnMut(&ReadTxn<'_>, &[u8], &[u8]) -> Result<(), StoreError>,
-) -> Result<u64, StoreError> {
-    let inner = store.inner();
-    let mut after: Option<Vec<u8>> = None;
-    let mut count = 0;
-    loop {
-        let last = store.read(|r| {
-            let range = match &after {
-                Some(k) => (Bound::Excluded(k.as_slice()), Bound::Unbounded),
-                None => (Bound::Unbounded, Bound::Unbounded),
-            };
-            let mut last = None;
-            let iter = db
-                .range(r.raw(), &range)
-                .map_err(|e| inner.error("scanning an index", e))?;
-            for entry in iter.take(BATCH) {
-                let (key, value) = entry.map_err(|e| inner.error("scanning an index", e))?;
-                count += 1;
-                check(r, key, value)?;
-                last = Some(key.to_vec());
-            }
-            Ok::<_, StoreError>(last)
-        })?;
-        match last {
-            Some(k) => after = Some(k),
-            None => return Ok(count),
-        }
-    }
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -304,7 +269,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         Ok(Some(record))
     };
 
-    n += scan(store, dbs.threads, |r, key, value| {
+    n += store.scan_db::<StoreError>(dbs.threads, |r, key, value| {
         let id = ThreadId::from_slice(key);
         if let Some(rec) = check_record(
             r,
@@ -324,7 +289,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += scan(store, dbs.history, |r, key, value| {
+    n += store.scan_db::<StoreError>(dbs.history, |r, key, value| {
         let (day, id) = match key.split_first_chunk::<4>() {
             Some((day, id)) => (u32::from_be_bytes(*day), ThreadId::from_slice(id)),
             None => (0, None),
@@ -363,7 +328,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += scan(store, dbs.history_ids, |r, key, value| {
+    n += store.scan_db::<StoreError>(dbs.history_ids, |r, key, value| {
         let id = ThreadId::from_slice(key);
         let day = <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes);
         let ok = match (id, day) {
@@ -383,7 +348,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += scan(store, dbs.activity, |r, key, value| {
+    n += store.scan_db::<StoreError>(dbs.activity, |r, key, value| {
         let parsed = key
             .split_first_chunk::<8>()
             .and_then(|(at, id)| Some((u64::from_be_bytes(*at), ThreadId::from_slice(id)?)));
@@ -406,7 +371,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += scan(store, dbs.children, |r, key, _| {
+    n += store.scan_db::<StoreError>(dbs.children, |r, key, _| {
         let pair = key
             .split_first_chunk::<16>()
             .and_then(|(p, c)| Some((ThreadId::from_slice(p)?, ThreadId::from_slice(c)?)));

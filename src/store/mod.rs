@@ -9,6 +9,7 @@ mod txn;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -29,6 +30,9 @@ pub const FORMAT_VERSION: u32 = 1;
 
 /// Key of the format version in the `meta` database.
 pub const FORMAT_VERSION_KEY: &str = "format_version";
+
+/// Key of a running garbage collection's epoch (u64 BE ms) in `meta`.
+pub const GC_EPOCH_KEY: &str = "gc_epoch";
 
 /// Virtual map reserved when no maximum is configured: 1 TiB. LMDB files grow
 /// only as pages are used, so this costs address space, not disk.
@@ -253,10 +257,12 @@ pub(crate) struct Databases {
     pub children: Database<Bytes, Bytes>,
     /// `workflows`: workflow name (UTF-8) → hash of its `workflow` blob.
     pub workflows: Database<Bytes, Bytes>,
+    /// `pins`: hash (32 bytes) → empty; GC roots.
+    pub pins: Database<Bytes, Bytes>,
 }
 
 /// Names of the byte-keyed databases after `meta`, in `Databases` order.
-const BYTE_DATABASES: [&str; 7] = [
+const BYTE_DATABASES: [&str; 8] = [
     "blobs",
     "threads",
     "history",
@@ -264,10 +270,11 @@ const BYTE_DATABASES: [&str; 7] = [
     "activity",
     "children",
     "workflows",
+    "pins",
 ];
 
 impl Databases {
-    fn from_parts(meta: Database<Str, Bytes>, dbs: [Database<Bytes, Bytes>; 7]) -> Self {
+    fn from_parts(meta: Database<Str, Bytes>, dbs: [Database<Bytes, Bytes>; 8]) -> Self {
         let [
             blobs,
             threads,
@@ -276,6 +283,7 @@ impl Databases {
             activity,
             children,
             workflows,
+            pins,
         ] = dbs;
         Databases {
             meta,
@@ -286,6 +294,7 @@ impl Databases {
             activity,
             children,
             workflows,
+            pins,
         }
     }
 }
@@ -577,6 +586,43 @@ impl Store {
     pub(crate) fn inner(&self) -> &StoreInner {
         &self.inner
     }
+
+    /// Scans one database in key order, 4,096 entries per read transaction
+    /// (so no snapshot is held long), calling `visit` with the transaction
+    /// (for lookups), the key and the value. Returns the entries visited.
+    pub(crate) fn scan_db<E: From<StoreError>>(
+        &self,
+        db: Database<Bytes, Bytes>,
+        mut visit: impl FnMut(&ReadTxn<'_>, &[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        const BATCH: usize = 4096;
+        let inner = &self.inner;
+        let mut after: Option<Vec<u8>> = None;
+        let mut count = 0;
+        loop {
+            let last = self.read(|r| {
+                let range = match &after {
+                    Some(k) => (Bound::Excluded(k.as_slice()), Bound::Unbounded),
+                    None => (Bound::Unbounded, Bound::Unbounded),
+                };
+                let mut last = None;
+                let iter = db
+                    .range(r.raw(), &range)
+                    .map_err(|e| inner.error("scanning an index", e))?;
+                for entry in iter.take(BATCH) {
+                    let (key, value) = entry.map_err(|e| inner.error("scanning an index", e))?;
+                    count += 1;
+                    visit(r, key, value)?;
+                    last = Some(key.to_vec());
+                }
+                Ok::<_, E>(last)
+            })?;
+            match last {
+                Some(k) => after = Some(k),
+                None => return Ok(count),
+            }
+        }
+    }
 }
 
 /// What `uwf-db stats` reports.
@@ -639,7 +685,7 @@ fn open_databases(
         );
     }
     let all: Option<Vec<_>> = found.into_iter().collect();
-    if let (Some(meta), Some(Ok(dbs))) = (meta, all.map(<[_; 7]>::try_from)) {
+    if let (Some(meta), Some(Ok(dbs))) = (meta, all.map(<[_; 8]>::try_from)) {
         let stored = meta
             .get(&rtxn, FORMAT_VERSION_KEY)
             .map_err(|e| fail("reading the format version", e))?
@@ -661,7 +707,7 @@ fn open_databases(
                 .map_err(|e| fail("creating a database", e))?,
         );
     }
-    let Ok(dbs) = <[_; 7]>::try_from(created) else {
+    let Ok(dbs) = <[_; 8]>::try_from(created) else {
         unreachable!("one database per name");
     };
     let dbs = Databases::from_parts(meta, dbs);

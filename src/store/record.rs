@@ -99,14 +99,24 @@ impl<'a> BlobRecord<'a> {
     }
 }
 
-/// Writes the record for `blob`, first put at `now_ms`, into `buf` (cleared first).
-pub fn write_record(buf: &mut Vec<u8>, blob: &EncodedBlob, now_ms: u64) {
+/// Offset of `touched_at` in a record.
+pub const TOUCHED_AT: std::ops::Range<usize> = 10..18;
+
+/// A stored record's `touched_at`, without parsing the rest (`None` when the
+/// value is too short to hold one).
+pub fn touched_at(value: &[u8]) -> Option<u64> {
+    value.get(TOUCHED_AT).map(be_u64)
+}
+
+/// Writes the record for `blob`, first put at `written_at`, into `buf`
+/// (cleared first).
+pub fn write_record(buf: &mut Vec<u8>, blob: &EncodedBlob, written_at: u64, touched_at: u64) {
     buf.clear();
     buf.reserve(HEADER_LEN + blob.refs().len() * HASH_LEN + blob.bytes().len());
     buf.push(RECORD_VERSION);
     buf.push(blob.kind().code());
-    buf.extend_from_slice(&now_ms.to_be_bytes());
-    buf.extend_from_slice(&now_ms.to_be_bytes());
+    buf.extend_from_slice(&written_at.to_be_bytes());
+    buf.extend_from_slice(&touched_at.to_be_bytes());
     // A blob cannot have 2^32 refs: its encoding would exceed LMDB's value limit.
     let n = u32::try_from(blob.refs().len()).unwrap_or(u32::MAX);
     buf.extend_from_slice(&n.to_be_bytes());
@@ -126,11 +136,13 @@ mod tests {
         let a = Hash::of(b"a");
         let enc = Blob::content("text", [a]).encode().unwrap();
         let mut buf = Vec::new();
-        write_record(&mut buf, &enc, 0x0102_0304_0506_0708);
+        write_record(&mut buf, &enc, 0x0102_0304_0506_0708, 0x0102_0304_0506_0709);
         let rec = BlobRecord::parse(&buf).unwrap();
         assert_eq!(rec.kind, Kind::Content);
         assert_eq!(rec.written_at, 0x0102_0304_0506_0708);
-        assert_eq!(rec.touched_at, rec.written_at);
+        assert_eq!(rec.touched_at, 0x0102_0304_0506_0709);
+        assert_eq!(touched_at(&buf), Some(rec.touched_at));
+        assert_eq!(touched_at(&buf[..17]), None);
         assert_eq!(rec.refs().collect::<Vec<_>>(), vec![a]);
         assert_eq!(rec.bytes, enc.bytes());
         assert_eq!(&buf[2..10], &[1, 2, 3, 4, 5, 6, 7, 8]);

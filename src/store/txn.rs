@@ -4,8 +4,10 @@ use std::ops::Bound;
 
 use heed::{MdbError, PutFlags, RoTxn, RwTxn, WithoutTls};
 
-use super::record::{BlobRecord, write_record};
-use super::{Databases, FORMAT_VERSION_KEY, StoreError, StoreInner, now_ms, parse_format};
+use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
+use super::{
+    Databases, FORMAT_VERSION_KEY, GC_EPOCH_KEY, StoreError, StoreInner, now_ms, parse_format,
+};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::{Blob, EncodedBlob, Kind};
 
@@ -187,12 +189,18 @@ impl<'s> ReadTxn<'s> {
     blob_reads!();
 }
 
+/// A re-put refreshes `touched_at` only when it is older than this (ms), so
+/// re-putting a hot blob (a repeated instruction) rarely writes.
+const REFRESH_AFTER_MS: u64 = 1000;
+
 /// A write transaction. Dropping it without [`WriteTxn::commit`] aborts it.
 pub struct WriteTxn<'s> {
     txn: RwTxn<'s>,
     store: &'s StoreInner,
     now_ms: u64,
     buf: Vec<u8>,
+    /// `meta["gc_epoch"]`, read on first need: `Some(None)` when no GC runs.
+    gc_epoch: Option<Option<u64>>,
 }
 
 impl<'s> WriteTxn<'s> {
@@ -206,7 +214,82 @@ impl<'s> WriteTxn<'s> {
             store,
             now_ms: now_ms(),
             buf: Vec::with_capacity(1024),
+            gc_epoch: None,
         })
+    }
+
+    /// The epoch of a garbage collection in progress (`docs/design.md` §7),
+    /// read once per transaction.
+    pub(crate) fn gc_epoch(&mut self) -> Result<Option<u64>, StoreError> {
+        if let Some(e) = self.gc_epoch {
+            return Ok(e);
+        }
+        let epoch = self
+            .store
+            .dbs
+            .meta
+            .get(&self.txn, GC_EPOCH_KEY)
+            .map_err(|e| self.store.error("reading the GC marker", e))?
+            .and_then(|v| <[u8; 8]>::try_from(v).ok())
+            .map(u64::from_be_bytes);
+        self.gc_epoch = Some(epoch);
+        Ok(epoch)
+    }
+
+    /// The `touched_at` this transaction writes: now, but never before a
+    /// running GC's epoch (so a clock that steps back cannot hide a write).
+    fn stamp(&mut self) -> Result<u64, StoreError> {
+        Ok(self.gc_epoch()?.map_or(self.now_ms, |e| e.max(self.now_ms)))
+    }
+
+    /// The write barrier for a root this transaction points at a blob (a
+    /// thread record's head, start or staged summary; a pin; a registered
+    /// workflow): while a GC runs, refresh the blob (§7). Free otherwise.
+    pub(crate) fn relink_root(&mut self, hash: &Hash) -> Result<(), StoreError> {
+        if self.gc_epoch()?.is_some() {
+            self.touch(hash, false)?;
+        }
+        Ok(())
+    }
+
+    /// Refreshes the `touched_at` of a stored blob that this transaction
+    /// links to (`reput: false`: only while a GC runs) or puts again
+    /// (`reput: true`: also when it is over a second old). Returns whether
+    /// the blob is stored. This is the GC's write barrier (§7).
+    pub(crate) fn touch(&mut self, hash: &Hash, reput: bool) -> Result<bool, StoreError> {
+        let epoch = self.gc_epoch()?;
+        if epoch.is_none() && !reput {
+            return self.contains(hash);
+        }
+        let stamp = self.stamp()?;
+        let Some(value) = self
+            .store
+            .dbs
+            .blobs
+            .get(&self.txn, hash.as_bytes())
+            .map_err(|e| self.store.error("reading a blob", e))?
+        else {
+            return Ok(false);
+        };
+        // A record too short to hold the field is corrupt: `verify` reports
+        // it; the barrier leaves it alone.
+        let Some(touched) = touched_at(value) else {
+            return Ok(true);
+        };
+        let stale_for_gc = epoch.is_some_and(|e| touched < e);
+        let stale = reput && touched.saturating_add(REFRESH_AFTER_MS) < self.now_ms;
+        if !(stale_for_gc || stale) || touched >= stamp {
+            return Ok(true);
+        }
+        self.buf.clear();
+        self.buf.extend_from_slice(value);
+        self.buf[TOUCHED_AT].copy_from_slice(&stamp.to_be_bytes());
+        self.store
+            .dbs
+            .blobs
+            .put(&mut self.txn, hash.as_bytes(), &self.buf)
+            .map_err(|e| self.store.error("refreshing a blob", e))?;
+        Ok(true)
     }
 
     pub(crate) fn raw(&self) -> &RoTxn<'s, WithoutTls> {
@@ -234,19 +317,20 @@ impl<'s> WriteTxn<'s> {
     }
 
     /// Stores an encoded blob. Returns `true` if it was new and `false` if it
-    /// was already stored (then nothing is written). Fails with
+    /// was already stored (then only its `touched_at` may be refreshed). Fails with
     /// [`StoreError::MissingRef`] if a blob it refers to is not stored (in
     /// the store or earlier in this transaction); nothing is written then.
     pub fn put_encoded(&mut self, blob: &EncodedBlob) -> Result<bool, StoreError> {
         for target in blob.refs_to_check() {
-            if !self.contains(target)? {
+            if !self.touch(target, false)? {
                 return Err(StoreError::MissingRef {
                     blob: blob.hash(),
                     missing: *target,
                 });
             }
         }
-        write_record(&mut self.buf, blob, self.now_ms);
+        let stamp = self.stamp()?;
+        write_record(&mut self.buf, blob, self.now_ms, stamp);
         let put = self.store.dbs.blobs.put_with_flags(
             &mut self.txn,
             PutFlags::NO_OVERWRITE,
@@ -255,8 +339,12 @@ impl<'s> WriteTxn<'s> {
         );
         match put {
             Ok(()) => Ok(true),
-            // Content addressing: same key, same bytes. Nothing to do.
-            Err(heed::Error::Mdb(MdbError::KeyExist)) => Ok(false),
+            // Content addressing: same key, same bytes. Only the record's
+            // `touched_at` may need refreshing.
+            Err(heed::Error::Mdb(MdbError::KeyExist)) => {
+                self.touch(&blob.hash(), true)?;
+                Ok(false)
+            }
             Err(e) => Err(self.store.error("writing a blob", e)),
         }
     }

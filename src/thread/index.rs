@@ -136,6 +136,12 @@ pub(crate) fn put(
     old: Option<(&ThreadRecord, Location)>,
     new: &ThreadRecord,
 ) -> Result<Location, ThreadError> {
+    for root in [Some(new.head), Some(new.start), new.staged_compact]
+        .into_iter()
+        .flatten()
+    {
+        w.relink_root(&root)?;
+    }
     let bytes = new.encode()?;
     let (txn, dbs, inner) = w.parts();
     let err = |e| ThreadError::Store(inner.error("writing a thread record", e));

@@ -1,0 +1,657 @@
+//! Garbage collection (`docs/design.md` §7): roots from the thread indexes,
+//! the workflow registry and pins; a parallel scan of blob headers; a
+//! parallel mark; and a sweep in short write transactions, ordered so that it
+//! is safe while writers run (the write barrier is in `store/txn.rs`).
+
+use std::fs::{File, TryLockError};
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::hash::{HASH_LEN, Hash};
+use crate::store::record::touched_at;
+use crate::store::{BlobRecord, GC_EPOCH_KEY, Store, StoreError, now_ms};
+use crate::thread::ThreadRecord;
+
+/// Grace period used when none is given: longer than the default agent
+/// timeout, so an artifact stored for a step survives until the step commits.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
+
+/// Blobs deleted per sweep transaction.
+const SWEEP_BATCH: usize = 1024;
+
+/// Key ranges scanned in parallel (one per first byte of the hash).
+const SCAN_RANGES: u16 = 256;
+
+/// Why a collection could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GcError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another collection holds the store's GC lock.
+    #[error("another garbage collection is running on this store (it holds {lock})")]
+    Busy {
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// The lock file could not be opened or locked.
+    #[error("cannot lock {lock}: {source}")]
+    Lock {
+        /// The lock file.
+        lock: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A record the collector must understand is damaged: collecting could
+    /// delete what it refers to.
+    #[error("{what} is corrupt ({detail}); run `uwf-db verify` before collecting garbage")]
+    Corrupt {
+        /// Which record.
+        what: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The worker pool could not start.
+    #[error("cannot start {threads} GC worker threads: {detail}")]
+    Pool {
+        /// Threads asked for.
+        threads: usize,
+        /// The cause.
+        detail: String,
+    },
+}
+
+/// How to collect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Blobs touched this recently are kept with everything they reach.
+    pub grace: Duration,
+    /// Report what would be deleted; delete nothing.
+    pub dry_run: bool,
+    /// Worker threads for the scan and mark (`None`: rayon's global pool).
+    pub threads: Option<usize>,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            grace: DEFAULT_GRACE,
+            dry_run: false,
+            threads: None,
+        }
+    }
+}
+
+/// Where a collection is, for progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GcProgress {
+    /// Roots read.
+    Roots {
+        /// Distinct root hashes.
+        roots: u64,
+    },
+    /// Blob headers read.
+    Scanned {
+        /// Blobs seen.
+        blobs: u64,
+    },
+    /// Marking done; the sweep comes next.
+    Marked {
+        /// Reachable or young blobs.
+        marked: u64,
+        /// Blobs the sweep will consider.
+        candidates: u64,
+    },
+    /// A sweep transaction committed.
+    Swept {
+        /// Candidates processed so far.
+        done: u64,
+        /// All candidates.
+        total: u64,
+    },
+}
+
+/// What a collection did (SPEC §7: roots, marked, swept, bytes freed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// Nothing was deleted.
+    pub dry_run: bool,
+    /// The grace period, in ms.
+    pub grace_ms: u64,
+    /// The collection's start (ms since the epoch).
+    pub epoch_ms: u64,
+    /// Distinct root hashes.
+    pub roots: u64,
+    /// Blobs scanned.
+    pub blobs: u64,
+    /// Blobs kept because they were touched within the grace period.
+    pub young: u64,
+    /// Blobs reachable from roots or young blobs.
+    pub marked: u64,
+    /// Blobs deleted (or, in a dry run, that would be).
+    pub swept: u64,
+    /// Unreachable blobs kept because a writer re-linked them during the
+    /// collection, with what they reach.
+    pub rescued: u64,
+    /// Bytes of keys and values deleted (LMDB reuses the pages).
+    pub bytes_freed: u64,
+    /// Wall time of the collection, in ms.
+    pub elapsed_ms: u64,
+}
+
+/// The scanned blob graph: sorted hashes and their refs, sizes and times.
+struct Graph {
+    hashes: Vec<Hash>,
+    touched: Vec<u64>,
+    sizes: Vec<u32>,
+    /// `refs[ref_ends[i - 1]..ref_ends[i]]` are blob `i`'s refs.
+    ref_ends: Vec<usize>,
+    refs: Vec<Hash>,
+    /// `hashes[buckets[b]..buckets[b + 1]]` start with the two bytes `b`.
+    buckets: Vec<u32>,
+}
+
+/// One key range's share of the scan.
+#[derive(Default)]
+struct Chunk {
+    hashes: Vec<Hash>,
+    touched: Vec<u64>,
+    sizes: Vec<u32>,
+    ref_counts: Vec<u32>,
+    refs: Vec<Hash>,
+}
+
+impl Graph {
+    fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    fn refs_of(&self, i: usize) -> &[Hash] {
+        let start = if i == 0 { 0 } else { self.ref_ends[i - 1] };
+        &self.refs[start..self.ref_ends[i]]
+    }
+
+    fn index(&self, h: &Hash) -> Option<usize> {
+        let b = usize::from(u16::from_be_bytes([h.as_bytes()[0], h.as_bytes()[1]]));
+        let (lo, hi) = (self.buckets[b] as usize, self.buckets[b + 1] as usize);
+        self.hashes[lo..hi].binary_search(h).ok().map(|i| lo + i)
+    }
+
+    fn from_chunks(chunks: Vec<Chunk>) -> Graph {
+        let n: usize = chunks.iter().map(|c| c.hashes.len()).sum();
+        let nrefs: usize = chunks.iter().map(|c| c.refs.len()).sum();
+        let mut g = Graph {
+            hashes: Vec::with_capacity(n),
+            touched: Vec::with_capacity(n),
+            sizes: Vec::with_capacity(n),
+            ref_ends: Vec::with_capacity(n),
+            refs: Vec::with_capacity(nrefs),
+            buckets: vec![0; 65_537],
+        };
+        for c in chunks {
+            g.hashes.extend_from_slice(&c.hashes);
+            g.touched.extend_from_slice(&c.touched);
+            g.sizes.extend_from_slice(&c.sizes);
+            let mut end = g.refs.len();
+            for n in &c.ref_counts {
+                end += *n as usize;
+                g.ref_ends.push(end);
+            }
+            g.refs.extend_from_slice(&c.refs);
+        }
+        // Bucket starts: counts per two-byte prefix, then prefix sums.
+        for h in &g.hashes {
+            let b = usize::from(u16::from_be_bytes([h.as_bytes()[0], h.as_bytes()[1]]));
+            g.buckets[b + 1] += 1;
+        }
+        for b in 1..g.buckets.len() {
+            g.buckets[b] += g.buckets[b - 1];
+        }
+        g
+    }
+}
+
+/// A bitmap that threads set bits in.
+struct Marks(Vec<AtomicU64>);
+
+impl Marks {
+    fn new(n: usize) -> Marks {
+        Marks((0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+    /// Sets bit `i`; true if this call set it.
+    fn set(&self, i: usize) -> bool {
+        let bit = 1u64 << (i % 64);
+        self.0[i / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0
+    }
+    fn get(&self, i: usize) -> bool {
+        self.0[i / 64].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0
+    }
+}
+
+/// Holds the GC lock and the `gc_epoch` marker; clears the marker on drop.
+struct Running<'a> {
+    store: &'a Store,
+    epoch: u64,
+    _lock: File,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        // Best effort: a marker left behind only makes writers refresh
+        // `touched_at` until the next collection replaces it.
+        let _ = self.store.write(|w| {
+            let (txn, dbs, inner) = w.parts();
+            let ours = dbs
+                .meta
+                .get(txn, GC_EPOCH_KEY)
+                .map_err(|e| inner.error("reading the GC marker", e))?
+                == Some(&self.epoch.to_be_bytes()[..]);
+            if ours {
+                dbs.meta
+                    .delete(txn, GC_EPOCH_KEY)
+                    .map_err(|e| inner.error("clearing the GC marker", e))?;
+            }
+            Ok::<_, StoreError>(())
+        });
+    }
+}
+
+impl Store {
+    /// Collects garbage: deletes every blob that no root reaches and that
+    /// was not touched within the grace period. Safe while other threads and
+    /// processes write (`docs/design.md` §7 states the invariant and why it
+    /// holds). `progress` is called between phases and after each sweep
+    /// transaction, outside any transaction.
+    pub fn collect_garbage(
+        &self,
+        options: &GcOptions,
+        progress: &(dyn Fn(GcProgress) + Sync),
+    ) -> Result<GcReport, GcError> {
+        match options.threads {
+            None => self.collect(options, progress),
+            Some(threads) => rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| GcError::Pool {
+                    threads,
+                    detail: e.to_string(),
+                })?
+                .install(|| self.collect(options, progress)),
+        }
+    }
+
+    fn collect(
+        &self,
+        options: &GcOptions,
+        progress: &(dyn Fn(GcProgress) + Sync),
+    ) -> Result<GcReport, GcError> {
+        let started = Instant::now();
+        let running = if options.dry_run {
+            None
+        } else {
+            Some(self.start_gc()?)
+        };
+        let epoch = running.as_ref().map_or_else(now_ms, |r| r.epoch);
+        let grace_ms = u64::try_from(options.grace.as_millis()).unwrap_or(u64::MAX);
+        let keep_after = epoch.saturating_sub(grace_ms);
+
+        let roots = self.gc_roots()?;
+        progress(GcProgress::Roots {
+            roots: roots.len() as u64,
+        });
+        let graph = self.scan_blobs()?;
+        progress(GcProgress::Scanned {
+            blobs: graph.len() as u64,
+        });
+
+        let marks = Marks::new(graph.len());
+        let young: Vec<usize> = (0..graph.len())
+            .into_par_iter()
+            .filter(|&i| graph.touched[i] >= keep_after)
+            .collect();
+        let mut frontier: Vec<usize> = roots
+            .iter()
+            .filter_map(|h| graph.index(h))
+            .chain(young.iter().copied())
+            .filter(|&i| marks.set(i))
+            .collect();
+        while !frontier.is_empty() {
+            frontier = frontier
+                .par_iter()
+                .flat_map_iter(|&i| {
+                    graph
+                        .refs_of(i)
+                        .iter()
+                        .filter_map(|h| graph.index(h))
+                        .filter(|&j| marks.set(j))
+                })
+                .collect();
+        }
+        let candidates: Vec<usize> = (0..graph.len())
+            .into_par_iter()
+            .filter(|&i| !marks.get(i))
+            .collect();
+        let marked = (graph.len() - candidates.len()) as u64;
+        progress(GcProgress::Marked {
+            marked,
+            candidates: candidates.len() as u64,
+        });
+
+        let mut report = GcReport {
+            dry_run: options.dry_run,
+            grace_ms,
+            epoch_ms: epoch,
+            roots: roots.len() as u64,
+            blobs: graph.len() as u64,
+            young: young.len() as u64,
+            marked,
+            swept: 0,
+            rescued: 0,
+            bytes_freed: 0,
+            elapsed_ms: 0,
+        };
+        if options.dry_run {
+            report.swept = candidates.len() as u64;
+            report.bytes_freed = candidates
+                .iter()
+                .map(|&i| HASH_LEN as u64 + u64::from(graph.sizes[i]))
+                .sum();
+        } else if !candidates.is_empty() {
+            self.sweep(&graph, &candidates, keep_after, &mut report, progress)?;
+        }
+        drop(running);
+        report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Ok(report)
+    }
+
+    /// Takes the GC lock and commits the `gc_epoch` marker.
+    fn start_gc(&self) -> Result<Running<'_>, GcError> {
+        let lock = self.path().join("gc.lock");
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(|source| GcError::Lock {
+                lock: lock.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(GcError::Busy { lock }),
+            Err(TryLockError::Error(source)) => return Err(GcError::Lock { lock, source }),
+        }
+        let epoch = self.write(|w| {
+            // Never behind a marker a dead collection left: writers may
+            // have stamped blobs with it.
+            let epoch = w.gc_epoch()?.map_or(w.now_ms(), |e| e.max(w.now_ms()));
+            let (txn, dbs, inner) = w.parts();
+            dbs.meta
+                .put(txn, GC_EPOCH_KEY, &epoch.to_be_bytes())
+                .map_err(|e| inner.error("writing the GC marker", e))?;
+            Ok::<_, StoreError>(epoch)
+        })?;
+        Ok(Running {
+            store: self,
+            epoch,
+            _lock: file,
+        })
+    }
+
+    /// Every root hash, deduplicated and sorted.
+    fn gc_roots(&self) -> Result<Vec<Hash>, GcError> {
+        let dbs = self.inner().dbs;
+        let mut roots = Vec::new();
+        for db in [dbs.threads, dbs.history] {
+            self.scan_db::<GcError>(db, |_, key, value| {
+                let r = ThreadRecord::decode(value).map_err(|e| GcError::Corrupt {
+                    what: format!("the thread record under key {}", hex(key)),
+                    detail: e.to_string(),
+                })?;
+                roots.extend([r.head, r.start]);
+                roots.extend(r.staged_compact);
+                Ok(())
+            })?;
+        }
+        for (db, what) in [(dbs.workflows, "workflow"), (dbs.pins, "pin")] {
+            self.scan_db::<GcError>(db, |_, key, value| {
+                let bytes = if what == "pin" { key } else { value };
+                let h = Hash::from_slice(bytes).ok_or_else(|| GcError::Corrupt {
+                    what: format!("the {what} entry {}", hex(key)),
+                    detail: format!("{} bytes, not a hash", bytes.len()),
+                })?;
+                roots.push(h);
+                Ok(())
+            })?;
+        }
+        roots.sort_unstable();
+        roots.dedup();
+        Ok(roots)
+    }
+
+    /// Reads every blob header, one key range per task, each in its own
+    /// short read transaction.
+    fn scan_blobs(&self) -> Result<Graph, GcError> {
+        let chunks: Vec<Chunk> = (0..SCAN_RANGES)
+            .into_par_iter()
+            .map(|first| self.scan_range(first))
+            .collect::<Result<_, _>>()?;
+        Ok(Graph::from_chunks(chunks))
+    }
+
+    fn scan_range(&self, first: u16) -> Result<Chunk, GcError> {
+        let inner = self.inner();
+        let lower = [first as u8];
+        let upper = [first as u8 + u8::from(first < 255)];
+        let range = (
+            Bound::Included(&lower[..]),
+            if first < 255 {
+                Bound::Excluded(&upper[..])
+            } else {
+                Bound::Unbounded
+            },
+        );
+        self.read(|r| {
+            let err = |e| inner.error("scanning blobs", e);
+            let mut c = Chunk::default();
+            for entry in inner.dbs.blobs.range(r.raw(), &range).map_err(err)? {
+                let (key, value) = entry.map_err(err)?;
+                let corrupt = |detail: String| GcError::Corrupt {
+                    what: format!("the blob record under key {}", hex(key)),
+                    detail,
+                };
+                let hash = Hash::from_slice(key).ok_or_else(|| corrupt("bad key".into()))?;
+                let rec = BlobRecord::parse(value).map_err(|e| corrupt(e.to_string()))?;
+                c.hashes.push(hash);
+                c.touched.push(rec.touched_at);
+                c.sizes.push(u32::try_from(value.len()).unwrap_or(u32::MAX));
+                c.ref_counts
+                    .push(u32::try_from(rec.ref_count()).unwrap_or(u32::MAX));
+                c.refs.extend(rec.refs());
+            }
+            Ok(c)
+        })
+    }
+
+    /// Deletes the candidates, every candidate before those it refers to,
+    /// re-reading each in the deleting transaction and rescuing those a
+    /// writer touched since the scan (with every candidate they reach).
+    fn sweep(
+        &self,
+        graph: &Graph,
+        candidates: &[usize],
+        keep_after: u64,
+        report: &mut GcReport,
+        progress: &(dyn Fn(GcProgress) + Sync),
+    ) -> Result<(), GcError> {
+        let order = referrers_first(graph, candidates);
+        let is_candidate = {
+            let m = Marks::new(graph.len());
+            for &c in candidates {
+                m.set(c);
+            }
+            m
+        };
+        let rescued = Marks::new(graph.len());
+        let total = order.len() as u64;
+        let mut done = 0u64;
+        for batch in order.chunks(SWEEP_BATCH) {
+            let (swept, freed, saved) = self.write(|w| {
+                let (txn, dbs, inner) = w.parts();
+                let (mut swept, mut freed, mut saved) = (0u64, 0u64, 0u64);
+                for &i in batch {
+                    if rescued.get(i) {
+                        continue;
+                    }
+                    let key = graph.hashes[i];
+                    let value = dbs
+                        .blobs
+                        .get(txn, key.as_bytes())
+                        .map_err(|e| inner.error("sweeping", e))?;
+                    let Some(value) = value else { continue };
+                    let (len, touched) = (value.len(), touched_at(value).unwrap_or(u64::MAX));
+                    if touched >= keep_after {
+                        saved += rescue(graph, &is_candidate, &rescued, i);
+                        continue;
+                    }
+                    dbs.blobs
+                        .delete(txn, key.as_bytes())
+                        .map_err(|e| inner.error("sweeping", e))?;
+                    swept += 1;
+                    freed += (HASH_LEN + len) as u64;
+                }
+                Ok::<_, StoreError>((swept, freed, saved))
+            })?;
+            report.swept += swept;
+            report.bytes_freed += freed;
+            report.rescued += saved;
+            done += batch.len() as u64;
+            progress(GcProgress::Swept { done, total });
+        }
+        Ok(())
+    }
+
+    /// Pins a stored blob: it and everything it reaches become GC roots.
+    /// Returns whether it was newly pinned.
+    pub fn pin(&self, hash: &Hash) -> Result<bool, StoreError> {
+        self.write(|w| {
+            if !w.touch(hash, true)? {
+                return Err(StoreError::UnknownHash {
+                    prefix: hash.to_string(),
+                });
+            }
+            let (txn, dbs, inner) = w.parts();
+            let err = |e| inner.error("pinning", e);
+            let new = dbs.pins.get(txn, hash.as_bytes()).map_err(err)?.is_none();
+            dbs.pins.put(txn, hash.as_bytes(), &[]).map_err(err)?;
+            Ok(new)
+        })
+    }
+
+    /// Unpins a blob; returns whether it was pinned. The next collection may
+    /// delete it if nothing else reaches it.
+    pub fn unpin(&self, hash: &Hash) -> Result<bool, StoreError> {
+        self.write(|w| {
+            let (txn, dbs, inner) = w.parts();
+            dbs.pins
+                .delete(txn, hash.as_bytes())
+                .map_err(|e| inner.error("unpinning", e))
+        })
+    }
+
+    /// The pinned hashes, in order.
+    pub fn pins(&self) -> Result<Vec<Hash>, StoreError> {
+        let mut out = Vec::new();
+        self.scan_db::<StoreError>(self.inner().dbs.pins, |_, key, _| {
+            out.extend(Hash::from_slice(key));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The epoch of a collection in progress (or left by one that died).
+    pub fn gc_running_since(&self) -> Result<Option<u64>, StoreError> {
+        self.read(|r| {
+            let inner = self.inner();
+            Ok(inner
+                .dbs
+                .meta
+                .get(r.raw(), GC_EPOCH_KEY)
+                .map_err(|e| inner.error("reading the GC marker", e))?
+                .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                .map(u64::from_be_bytes))
+        })
+    }
+}
+
+/// Marks `from` and every candidate it reaches as rescued; returns how many
+/// were newly rescued.
+fn rescue(graph: &Graph, is_candidate: &Marks, rescued: &Marks, from: usize) -> u64 {
+    let mut n = 0;
+    let mut stack = vec![from];
+    while let Some(i) = stack.pop() {
+        if !rescued.set(i) {
+            continue;
+        }
+        n += 1;
+        for h in graph.refs_of(i) {
+            if let Some(j) = graph.index(h)
+                && is_candidate.get(j)
+                && !rescued.get(j)
+            {
+                stack.push(j);
+            }
+        }
+    }
+    n
+}
+
+/// The candidates ordered so that each comes before every candidate it
+/// refers to (Kahn's algorithm on the candidate subgraph, a DAG).
+fn referrers_first(graph: &Graph, candidates: &[usize]) -> Vec<usize> {
+    let mut slot = vec![u32::MAX; graph.len()];
+    for (k, &i) in candidates.iter().enumerate() {
+        slot[i] = k as u32;
+    }
+    let targets = |i: usize| {
+        graph
+            .refs_of(i)
+            .iter()
+            .filter_map(|h| graph.index(h))
+            .filter(|&j| slot[j] != u32::MAX)
+    };
+    let mut referrers = vec![0u32; candidates.len()];
+    for &i in candidates {
+        for j in targets(i) {
+            referrers[slot[j] as usize] += 1;
+        }
+    }
+    let mut ready: Vec<usize> = candidates
+        .iter()
+        .copied()
+        .filter(|&i| referrers[slot[i] as usize] == 0)
+        .collect();
+    let mut order = Vec::with_capacity(candidates.len());
+    while let Some(i) = ready.pop() {
+        order.push(i);
+        for j in targets(i) {
+            let k = slot[j] as usize;
+            referrers[k] -= 1;
+            if referrers[k] == 0 {
+                ready.push(j);
+            }
+        }
+    }
+    order
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
