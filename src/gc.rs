@@ -575,20 +575,6 @@ impl Store {
         })?;
         Ok(out)
     }
-
-    /// The epoch of a collection in progress (or left by one that died).
-    pub fn gc_running_since(&self) -> Result<Option<u64>, StoreError> {
-        self.read(|r| {
-            let inner = self.inner();
-            Ok(inner
-                .dbs
-                .meta
-                .get(r.raw(), GC_EPOCH_KEY)
-                .map_err(|e| inner.error("reading the GC marker", e))?
-                .and_then(|v| <[u8; 8]>::try_from(v).ok())
-                .map(u64::from_be_bytes))
-        })
-    }
 }
 
 /// Marks `from` and every candidate it reaches as rescued; returns how many

@@ -100,10 +100,7 @@ fn nothing_reachable_is_collected() {
     assert_eq!(report.swept, 0, "{report:?}");
     assert_eq!(report.marked, before);
     assert_eq!(blob_count(&store), before);
-    assert!(
-        store.gc_running_since().unwrap().is_none(),
-        "marker cleared"
-    );
+    assert!(store.stats().unwrap().gc_epoch.is_none(), "marker cleared");
     assert_verified(&store);
 }
 
@@ -229,7 +226,7 @@ fn blobs_relinked_between_mark_and_sweep_are_rescued() {
     let report = gc_with(&store, 0, &|p| {
         if let GcProgress::Marked { candidates, .. } = p {
             assert_eq!(candidates, 4, "deep, mid, same, garbage");
-            assert!(store.gc_running_since().unwrap().is_some());
+            assert!(store.stats().unwrap().gc_epoch.is_some());
             // A new blob links `mid` (which reaches `deep`)...
             store.put(&Blob::content("top", [mid])).unwrap();
             // ...and a step's reply is the same bytes as `same`.

@@ -550,14 +550,25 @@ impl Store {
     /// Counts, sizes and map usage.
     pub fn stats(&self) -> Result<Stats, StoreError> {
         let inner = &self.inner;
-        let (blobs, counts, format_version) = self.read(|r| {
+        let (blobs, counts, format_version, gc_epoch) = self.read(|r| {
             let err = |e| inner.error("reading statistics", e);
             let stat = inner.dbs.blobs.stat(r.raw()).map_err(err)?;
             let dbs = &inner.dbs;
-            let counts =
-                [dbs.threads, dbs.history, dbs.workflows].map(|db| db.len(r.raw()).map_err(err));
-            let [active, ended, workflows] = counts;
-            Ok::<_, StoreError>((stat, [active?, ended?, workflows?], r.format_version()?))
+            let counts = [dbs.threads, dbs.history, dbs.workflows, dbs.pins]
+                .map(|db| db.len(r.raw()).map_err(err));
+            let [active, ended, workflows, pins] = counts;
+            let gc = dbs
+                .meta
+                .get(r.raw(), GC_EPOCH_KEY)
+                .map_err(err)?
+                .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                .map(u64::from_be_bytes);
+            Ok::<_, StoreError>((
+                stat,
+                [active?, ended?, workflows?, pins?],
+                r.format_version()?,
+                gc,
+            ))
         })?;
         let info = inner.env.info();
         let page = u64::from(blobs.page_size);
@@ -571,6 +582,8 @@ impl Store {
             active_threads: counts[0],
             ended_threads: counts[1],
             workflows: counts[2],
+            pins: counts[3],
+            gc_epoch,
             blob_bytes: (blobs.branch_pages + blobs.leaf_pages + blobs.overflow_pages) as u64
                 * page,
             map_size: info.map_size as u64,
@@ -636,6 +649,11 @@ pub struct Stats {
     pub blob_count: u64,
     /// Threads in the active index.
     pub active_threads: u64,
+    /// Pinned blobs (GC roots).
+    pub pins: u64,
+    /// The start (ms since the epoch) of a garbage collection in progress,
+    /// or left behind by one that died.
+    pub gc_epoch: Option<u64>,
     /// Threads in history.
     pub ended_threads: u64,
     /// Registered workflow names.

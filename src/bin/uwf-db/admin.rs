@@ -1,5 +1,6 @@
-//! `init`, `verify`, `stats`.
+//! `init`, `gc`, `verify`, `stats`.
 
+use uwf_db::gc::{GcOptions, GcProgress};
 use uwf_db::store::FORMAT_VERSION;
 use uwf_db::verify::verify as verify_store;
 
@@ -27,6 +28,59 @@ pub fn init(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             store.path().display()
         ))?;
     }
+    Ok(())
+}
+
+pub fn gc(
+    cli: &Cli,
+    dry_run: bool,
+    grace: std::time::Duration,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let bar = output::progress_bar(
+        0,
+        if dry_run {
+            "sweep (dry run)"
+        } else {
+            "sweeping"
+        },
+    );
+    let options = GcOptions {
+        grace,
+        dry_run,
+        threads: None,
+    };
+    let report = store.collect_garbage(&options, &|p| match p {
+        GcProgress::Marked { candidates, .. } => bar.set_length(candidates),
+        GcProgress::Swept { done, .. } => bar.set_position(done),
+        _ => {}
+    })?;
+    bar.finish_and_clear();
+    if out.json {
+        return Ok(out.json_value(&report)?);
+    }
+    let verb = if dry_run { "would free" } else { "freed" };
+    out.table(&[
+        ("roots", report.roots.to_string()),
+        ("blobs", report.blobs.to_string()),
+        (
+            "marked",
+            format!(
+                "{} (reachable from the roots or from the {} blobs within the {} grace period)",
+                report.marked,
+                report.young,
+                output::human_duration(report.grace_ms)
+            ),
+        ),
+        ("rescued", report.rescued.to_string()),
+        (
+            if dry_run { "would sweep" } else { "swept" },
+            report.swept.to_string(),
+        ),
+        (verb, output::human_size(report.bytes_freed)),
+        ("took", format!("{} ms", report.elapsed_ms)),
+    ])?;
     Ok(())
 }
 
@@ -101,6 +155,7 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             format!("{} active, {} ended", s.active_threads, s.ended_threads),
         ),
         ("workflows", s.workflows.to_string()),
+        ("pins", s.pins.to_string()),
         ("blob pages", output::human_size(s.blob_bytes)),
         ("file size", output::human_size(s.file_size)),
         (
@@ -123,5 +178,11 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ),
         ("durability", durability),
     ])?;
+    if let Some(epoch) = s.gc_epoch {
+        out.line(format_args!(
+            "a garbage collection started at {} is running (or died; the next `uwf-db gc` clears it)",
+            output::timestamp(epoch)
+        ))?;
+    }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `cas put|get|has|refs|walk`: add and inspect blobs.
+//! `cas put|get|has|refs|walk|pin|unpin|pins`: add, inspect and pin blobs.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -45,6 +45,20 @@ pub enum CasCommand {
         #[arg(value_parser = parse_prefix)]
         hash: HashPrefix,
     },
+    /// Keep a blob, and everything it reaches, through garbage collection
+    Pin {
+        /// Hash or unique prefix
+        #[arg(value_parser = parse_prefix)]
+        hash: HashPrefix,
+    },
+    /// Let garbage collection delete a pinned blob again if nothing reaches it
+    Unpin {
+        /// Hash or unique prefix
+        #[arg(value_parser = parse_prefix)]
+        hash: HashPrefix,
+    },
+    /// List pinned blobs
+    Pins,
 }
 
 pub fn run(cli: &Cli, cmd: &CasCommand, out: &mut Output) -> Result<(), CliError> {
@@ -54,7 +68,42 @@ pub fn run(cli: &Cli, cmd: &CasCommand, out: &mut Output) -> Result<(), CliError
         CasCommand::Has { hash } => has(cli, hash, out),
         CasCommand::Refs { hash } => refs(cli, hash, out),
         CasCommand::Walk { hash } => walk(cli, hash, out),
+        CasCommand::Pin { hash } => pin(cli, hash, true, out),
+        CasCommand::Unpin { hash } => pin(cli, hash, false, out),
+        CasCommand::Pins => pins(cli, out),
     }
+}
+
+fn pin(cli: &Cli, prefix: &HashPrefix, on: bool, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let hash = store.resolve(prefix)?;
+    let changed = if on {
+        store.pin(&hash)?
+    } else {
+        store.unpin(&hash)?
+    };
+    if out.json {
+        return Ok(out.json_value(&json!({ "hash": hash, "pinned": on, "changed": changed }))?);
+    }
+    let what = match (on, changed) {
+        (true, true) => "pinned",
+        (true, false) => "already pinned",
+        (false, true) => "unpinned",
+        (false, false) => "was not pinned",
+    };
+    Ok(out.line(format_args!("{hash}: {what}"))?)
+}
+
+fn pins(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let pins = store.pins()?;
+    if out.json {
+        return Ok(out.json_value(&pins)?);
+    }
+    for h in pins {
+        out.line(h)?;
+    }
+    Ok(())
 }
 
 fn put(cli: &Cli, file: &PathBuf, out: &mut Output) -> Result<(), CliError> {

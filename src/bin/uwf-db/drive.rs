@@ -27,7 +27,7 @@ pub struct AgentArgs {
     pub reasks: usize,
 }
 
-/// `90s`, `10m`, `1h`, or plain seconds.
+/// `90s`, `10m`, `1h`, `7d`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let split = t
@@ -42,9 +42,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86_400.0,
         _ => {
             return Err(format!(
-                "unknown duration unit in '{s}' (use ms, s, m or h)"
+                "unknown duration unit in '{s}' (use ms, s, m, h or d)"
             ));
         }
     };

@@ -75,6 +75,15 @@ enum Command {
     /// Start, inspect, fork and unlink threads
     #[command(subcommand)]
     Thread(thread::ThreadCommand),
+    /// Delete blobs no thread, workflow or pin reaches (safe while writers run)
+    Gc {
+        /// Report what would be deleted; delete nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep blobs stored or re-put this recently, with what they reach (e.g. 0, 90s, 30m, 1h, 7d)
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = drive::parse_duration)]
+        grace: std::time::Duration,
+    },
     /// Re-hash every blob and check every ref and index entry; exit 1 on any problem
     Verify,
     /// Counts, sizes, map usage, readers, durability
@@ -92,6 +101,8 @@ enum CliError {
     Workflow(#[from] uwf_db::workflow::WorkflowError),
     #[error(transparent)]
     Engine(#[from] uwf_db::engine::EngineError),
+    #[error(transparent)]
+    Gc(#[from] uwf_db::gc::GcError),
     #[error("{0}")]
     Failed(String),
     /// The command already reported what it found; exit 1 quietly.
@@ -154,6 +165,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             agent,
             max_rounds,
         } => drive::run(cli, workflow, prompt, agent, *max_rounds, out),
+        Command::Gc { dry_run, grace } => admin::gc(cli, *dry_run, *grace, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
     }

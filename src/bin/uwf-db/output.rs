@@ -107,6 +107,20 @@ pub fn human_size(bytes: u64) -> String {
     }
 }
 
+/// `0`, `90s`, `30m`, `1h 30m`, `7d`: a duration in ms, for people.
+pub fn human_duration(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0 if ms == 0 => "0".to_owned(),
+        0 => format!("{ms}ms"),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s >= 3_600 => format!("{}h {}m", s / 3_600, s % 3_600 / 60),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 /// Milliseconds since the epoch as UTC date and time, to the second.
 pub fn timestamp(ms: u64) -> String {
     i64::try_from(ms)

@@ -327,7 +327,7 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
                 out.json_value(&json!({ "thread": id, "removed": true, "head": removed.head }))?;
             } else {
                 out.line(format_args!(
-                    "removed thread {id} (its blobs stay in the store until garbage collection, which is not built yet)"
+                    "removed thread {id} (its blobs stay until `uwf-db gc` frees them)"
                 ))?;
             }
             Ok(())
