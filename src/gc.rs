@@ -3,6 +3,7 @@
 //! parallel mark; and a sweep in short write transactions, ordered so that it
 //! is safe while writers run (the write barrier is in `store/txn.rs`).
 
+use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::ops::Bound;
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::hash::{HASH_LEN, Hash};
+use crate::node::{Kind, state_ancestors_raw};
 use crate::store::record::touched_at;
 use crate::store::{BlobRecord, GC_EPOCH_KEY, Store, StoreError, now_ms};
 use crate::thread::ThreadRecord;
@@ -146,92 +148,183 @@ pub struct GcReport {
     pub elapsed_ms: u64,
 }
 
-/// The scanned blob graph: sorted hashes and their refs, sizes and times.
-struct Graph {
-    hashes: Vec<Hash>,
-    touched: Vec<u64>,
-    sizes: Vec<u32>,
-    /// `refs[ref_ends[i - 1]..ref_ends[i]]` are blob `i`'s refs.
-    ref_ends: Vec<usize>,
-    refs: Vec<Hash>,
-    /// `hashes[buckets[b]..buckets[b + 1]]` start with the two bytes `b`.
-    buckets: Vec<u32>,
+/// A scanned blob: its key range (the hash's first byte) in the top 8 bits,
+/// its index in that range below.
+type Id = u32;
+
+const LOCAL_BITS: u32 = 24;
+
+fn id(chunk: usize, local: usize) -> Id {
+    ((chunk as u32) << LOCAL_BITS) | local as u32
 }
 
-/// One key range's share of the scan.
+fn split(id: Id) -> (usize, usize) {
+    (
+        (id >> LOCAL_BITS) as usize,
+        (id & ((1 << LOCAL_BITS) - 1)) as usize,
+    )
+}
+
+/// The first 8 bytes of a hash, big-endian: what the graph looks refs up
+/// by. Two blobs sharing them are both treated as the target of such a ref,
+/// which can only keep more, never less.
+fn key_of(hash: &[u8]) -> u64 {
+    let mut k = [0u8; 8];
+    k.copy_from_slice(&hash[..8]);
+    u64::from_be_bytes(k)
+}
+
+/// One key range of the scanned blob graph (hashes with one first byte),
+/// sorted by hash.
 #[derive(Default)]
 struct Chunk {
     hashes: Vec<Hash>,
+    keys: Vec<u64>,
     touched: Vec<u64>,
     sizes: Vec<u32>,
-    ref_counts: Vec<u32>,
-    refs: Vec<Hash>,
+    /// `refs[ref_ends[i - 1]..ref_ends[i]]` are blob `i`'s ref keys.
+    ref_ends: Vec<u32>,
+    refs: Vec<u64>,
+    /// `keys[buckets[b]..buckets[b + 1]]` are the keys whose bits after the
+    /// first byte start with `b` (`bits` of them).
+    buckets: Vec<u32>,
+    bits: u32,
+}
+
+impl Chunk {
+    fn with_capacity(n: usize) -> Chunk {
+        Chunk {
+            hashes: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            touched: Vec::with_capacity(n),
+            sizes: Vec::with_capacity(n),
+            ref_ends: Vec::with_capacity(n),
+            refs: Vec::with_capacity(n * 4),
+            ..Chunk::default()
+        }
+    }
+
+    fn push(&mut self, hash: Hash, touched: u64, size: usize, refs: impl Iterator<Item = u64>) {
+        self.keys.push(key_of(hash.as_bytes()));
+        self.hashes.push(hash);
+        self.touched.push(touched);
+        self.sizes.push(u32::try_from(size).unwrap_or(u32::MAX));
+        self.refs.extend(refs);
+        self.ref_ends
+            .push(u32::try_from(self.refs.len()).unwrap_or(u32::MAX));
+    }
+
+    fn bucket(&self, key: u64) -> usize {
+        ((key << 8) >> (64 - self.bits)) as usize
+    }
+
+    /// Builds the bucket table: about one key per bucket.
+    fn index(&mut self) {
+        let n = self.keys.len();
+        self.bits = (usize::BITS - n.leading_zeros()).clamp(1, 24);
+        let mut buckets = vec![0u32; (1 << self.bits) + 1];
+        for &k in &self.keys {
+            buckets[self.bucket(k) + 1] += 1;
+        }
+        for b in 1..buckets.len() {
+            buckets[b] += buckets[b - 1];
+        }
+        self.buckets = buckets;
+    }
+
+    fn refs_of(&self, i: usize) -> &[u64] {
+        let start = if i == 0 {
+            0
+        } else {
+            self.ref_ends[i - 1] as usize
+        };
+        &self.refs[start..self.ref_ends[i] as usize]
+    }
+}
+
+/// The scanned blob graph: 256 chunks, one per first byte of the hash.
+struct Graph {
+    chunks: Vec<Chunk>,
 }
 
 impl Graph {
     fn len(&self) -> usize {
-        self.hashes.len()
+        self.chunks.iter().map(|c| c.keys.len()).sum()
     }
 
-    fn refs_of(&self, i: usize) -> &[Hash] {
-        let start = if i == 0 { 0 } else { self.ref_ends[i - 1] };
-        &self.refs[start..self.ref_ends[i]]
+    fn hash(&self, id: Id) -> Hash {
+        let (c, i) = split(id);
+        self.chunks[c].hashes[i]
     }
 
-    fn index(&self, h: &Hash) -> Option<usize> {
-        let b = usize::from(u16::from_be_bytes([h.as_bytes()[0], h.as_bytes()[1]]));
-        let (lo, hi) = (self.buckets[b] as usize, self.buckets[b + 1] as usize);
-        self.hashes[lo..hi].binary_search(h).ok().map(|i| lo + i)
+    fn size(&self, id: Id) -> u32 {
+        let (c, i) = split(id);
+        self.chunks[c].sizes[i]
     }
 
-    fn from_chunks(chunks: Vec<Chunk>) -> Graph {
-        let n: usize = chunks.iter().map(|c| c.hashes.len()).sum();
-        let nrefs: usize = chunks.iter().map(|c| c.refs.len()).sum();
-        let mut g = Graph {
-            hashes: Vec::with_capacity(n),
-            touched: Vec::with_capacity(n),
-            sizes: Vec::with_capacity(n),
-            ref_ends: Vec::with_capacity(n),
-            refs: Vec::with_capacity(nrefs),
-            buckets: vec![0; 65_537],
+    fn refs_of(&self, id: Id) -> &[u64] {
+        let (c, i) = split(id);
+        self.chunks[c].refs_of(i)
+    }
+
+    /// The scanned blobs a ref key names (one, or none if the target was
+    /// not scanned: written after its range was read).
+    fn targets(&self, key: u64) -> impl Iterator<Item = Id> + '_ {
+        let c = (key >> 56) as usize;
+        let chunk = &self.chunks[c];
+        let range = if chunk.keys.is_empty() {
+            0..0
+        } else {
+            let b = chunk.bucket(key);
+            chunk.buckets[b] as usize..chunk.buckets[b + 1] as usize
         };
-        for c in chunks {
-            g.hashes.extend_from_slice(&c.hashes);
-            g.touched.extend_from_slice(&c.touched);
-            g.sizes.extend_from_slice(&c.sizes);
-            let mut end = g.refs.len();
-            for n in &c.ref_counts {
-                end += *n as usize;
-                g.ref_ends.push(end);
-            }
-            g.refs.extend_from_slice(&c.refs);
-        }
-        // Bucket starts: counts per two-byte prefix, then prefix sums.
-        for h in &g.hashes {
-            let b = usize::from(u16::from_be_bytes([h.as_bytes()[0], h.as_bytes()[1]]));
-            g.buckets[b + 1] += 1;
-        }
-        for b in 1..g.buckets.len() {
-            g.buckets[b] += g.buckets[b - 1];
-        }
-        g
+        range
+            .filter(move |&i| chunk.keys[i] == key)
+            .map(move |i| id(c, i))
+    }
+
+    /// Every blob whose `keep` holds, in parallel.
+    fn select(&self, keep: impl Fn(&Chunk, usize, Id) -> bool + Sync) -> Vec<Id> {
+        self.chunks
+            .par_iter()
+            .enumerate()
+            .flat_map_iter(|(c, chunk)| {
+                let keep = &keep;
+                (0..chunk.keys.len())
+                    .map(move |i| (i, id(c, i)))
+                    .filter(move |&(i, id)| keep(chunk, i, id))
+                    .map(|(_, id)| id)
+            })
+            .collect()
     }
 }
 
-/// A bitmap that threads set bits in.
-struct Marks(Vec<AtomicU64>);
+/// One bit per scanned blob, settable from many threads.
+struct Marks(Vec<Vec<AtomicU64>>);
 
 impl Marks {
-    fn new(n: usize) -> Marks {
-        Marks((0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    fn new(graph: &Graph) -> Marks {
+        Marks(
+            graph
+                .chunks
+                .iter()
+                .map(|c| {
+                    (0..c.keys.len().div_ceil(64))
+                        .map(|_| AtomicU64::new(0))
+                        .collect()
+                })
+                .collect(),
+        )
     }
-    /// Sets bit `i`; true if this call set it.
-    fn set(&self, i: usize) -> bool {
+    /// Sets the bit; true if this call set it.
+    fn set(&self, id: Id) -> bool {
+        let (c, i) = split(id);
         let bit = 1u64 << (i % 64);
-        self.0[i / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0
+        self.0[c][i / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0
     }
-    fn get(&self, i: usize) -> bool {
-        self.0[i / 64].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0
+    fn get(&self, id: Id) -> bool {
+        let (c, i) = split(id);
+        self.0[c][i / 64].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0
     }
 }
 
@@ -311,14 +404,11 @@ impl Store {
             blobs: graph.len() as u64,
         });
 
-        let marks = Marks::new(graph.len());
-        let young: Vec<usize> = (0..graph.len())
-            .into_par_iter()
-            .filter(|&i| graph.touched[i] >= keep_after)
-            .collect();
-        let mut frontier: Vec<usize> = roots
+        let marks = Marks::new(&graph);
+        let young = graph.select(|c, i, _| c.touched[i] >= keep_after);
+        let mut frontier: Vec<Id> = roots
             .iter()
-            .filter_map(|h| graph.index(h))
+            .flat_map(|h| graph.targets(key_of(h.as_bytes())))
             .chain(young.iter().copied())
             .filter(|&i| marks.set(i))
             .collect();
@@ -329,15 +419,12 @@ impl Store {
                     graph
                         .refs_of(i)
                         .iter()
-                        .filter_map(|h| graph.index(h))
+                        .flat_map(|&k| graph.targets(k))
                         .filter(|&j| marks.set(j))
                 })
                 .collect();
         }
-        let candidates: Vec<usize> = (0..graph.len())
-            .into_par_iter()
-            .filter(|&i| !marks.get(i))
-            .collect();
+        let candidates = graph.select(|_, _, id| !marks.get(id));
         let marked = (graph.len() - candidates.len()) as u64;
         progress(GcProgress::Marked {
             marked,
@@ -361,7 +448,7 @@ impl Store {
             report.swept = candidates.len() as u64;
             report.bytes_freed = candidates
                 .iter()
-                .map(|&i| HASH_LEN as u64 + u64::from(graph.sizes[i]))
+                .map(|&i| HASH_LEN as u64 + u64::from(graph.size(i)))
                 .sum();
         } else if !candidates.is_empty() {
             self.sweep(&graph, &candidates, keep_after, &mut report, progress)?;
@@ -439,14 +526,23 @@ impl Store {
     /// Reads every blob header, one key range per task, each in its own
     /// short read transaction.
     fn scan_blobs(&self) -> Result<Graph, GcError> {
+        let inner = self.inner();
+        let total = self.read(|r| {
+            inner
+                .dbs
+                .blobs
+                .len(r.raw())
+                .map_err(|e| inner.error("counting blobs", e))
+        })?;
+        let per_range = usize::try_from(total / u64::from(SCAN_RANGES)).unwrap_or(0);
         let chunks: Vec<Chunk> = (0..SCAN_RANGES)
             .into_par_iter()
-            .map(|first| self.scan_range(first))
+            .map(|first| self.scan_range(first, per_range + per_range / 8 + 16))
             .collect::<Result<_, _>>()?;
-        Ok(Graph::from_chunks(chunks))
+        Ok(Graph { chunks })
     }
 
-    fn scan_range(&self, first: u16) -> Result<Chunk, GcError> {
+    fn scan_range(&self, first: u16, capacity: usize) -> Result<Chunk, GcError> {
         let inner = self.inner();
         let lower = [first as u8];
         let upper = [first as u8 + u8::from(first < 255)];
@@ -458,9 +554,9 @@ impl Store {
                 Bound::Unbounded
             },
         );
-        self.read(|r| {
+        let mut chunk = self.read(|r| {
             let err = |e| inner.error("scanning blobs", e);
-            let mut c = Chunk::default();
+            let mut c = Chunk::with_capacity(capacity);
             for entry in inner.dbs.blobs.range(r.raw(), &range).map_err(err)? {
                 let (key, value) = entry.map_err(err)?;
                 let corrupt = |detail: String| GcError::Corrupt {
@@ -469,15 +565,18 @@ impl Store {
                 };
                 let hash = Hash::from_slice(key).ok_or_else(|| corrupt("bad key".into()))?;
                 let rec = BlobRecord::parse(value).map_err(|e| corrupt(e.to_string()))?;
-                c.hashes.push(hash);
-                c.touched.push(rec.touched_at);
-                c.sizes.push(u32::try_from(value.len()).unwrap_or(u32::MAX));
-                c.ref_counts
-                    .push(u32::try_from(rec.ref_count()).unwrap_or(u32::MAX));
-                c.refs.extend(rec.refs());
+                let refs = marking_refs(&rec);
+                c.push(
+                    hash,
+                    rec.touched_at,
+                    value.len(),
+                    refs.chunks_exact(HASH_LEN).map(key_of),
+                );
             }
-            Ok(c)
-        })
+            Ok::<_, GcError>(c)
+        })?;
+        chunk.index();
+        Ok(chunk)
     }
 
     /// Deletes the candidates, every candidate before those it refers to,
@@ -486,43 +585,46 @@ impl Store {
     fn sweep(
         &self,
         graph: &Graph,
-        candidates: &[usize],
+        candidates: &[Id],
         keep_after: u64,
         report: &mut GcReport,
         progress: &(dyn Fn(GcProgress) + Sync),
     ) -> Result<(), GcError> {
         let order = referrers_first(graph, candidates);
-        let is_candidate = {
-            let m = Marks::new(graph.len());
-            for &c in candidates {
-                m.set(c);
-            }
-            m
-        };
-        let rescued = Marks::new(graph.len());
+        let is_candidate = Marks::new(graph);
+        for &c in candidates {
+            is_candidate.set(c);
+        }
+        let rescued = Marks::new(graph);
         let total = order.len() as u64;
         let mut done = 0u64;
         for batch in order.chunks(SWEEP_BATCH) {
             let (swept, freed, saved) = self.write(|w| {
                 let (txn, dbs, inner) = w.parts();
                 let (mut swept, mut freed, mut saved) = (0u64, 0u64, 0u64);
+                // Decide in sweep order (a rescue reaches only later
+                // candidates), then delete in key order, which touches each
+                // B-tree page once per batch.
+                let mut doomed = Vec::with_capacity(batch.len());
                 for &i in batch {
                     if rescued.get(i) {
                         continue;
                     }
-                    let key = graph.hashes[i];
                     let value = dbs
                         .blobs
-                        .get(txn, key.as_bytes())
+                        .get(txn, graph.hash(i).as_bytes())
                         .map_err(|e| inner.error("sweeping", e))?;
                     let Some(value) = value else { continue };
-                    let (len, touched) = (value.len(), touched_at(value).unwrap_or(u64::MAX));
-                    if touched >= keep_after {
+                    if touched_at(value).unwrap_or(u64::MAX) >= keep_after {
                         saved += rescue(graph, &is_candidate, &rescued, i);
-                        continue;
+                    } else {
+                        doomed.push((i, value.len()));
                     }
+                }
+                doomed.sort_unstable();
+                for (i, len) in doomed {
                     dbs.blobs
-                        .delete(txn, key.as_bytes())
+                        .delete(txn, graph.hash(i).as_bytes())
                         .map_err(|e| inner.error("sweeping", e))?;
                     swept += 1;
                     freed += (HASH_LEN + len) as u64;
@@ -577,9 +679,48 @@ impl Store {
     }
 }
 
+/// The refs the mark follows: the header's, except that a state node's
+/// older ancestors are left out, because its parent refers to them too
+/// (`ancestors[1..]` of a node are `ancestors[..10]` of its parent). This
+/// is what cuts a state node's edges from up to 16 to at most 6. If the
+/// layout is not the expected one, every ref is kept.
+fn marking_refs<'a>(rec: &BlobRecord<'a>) -> std::borrow::Cow<'a, [u8]> {
+    let refs = rec.refs_bytes();
+    if rec.kind != Kind::State {
+        return refs.into();
+    }
+    let Some(ancestors) = state_ancestors_raw(rec.bytes) else {
+        return refs.into();
+    };
+    let n = ancestors.len() / 34;
+    if n < 2 {
+        return refs.into();
+    }
+    let parent = &ancestors[2..34];
+    let Some(p) = refs
+        .chunks_exact(HASH_LEN)
+        .take(4)
+        .position(|r| r == parent)
+    else {
+        return refs.into();
+    };
+    let older = &refs[(p + 1) * HASH_LEN..];
+    let in_order = older.len() >= (n - 1) * HASH_LEN
+        && older
+            .chunks_exact(HASH_LEN)
+            .zip(ancestors.chunks_exact(34).skip(1))
+            .all(|(r, a)| r == &a[2..]);
+    if !in_order {
+        return refs.into();
+    }
+    let mut kept = refs[..(p + 1) * HASH_LEN].to_vec();
+    kept.extend_from_slice(&refs[(p + n) * HASH_LEN..]);
+    kept.into()
+}
+
 /// Marks `from` and every candidate it reaches as rescued; returns how many
 /// were newly rescued.
-fn rescue(graph: &Graph, is_candidate: &Marks, rescued: &Marks, from: usize) -> u64 {
+fn rescue(graph: &Graph, is_candidate: &Marks, rescued: &Marks, from: Id) -> u64 {
     let mut n = 0;
     let mut stack = vec![from];
     while let Some(i) = stack.pop() {
@@ -587,12 +728,11 @@ fn rescue(graph: &Graph, is_candidate: &Marks, rescued: &Marks, from: usize) -> 
             continue;
         }
         n += 1;
-        for h in graph.refs_of(i) {
-            if let Some(j) = graph.index(h)
-                && is_candidate.get(j)
-                && !rescued.get(j)
-            {
-                stack.push(j);
+        for &k in graph.refs_of(i) {
+            for j in graph.targets(k) {
+                if is_candidate.get(j) && !rescued.get(j) {
+                    stack.push(j);
+                }
             }
         }
     }
@@ -601,34 +741,34 @@ fn rescue(graph: &Graph, is_candidate: &Marks, rescued: &Marks, from: usize) -> 
 
 /// The candidates ordered so that each comes before every candidate it
 /// refers to (Kahn's algorithm on the candidate subgraph, a DAG).
-fn referrers_first(graph: &Graph, candidates: &[usize]) -> Vec<usize> {
-    let mut slot = vec![u32::MAX; graph.len()];
-    for (k, &i) in candidates.iter().enumerate() {
-        slot[i] = k as u32;
-    }
-    let targets = |i: usize| {
+fn referrers_first(graph: &Graph, candidates: &[Id]) -> Vec<Id> {
+    let slot: HashMap<Id, usize> = candidates
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (i, k))
+        .collect();
+    let targets = |i: Id| {
         graph
             .refs_of(i)
             .iter()
-            .filter_map(|h| graph.index(h))
-            .filter(|&j| slot[j] != u32::MAX)
+            .flat_map(|&k| graph.targets(k))
+            .filter_map(|j| slot.get(&j).map(|&k| (j, k)))
     };
     let mut referrers = vec![0u32; candidates.len()];
     for &i in candidates {
-        for j in targets(i) {
-            referrers[slot[j] as usize] += 1;
+        for (_, k) in targets(i) {
+            referrers[k] += 1;
         }
     }
-    let mut ready: Vec<usize> = candidates
+    let mut ready: Vec<Id> = candidates
         .iter()
         .copied()
-        .filter(|&i| referrers[slot[i] as usize] == 0)
+        .filter(|i| referrers[slot[i]] == 0)
         .collect();
     let mut order = Vec::with_capacity(candidates.len());
     while let Some(i) = ready.pop() {
         order.push(i);
-        for j in targets(i) {
-            let k = slot[j] as usize;
+        for (j, k) in targets(i) {
             referrers[k] -= 1;
             if referrers[k] == 0 {
                 ready.push(j);

@@ -463,21 +463,27 @@ const STATE_PREFIX: &[u8] = b"\x83\xa4kind\xa5state\xa7payload\x8a\xa9ancestors"
 /// assert_eq!(state_ancestors(enc.bytes()), Some(s.ancestors));
 /// ```
 pub fn state_ancestors(bytes: &[u8]) -> Option<Vec<Hash>> {
+    let raw = state_ancestors_raw(bytes)?;
+    raw.chunks_exact(34)
+        .map(|item| Hash::from_slice(&item[2..]))
+        .collect()
+}
+
+/// The encoded `ancestors` array items of a state blob (34 bytes each: a
+/// `bin 8` header and the 32 hash bytes), borrowed from its canonical bytes.
+/// `None` if `bytes` are not a state blob in the canonical layout.
+pub fn state_ancestors_raw(bytes: &[u8]) -> Option<&[u8]> {
     let rest = bytes.strip_prefix(STATE_PREFIX)?;
     let (&header, rest) = rest.split_first()?;
     // A fixarray (at most 15 entries; ancestors hold at most 11).
     if header & 0xf0 != 0x90 {
         return None;
     }
-    let n = usize::from(header & 0x0f);
-    let mut out = Vec::with_capacity(n);
-    for item in rest.chunks_exact(34).take(n) {
-        if item[..2] != [0xc4, 0x20] {
-            return None;
-        }
-        out.push(Hash::from_slice(&item[2..])?);
-    }
-    (out.len() == n).then_some(out)
+    let items = rest.get(..usize::from(header & 0x0f) * 34)?;
+    items
+        .chunks_exact(34)
+        .all(|item| item[..2] == [0xc4, 0x20])
+        .then_some(items)
 }
 
 fn decode_wire(bytes: &[u8]) -> Result<DecodedBlob, CodecError> {

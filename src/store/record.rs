@@ -93,6 +93,11 @@ impl<'a> BlobRecord<'a> {
             .filter_map(Hash::from_slice)
     }
 
+    /// The refs stored in the header, as 32-byte runs.
+    pub fn refs_bytes(&self) -> &'a [u8] {
+        self.refs
+    }
+
     /// Number of refs in the header.
     pub fn ref_count(&self) -> usize {
         self.refs.len() / HASH_LEN
