@@ -165,7 +165,7 @@ fn history_day_ranges_read_only_their_days() {
         let t = new_thread(&store, &format!("w{i}"));
         store.end_thread(t.id, t.head, end(0)).unwrap();
         store
-            .update_record(t.id, |r| {
+            .update_record(t.id, move |r| {
                 r.completed_at = Some(day * day_ms + 5);
                 Ok(())
             })

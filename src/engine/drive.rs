@@ -518,8 +518,9 @@ impl Store {
                     next_instruction: first_instruction,
                     agent: record.agent.clone(),
                 })?;
-                self.update_record(id, |r| {
-                    r.active_child = Some(c.id);
+                let child = c.id;
+                self.update_record(id, move |r| {
+                    r.active_child = Some(child);
                     Ok(())
                 })?;
                 c.id
@@ -563,12 +564,13 @@ impl Store {
         match c.underlying_status() {
             ThreadStatus::Suspended => {
                 let message = c.suspend_message.clone().unwrap_or_default();
-                let r = self.update_record(id, |r| {
+                let role = role.to_owned();
+                let r = self.update_record(id, move |r| {
                     // A suspend ends the drive: release the claim in this
                     // same commit, as a suspending step does.
                     r.status = ThreadStatus::Suspended;
                     r.claimed_status = None;
-                    r.suspended_role = Some(role.to_owned());
+                    r.suspended_role = Some(role);
                     r.suspend_message = Some(message);
                     r.active_child = Some(child);
                     Ok(())

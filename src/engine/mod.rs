@@ -4,6 +4,7 @@
 //! from the pinned workflow.
 
 pub mod agent;
+pub mod batch;
 pub mod claim;
 mod drive;
 pub mod extract;

@@ -4,6 +4,7 @@
 //! Every database and value layout is described in `docs/design.md`.
 
 mod env;
+mod group;
 pub mod record;
 mod txn;
 
@@ -22,6 +23,7 @@ use crate::codec::CodecError;
 use crate::hash::{Hash, HashPrefix};
 use crate::node::Blob;
 
+pub use group::{DEFAULT_MAX_GROUP, GroupStats};
 pub use record::{BlobRecord, RecordError};
 pub use txn::{ReadTxn, StoredBlob, WriteTxn};
 
@@ -226,6 +228,16 @@ pub enum StoreError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The group-commit writer is gone (its handle outlived
+    /// [`Store::group_commit`]).
+    #[error("the group-commit writer has stopped; nothing was written")]
+    GroupStopped,
+    /// A group commit failed; every write in the group was discarded.
+    #[error("a group commit failed and nothing of the group was stored: {detail}")]
+    GroupCommit {
+        /// The failure.
+        detail: String,
+    },
     /// Any other LMDB failure.
     #[error("LMDB error while {op} in {path}: {source}")]
     Lmdb {
@@ -236,6 +248,26 @@ pub enum StoreError {
         /// The cause.
         source: heed::Error,
     },
+}
+
+impl StoreError {
+    /// The error again, for each request of a failed group: the kinds a
+    /// caller acts on (a full disk or map) are kept; others become
+    /// [`StoreError::GroupCommit`] with the message.
+    pub(crate) fn for_each_request(&self) -> StoreError {
+        match self {
+            StoreError::DiskFull { path } => StoreError::DiskFull { path: path.clone() },
+            StoreError::MapFull { path, map_size } => StoreError::MapFull {
+                path: path.clone(),
+                map_size: *map_size,
+            },
+            StoreError::MapResized { path } => StoreError::MapResized { path: path.clone() },
+            StoreError::GroupStopped => StoreError::GroupStopped,
+            other => StoreError::GroupCommit {
+                detail: other.to_string(),
+            },
+        }
+    }
 }
 
 /// The typed LMDB databases of a store (`docs/design.md`).
@@ -356,6 +388,8 @@ static OPEN_STORES: LazyLock<Mutex<HashMap<PathBuf, Weak<StoreInner>>>> =
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<StoreInner>,
+    /// Set on handles made by [`Store::group_commit`].
+    group: Option<Arc<group::GroupSender>>,
 }
 
 impl fmt::Debug for Store {
@@ -415,7 +449,7 @@ impl Store {
                     requested: describe(options.durability, options.max_map_size),
                 });
             }
-            return Ok(Store { inner });
+            return Ok(Store { inner, group: None });
         }
 
         let map_size = options
@@ -440,7 +474,7 @@ impl Store {
             map_size,
         });
         open.insert(canonical, Arc::downgrade(&inner));
-        Ok(Store { inner })
+        Ok(Store { inner, group: None })
     }
 
     /// The store directory (canonical).

@@ -274,7 +274,7 @@ impl Store {
         id: ThreadId,
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
-        self.write(|w| {
+        self.write_op(move |w| {
             let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
             let start = w.put_blob(&Blob::Start(StartNode {
                 depth: new.depth,
@@ -331,7 +331,7 @@ impl Store {
         step: StepWrite,
         after: After,
     ) -> Result<Written, ThreadError> {
-        self.write(|w| {
+        self.write_op(move |w| {
             let (record, location) = load_checked(w, id, expected_head)?;
             if location != Location::Active {
                 return Err(ThreadError::WrongStatus {
@@ -356,7 +356,7 @@ impl Store {
         step: StepWrite,
         after: After,
     ) -> Result<Written, ThreadError> {
-        self.write(|w| {
+        self.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             if !matches!(
                 record.status,
@@ -382,7 +382,7 @@ impl Store {
         expected_head: Hash,
         end: EndSpec,
     ) -> Result<Written, ThreadError> {
-        self.write(|w| {
+        self.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             if location != Location::Active {
                 return Err(ThreadError::WrongStatus {
@@ -508,8 +508,9 @@ impl Store {
     /// Records a failed attempt on the thread (no node, no head move): the
     /// status stays, `last_error` is set until the next committed step.
     pub fn record_failure(&self, id: ThreadId, error: &str) -> Result<ThreadRecord, ThreadError> {
-        self.update_record(id, |r| {
-            r.last_error = Some(error.to_owned());
+        let error = error.to_owned();
+        self.update_record(id, move |r| {
+            r.last_error = Some(error);
             Ok(())
         })
     }
@@ -523,7 +524,8 @@ impl Store {
         expected_head: Hash,
         summary: &str,
     ) -> Result<(Hash, ThreadRecord), ThreadError> {
-        self.write(|w| {
+        let summary = summary.to_owned();
+        self.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             let old = record.clone();
             let hash = w.put_blob(&Blob::content(summary, []))?;
@@ -539,9 +541,9 @@ impl Store {
     pub fn update_record(
         &self,
         id: ThreadId,
-        change: impl FnOnce(&mut ThreadRecord) -> Result<(), ThreadError>,
+        change: impl FnOnce(&mut ThreadRecord) -> Result<(), ThreadError> + Send + 'static,
     ) -> Result<ThreadRecord, ThreadError> {
-        self.write(|w| {
+        self.write_op(move |w| {
             let (mut record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
                 .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
             let old = record.clone();

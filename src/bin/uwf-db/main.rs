@@ -5,6 +5,7 @@
 //! operation failed or found a problem, 2 bad usage, 130 interrupted.
 
 mod admin;
+mod batch;
 mod cas;
 mod drive;
 mod output;
@@ -65,6 +66,28 @@ enum Command {
         prompt: String,
         #[command(flatten)]
         agent: drive::AgentArgs,
+        /// Loop protection (default: the workflow's maxRounds)
+        #[arg(long)]
+        max_rounds: Option<u32>,
+    },
+    /// Drive many threads in parallel, committing their steps in groups
+    Batch {
+        /// A registered workflow name, or a YAML file (registered first)
+        workflow: String,
+        #[command(flatten)]
+        agent: drive::AgentArgs,
+        /// A file with one prompt per non-empty line (one thread each)
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["count", "prompt"])]
+        prompts: Option<PathBuf>,
+        /// Start N threads with the prompt given by -p
+        #[arg(short = 'n', long = "count", value_name = "N", requires = "prompt")]
+        count: Option<usize>,
+        /// The prompt for -n
+        #[arg(short = 'p', long = "prompt", requires = "count")]
+        prompt: Option<String>,
+        /// Threads driven at once (one agent each)
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: u16,
         /// Loop protection (default: the workflow's maxRounds)
         #[arg(long)]
         max_rounds: Option<u32>,
@@ -165,6 +188,25 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             agent,
             max_rounds,
         } => drive::run(cli, workflow, prompt, agent, *max_rounds, out),
+        Command::Batch {
+            workflow,
+            agent,
+            prompts,
+            count,
+            prompt,
+            jobs,
+            max_rounds,
+        } => batch::run(
+            cli,
+            workflow,
+            agent,
+            prompts.as_deref(),
+            *count,
+            prompt.as_deref(),
+            usize::from(*jobs),
+            *max_rounds,
+            out,
+        ),
         Command::Gc { dry_run, grace } => admin::gc(cli, *dry_run, *grace, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),

@@ -1,0 +1,182 @@
+//! Group commit and batch runs through the library API
+//! (`docs/design.md` §5d).
+
+mod common;
+
+use std::path::Path;
+
+use common::{fast_store, new_thread, next, step};
+use uwf_db::engine::agent::{Agent, ScriptAgent};
+use uwf_db::engine::batch::BatchOptions;
+use uwf_db::thread::{ThreadError, ThreadStatus};
+use uwf_db::verify::verify;
+use uwf_db::workflow::parse_workflow;
+use uwf_db::{Blob, Hash, Store, StoreError, StoreOptions};
+
+fn review(store: &Store) -> Hash {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
+    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+    store.add_workflow(&wf).unwrap().0
+}
+
+fn agents(n: usize) -> Vec<Box<dyn Agent>> {
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/review.scenario.yaml");
+    (0..n)
+        .map(|_| Box::new(ScriptAgent::load(&scenario).unwrap()) as Box<dyn Agent>)
+        .collect()
+}
+
+#[test]
+fn a_durable_batch_commits_every_step_in_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let wf = review(&store);
+    let prompts: Vec<String> = (0..60).map(|i| format!("change {i}")).collect();
+    let mut seen = Vec::new();
+    let options = BatchOptions {
+        agent_spec: Some("script:examples/review.scenario.yaml".into()),
+        ..BatchOptions::default()
+    };
+    let report = store
+        .run_batch(wf, &prompts, &options, agents(8), &mut |item| {
+            seen.push(item.clone())
+        })
+        .unwrap();
+    assert_eq!(report.threads, 60);
+    assert_eq!(report.completed, 60);
+    assert_eq!(report.errors, 0);
+    assert_eq!(report.steps, 240);
+    // A start and four steps per thread, in fewer commits than writes.
+    assert!(report.groups < 300, "{report:?}");
+    assert!(report.average_group > 1.0, "{report:?}");
+    seen.sort_by_key(|i| i.index);
+    assert_eq!(seen.len(), 60);
+    for (i, item) in seen.iter().enumerate() {
+        assert_eq!(item.index, i);
+        let id = item.thread.unwrap();
+        let rec = store.thread(id).unwrap().unwrap();
+        assert_eq!(rec.status, ThreadStatus::Completed);
+        assert_eq!(rec.agent.as_deref(), options.agent_spec.as_deref());
+        assert_eq!(store.thread_log(id, 10, None).unwrap().len(), 5);
+        let task = store.walk::<StoreError>(&rec.start, |_| Ok(())).unwrap();
+        assert!(task >= 2);
+    }
+    assert!(verify(&store, |_| {}).unwrap().is_ok());
+}
+
+#[test]
+fn a_failing_request_is_rolled_back_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let t = new_thread(&store, "t");
+    let kept = Blob::content("kept", []);
+    let rolled_back = Blob::content("rolled back", []);
+    let ((), stats) = store.group_commit(0, |g| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let rb = rolled_back.clone();
+                let err = g
+                    .write_op(move |w| {
+                        w.put_blob(&rb)?;
+                        // Refers to a blob that does not exist.
+                        w.put_blob(&Blob::content("note", [Hash::of(b"absent")]))
+                    })
+                    .unwrap_err();
+                assert!(matches!(err, StoreError::MissingRef { .. }), "{err}");
+            });
+            s.spawn(|| {
+                let k = kept.clone();
+                g.write_op(move |w| w.put_blob(&k)).unwrap();
+            });
+            s.spawn(|| {
+                g.append_step(t.id, t.head, step("dev", "ok", "first"), next("dev"))
+                    .unwrap();
+                // A stale head is a conflict, and only this request fails.
+                let err = g
+                    .append_step(t.id, t.head, step("dev", "ok", "stale"), next("dev"))
+                    .unwrap_err();
+                assert!(matches!(err, ThreadError::Conflict { .. }), "{err}");
+            });
+        });
+    });
+    assert!(stats.requests >= 4, "{stats:?}");
+    assert!(store.contains(&kept.encode().unwrap().hash()).unwrap());
+    assert!(
+        !store
+            .contains(&rolled_back.encode().unwrap().hash())
+            .unwrap()
+    );
+    assert_eq!(store.thread(t.id).unwrap().unwrap().seq, 1);
+    assert!(verify(&store, |_| {}).unwrap().is_ok());
+}
+
+#[test]
+fn a_full_map_fails_its_request_and_the_store_stays_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            max_map_size: Some(1 << 20),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let small = store.put(&Blob::content("before", [])).unwrap();
+    let ((), _) = store.group_commit(0, |g| {
+        let big = Blob::content("x".repeat(4 << 20), []);
+        let err = g.write_op(move |w| w.put_blob(&big)).unwrap_err();
+        assert!(matches!(err, StoreError::MapFull { .. }), "{err}");
+        g.write_op(|w| w.put_blob(&Blob::content("after", [])))
+            .unwrap();
+    });
+    assert!(store.contains(&small).unwrap());
+    assert!(
+        store
+            .contains(&Blob::content("after", []).encode().unwrap().hash())
+            .unwrap()
+    );
+    assert!(verify(&store, |_| {}).unwrap().is_ok());
+}
+
+#[test]
+fn without_a_group_write_op_is_a_plain_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let h = store
+        .write_op(|w| w.put_blob(&Blob::content("plain", [])))
+        .unwrap();
+    assert!(store.contains(&h).unwrap());
+}
+
+#[test]
+fn a_step_failure_stops_its_thread_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let wf = review(&store);
+    // Agents whose script has no answer for the reviewer: every thread
+    // stops after its first step with the failure recorded.
+    let scenario = dir.path().join("short.yaml");
+    std::fs::write(
+        &scenario,
+        "steps:\n  - role: developer\n    output: |\n      ---\n      $status: review_needed\n      ---\n      done\n",
+    )
+    .unwrap();
+    let agents: Vec<Box<dyn Agent>> = (0..3)
+        .map(|_| Box::new(ScriptAgent::load(&scenario).unwrap()) as Box<dyn Agent>)
+        .collect();
+    let prompts: Vec<String> = (0..9).map(|i| format!("p{i}")).collect();
+    let report = store
+        .run_batch(wf, &prompts, &BatchOptions::default(), agents, &mut |_| {})
+        .unwrap();
+    assert_eq!((report.threads, report.errors, report.steps), (9, 9, 9));
+    for t in store
+        .list_threads(&uwf_db::thread::ThreadQuery::default())
+        .unwrap()
+    {
+        assert_eq!(t.status, ThreadStatus::Idle);
+        assert!(t.last_error.is_some());
+        assert_eq!(t.next_role.as_deref(), Some("reviewer"));
+    }
+    assert!(verify(&store, |_| {}).unwrap().is_ok());
+}
