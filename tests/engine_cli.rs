@@ -963,3 +963,106 @@ fn gc_frees_a_removed_thread_while_other_processes_drive_threads() {
     }
     // Drop runs `verify`.
 }
+
+#[test]
+fn batch_runs_threads_from_a_prompt_file_and_streams_json_lines() {
+    let env = Env::new();
+    let prompts: String = (0..12).map(|i| format!("change {i}\n\n")).collect();
+    let file = env.file("prompts.txt", &prompts);
+    let o = env.uwf(&[
+        "--json",
+        "batch",
+        "examples/review.yaml",
+        "--prompts",
+        &file,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+        "--jobs",
+        "4",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 13, "one line per thread, then the summary");
+    let summary = &lines[12]["summary"];
+    assert_eq!(summary["threads"], 12);
+    assert_eq!(summary["completed"], 12);
+    assert_eq!(summary["steps"], 48);
+    let mut indexes: Vec<u64> = lines[..12]
+        .iter()
+        .map(|l| l["index"].as_u64().unwrap())
+        .collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, (0..12).collect::<Vec<_>>());
+    for l in &lines[..12] {
+        assert_eq!(l["status"], "completed");
+        assert_eq!(l["result"]["done"], true);
+        let id = l["thread"].as_str().unwrap();
+        assert_eq!(env.log(id).len(), 5);
+        // The agent spec is stored, as for `run`.
+        assert_eq!(env.show(id)["agent"], "script:examples/review.scenario.yaml");
+    }
+    // Usage errors.
+    let o = env.uwf(&["batch", "examples/review.yaml", "--agent", "script:x.yaml"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("--prompts FILE"), "{}", stderr(&o));
+    let o = env.uwf(&["batch", "examples/review.yaml", "-n", "2", "-p", "x"]);
+    assert!(stderr(&o).contains("needs an agent"), "{}", stderr(&o));
+    let o = env.uwf(&["batch", "examples/review.yaml", "-n", "2"]);
+    assert_eq!(code(&o), Some(2), "-n needs -p");
+}
+
+#[test]
+fn a_batch_killed_mid_run_keeps_every_acknowledged_step() {
+    use std::io::{BufRead, BufReader};
+    let env = Env::new();
+    let mut child = Command::new(BIN)
+        .arg("--store")
+        .arg(env.store())
+        .args([
+            "--json",
+            "batch",
+            "examples/review.yaml",
+            "-n",
+            "100000",
+            "-p",
+            "work",
+            "--agent",
+            "script:examples/review.scenario.yaml",
+            "--jobs",
+            "8",
+        ])
+        .env_remove("UWF_STORE")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reported = Vec::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while reported.len() < 40 {
+        let line = lines.next().unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        reported.push(v["thread"].as_str().unwrap().to_owned());
+    }
+    // SIGKILL: no handler runs; open transactions die with the process.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for id in &reported {
+        let s = env.show(id);
+        assert_eq!(s["status"], "completed", "{s}");
+        assert_eq!(env.log(id).len(), 5, "thread {id}: every step is there");
+    }
+    // Threads caught mid-drive show a dead driver's claim; the next driver
+    // takes them over and finishes them.
+    let listed = env.json(&["thread", "list", "--status", "running", "--limit", "1000"]);
+    for t in listed.as_array().unwrap() {
+        let id = t["id"].as_str().unwrap();
+        let o = env.uwf(&["thread", "step", id, "--count", "10"]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+        assert_eq!(env.show(id)["status"], "completed");
+    }
+    // Drop runs `verify`.
+}
