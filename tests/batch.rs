@@ -74,6 +74,20 @@ fn a_failing_request_is_rolled_back_alone() {
     let rolled_back = Blob::content("rolled back", []);
     let ((), stats) = store.group_commit(0, |g| {
         std::thread::scope(|s| {
+            // Hold the writer so that the next requests queue up and are
+            // committed as one group.
+            s.spawn(|| {
+                g.write_op(|_| {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    Ok::<_, StoreError>(())
+                })
+                .unwrap();
+            });
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            s.spawn(|| {
+                let k = kept.clone();
+                g.write_op(move |w| w.put_blob(&k)).unwrap();
+            });
             s.spawn(|| {
                 let rb = rolled_back.clone();
                 let err = g
@@ -86,21 +100,26 @@ fn a_failing_request_is_rolled_back_alone() {
                 assert!(matches!(err, StoreError::MissingRef { .. }), "{err}");
             });
             s.spawn(|| {
-                let k = kept.clone();
-                g.write_op(move |w| w.put_blob(&k)).unwrap();
-            });
-            s.spawn(|| {
-                g.append_step(t.id, t.head, step("dev", "ok", "first"), next("dev"))
-                    .unwrap();
                 // A stale head is a conflict, and only this request fails.
                 let err = g
-                    .append_step(t.id, t.head, step("dev", "ok", "stale"), next("dev"))
+                    .append_step(
+                        t.id,
+                        Hash::of(b"stale"),
+                        step("dev", "ok", "x"),
+                        next("dev"),
+                    )
                     .unwrap_err();
                 assert!(matches!(err, ThreadError::Conflict { .. }), "{err}");
+                g.append_step(t.id, t.head, step("dev", "ok", "first"), next("dev"))
+                    .unwrap();
             });
         });
     });
-    assert!(stats.requests >= 4, "{stats:?}");
+    assert_eq!(stats.requests, 5, "{stats:?}");
+    assert!(
+        stats.groups <= 3,
+        "the queued requests shared a group: {stats:?}"
+    );
     assert!(store.contains(&kept.encode().unwrap().hash()).unwrap());
     assert!(
         !store

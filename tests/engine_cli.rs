@@ -1002,7 +1002,10 @@ fn batch_runs_threads_from_a_prompt_file_and_streams_json_lines() {
         let id = l["thread"].as_str().unwrap();
         assert_eq!(env.log(id).len(), 5);
         // The agent spec is stored, as for `run`.
-        assert_eq!(env.show(id)["agent"], "script:examples/review.scenario.yaml");
+        assert_eq!(
+            env.show(id)["agent"],
+            "script:examples/review.scenario.yaml"
+        );
     }
     // Usage errors.
     let o = env.uwf(&["batch", "examples/review.yaml", "--agent", "script:x.yaml"]);

@@ -432,5 +432,5 @@ fn collections_are_safe_while_writers_run() {
 #[test]
 #[ignore]
 fn collections_are_safe_while_writers_run_long() {
-    writers_during_collections(3000, 3);
+    writers_during_collections(300, 3);
 }

@@ -570,8 +570,8 @@ impl Store {
                     // same commit, as a suspending step does.
                     r.status = ThreadStatus::Suspended;
                     r.claimed_status = None;
-                    r.suspended_role = Some(role);
-                    r.suspend_message = Some(message);
+                    r.suspended_role = Some(role.clone());
+                    r.suspend_message = Some(message.clone());
                     r.active_child = Some(child);
                     Ok(())
                 })?;

@@ -1,23 +1,66 @@
 //! Group commit (`docs/design.md` §5d): one writer thread takes write
 //! requests from a `crossbeam-channel`, runs every request waiting in one
-//! LMDB transaction (each in a nested transaction, so one failing request is
-//! rolled back alone), commits once, and only then answers each request.
+//! LMDB transaction, commits once, and only then answers each request. If a
+//! request fails, the transaction is dropped and the group runs again
+//! without it, so a failing request is rolled back alone.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::Thread;
 
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use super::{Store, StoreError, StoreInner, WriteTxn};
 
 /// Most requests in one group when none is given.
 pub const DEFAULT_MAX_GROUP: usize = 256;
 
-/// A request: runs in a nested transaction, says whether it succeeded (so
-/// its nested transaction is kept), and is told when its group is durable.
+/// A request: runs in the group's transaction (perhaps more than once),
+/// says whether it succeeded, and is told when its group is durable.
 struct Request {
-    job: Box<dyn FnOnce(&mut WriteTxn<'_>) -> bool + Send>,
-    done: Sender<Result<(), StoreError>>,
+    job: Box<dyn FnMut(&mut WriteTxn<'_>) -> bool + Send>,
+    ack: Arc<Ack>,
+}
+
+/// Where the writer answers a request. The waiting thread parks (no
+/// spinning: with many drivers waiting, spinning would steal the writer's
+/// CPU) and the writer unparks it.
+struct Ack {
+    outcome: Mutex<Option<Result<(), StoreError>>>,
+    waiter: Thread,
+}
+
+impl Ack {
+    fn answer(&self, outcome: Result<(), StoreError>) {
+        let mut slot = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(outcome);
+        }
+        drop(slot);
+        self.waiter.unpark();
+    }
+
+    fn wait(&self) -> Result<(), StoreError> {
+        loop {
+            if let Some(r) = self
+                .outcome
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                return r;
+            }
+            std::thread::park();
+        }
+    }
+}
+
+impl Drop for Request {
+    /// A request dropped unanswered (the writer stopped) must not leave its
+    /// sender parked forever.
+    fn drop(&mut self) {
+        self.ack.answer(Err(StoreError::GroupStopped));
+    }
 }
 
 /// The sending side, shared by the clones of a group-commit handle.
@@ -91,11 +134,13 @@ impl Store {
 
     /// Runs `f` in a write transaction and commits it: through the group
     /// writer when this handle has one (then `f` runs on the writer's thread,
-    /// in a nested transaction of a group, and this returns once the group
-    /// is durable), else as [`Store::write`].
+    /// in the transaction of a group, and this returns once the group is
+    /// durable), else as [`Store::write`]. `f` may run more than once: when
+    /// another request of its group fails, the group runs again without that
+    /// one. It must have no effects outside the transaction.
     pub fn write_op<R, E>(
         &self,
-        f: impl FnOnce(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,
+        mut f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,
     ) -> Result<R, E>
     where
         R: Send + 'static,
@@ -104,29 +149,35 @@ impl Store {
         let Some(group) = &self.group else {
             return self.write(f);
         };
-        let (result_tx, result_rx) = bounded::<Result<R, E>>(1);
-        let (done_tx, done_rx) = bounded::<Result<(), StoreError>>(1);
+        let slot: Arc<Mutex<Option<Result<R, E>>>> = Arc::new(Mutex::new(None));
+        let ack = Arc::new(Ack {
+            outcome: Mutex::new(None),
+            waiter: std::thread::current(),
+        });
+        let job_slot = Arc::clone(&slot);
         let job = Box::new(move |w: &mut WriteTxn<'_>| {
             let r = f(w);
             let ok = r.is_ok();
-            let _ = result_tx.send(r);
+            *job_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             ok
         });
         group
             .tx
-            .send(Request { job, done: done_tx })
+            .send(Request {
+                job,
+                ack: Arc::clone(&ack),
+            })
             .map_err(|_| StoreError::GroupStopped)?;
-        match done_rx.recv() {
-            Ok(Ok(())) => result_rx
-                .try_recv()
-                .unwrap_or_else(|_| Err(StoreError::GroupStopped.into())),
+        let done = ack.wait();
+        let result = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match done {
+            Ok(()) => result.unwrap_or_else(|| Err(StoreError::GroupStopped.into())),
             // The group was not stored: a request that failed on its own
             // says why; one that succeeded reports the commit's failure.
-            Ok(Err(e)) => match result_rx.try_recv() {
-                Ok(Err(own)) => Err(own),
+            Err(e) => match result {
+                Some(Err(own)) => Err(own),
                 _ => Err(e.into()),
             },
-            Err(_) => Err(StoreError::GroupStopped.into()),
         }
     }
 }
@@ -141,13 +192,13 @@ fn writer(inner: &StoreInner, rx: &Receiver<Request>, max_group: usize, counters
                 Err(_) => break,
             }
         }
-        let n = batch.len() as u64;
-        let mut done = Vec::with_capacity(batch.len());
-        let outcome = commit_group(inner, batch, &mut done);
+        let outcome = commit_group(inner, &mut batch);
         counters.groups.fetch_add(1, Ordering::Relaxed);
-        counters.requests.fetch_add(n, Ordering::Relaxed);
-        for d in done {
-            let _ = d.send(match &outcome {
+        counters
+            .requests
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for req in batch {
+            req.ack.answer(match &outcome {
                 Ok(()) => Ok(()),
                 Err(e) => Err(e.for_each_request()),
             });
@@ -155,34 +206,25 @@ fn writer(inner: &StoreInner, rx: &Receiver<Request>, max_group: usize, counters
     }
 }
 
-fn commit_group(
-    inner: &StoreInner,
-    batch: Vec<Request>,
-    done: &mut Vec<Sender<Result<(), StoreError>>>,
-) -> Result<(), StoreError> {
-    let mut txn = WriteTxn::begin(inner);
-    let mut failure = None;
-    for req in batch {
-        done.push(req.done);
-        if failure.is_some() {
-            continue;
+/// Runs the group in one transaction and commits it. A request that fails
+/// is left out and the rest run again in a fresh transaction (its own
+/// error is in its result); so every request either is in the commit or
+/// failed alone. Returns the commit's outcome.
+fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreError> {
+    let mut left_out = vec![false; batch.len()];
+    loop {
+        let mut txn = WriteTxn::begin(inner)?;
+        let mut failed = None;
+        for (i, req) in batch.iter_mut().enumerate() {
+            if !left_out[i] && !(req.job)(&mut txn) {
+                failed = Some(i);
+                break;
+            }
         }
-        let result = txn
-            .as_mut()
-            .map_err(|e| e.for_each_request())
-            .and_then(|t| {
-                let mut child = t.nested()?;
-                if (req.job)(&mut child) {
-                    child.commit()?;
-                }
-                Ok(())
-            });
-        if let Err(e) = result {
-            failure = Some(e);
+        match failed {
+            // Dropping the transaction discards everything it wrote.
+            Some(i) => left_out[i] = true,
+            None => return txn.commit(),
         }
-    }
-    match failure {
-        Some(e) => Err(e),
-        None => txn?.commit(),
     }
 }

@@ -218,24 +218,6 @@ impl<'s> WriteTxn<'s> {
         })
     }
 
-    /// A nested transaction: its writes join this transaction's when it
-    /// commits and vanish when it is dropped; this transaction is unusable
-    /// until then (group commit runs each request in one).
-    pub(crate) fn nested(&mut self) -> Result<WriteTxn<'_>, StoreError> {
-        let store = self.store;
-        let txn = store
-            .env
-            .nested_write_txn(&mut self.txn)
-            .map_err(|e| store.error("starting a nested transaction", e))?;
-        Ok(WriteTxn {
-            txn,
-            store,
-            now_ms: now_ms().max(self.now_ms),
-            buf: Vec::with_capacity(1024),
-            gc_epoch: self.gc_epoch,
-        })
-    }
-
     /// The epoch of a garbage collection in progress (`docs/design.md` §7),
     /// read once per transaction.
     pub(crate) fn gc_epoch(&mut self) -> Result<Option<u64>, StoreError> {

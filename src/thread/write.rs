@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::index::{self, Location};
 use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
 use crate::hash::Hash;
-use crate::node::{Blob, StartNode, StateNode, Value};
+use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors};
 use crate::store::{Store, WriteTxn};
 
 /// A new thread.
@@ -114,46 +114,68 @@ pub struct Written {
     pub end: Option<Hash>,
 }
 
-/// `seq` and `ancestors` for the node after `head`.
-fn next_position(w: &WriteTxn<'_>, head: Hash) -> Result<(u64, Vec<Hash>), ThreadError> {
-    match w.get_blob(&head)? {
-        Some(Blob::Start(_)) => Ok((1, Vec::new())),
-        Some(Blob::State(s)) => {
+/// `seq` and `ancestors` for the node after the record's head. The head's
+/// seq is the record's; its ancestors are read from its bytes without
+/// decoding the rest.
+fn next_position(w: &WriteTxn<'_>, record: &ThreadRecord) -> Result<(u64, Vec<Hash>), ThreadError> {
+    let head = record.head;
+    let Some(stored) = w.get_record(&head)? else {
+        return Err(ThreadError::MissingNode { hash: head });
+    };
+    match stored.kind {
+        Kind::Start => Ok((1, Vec::new())),
+        Kind::State => {
+            let older = state_ancestors(stored.bytes).ok_or_else(|| ThreadError::WrongKind {
+                hash: head,
+                expected: "a state node in canonical form",
+            })?;
             let mut ancestors = Vec::with_capacity(MAX_ANCESTORS);
             ancestors.push(head);
-            ancestors.extend(s.ancestors.iter().take(MAX_ANCESTORS - 1));
-            Ok((s.seq + 1, ancestors))
+            ancestors.extend(older.into_iter().take(MAX_ANCESTORS - 1));
+            Ok((record.seq + 1, ancestors))
         }
-        Some(_) => Err(ThreadError::WrongKind {
+        _ => Err(ThreadError::WrongKind {
             hash: head,
             expected: "state or start",
         }),
-        None => Err(ThreadError::MissingNode { hash: head }),
+    }
+}
+
+/// A step's reply and instruction blobs, encoded (and hashed) before the
+/// write transaction, so a group-commit writer does less.
+pub(crate) struct StepBlobs {
+    content: EncodedBlob,
+    input: EncodedBlob,
+}
+
+impl StepBlobs {
+    fn new(reply: &str, artifacts: &[Hash], instruction: &str) -> Result<StepBlobs, ThreadError> {
+        Ok(StepBlobs {
+            content: Blob::content(reply, artifacts.iter().copied()).encode()?,
+            input: Blob::content(instruction, []).encode()?,
+        })
     }
 }
 
 /// Writes a state node after `record.head` and moves the head to it. The
 /// staged compaction summary, if any, becomes its `compact`.
-#[allow(clippy::too_many_arguments)]
 fn write_state(
     w: &mut WriteTxn<'_>,
     record: &mut ThreadRecord,
     role: &str,
     meta: BTreeMap<String, Value>,
-    reply: &str,
-    artifacts: &[Hash],
-    instruction: &str,
+    blobs: &StepBlobs,
     child_thread: Option<Hash>,
 ) -> Result<Hash, ThreadError> {
-    let (seq, ancestors) = next_position(w, record.head)?;
-    let content = w.put_blob(&Blob::content(reply, artifacts.iter().copied()))?;
-    let input = w.put_blob(&Blob::content(instruction, []))?;
+    let (seq, ancestors) = next_position(w, record)?;
+    w.put_encoded(&blobs.content)?;
+    w.put_encoded(&blobs.input)?;
     let node = Blob::State(StateNode {
         ancestors,
         child_thread,
         compact: record.staged_compact.take(),
-        content,
-        input,
+        content: blobs.content.hash(),
+        input: blobs.input.hash(),
         meta,
         role: role.to_owned(),
         seq,
@@ -179,16 +201,8 @@ fn write_end(
         ),
         ("summary".to_owned(), Value::Str(end.summary.clone())),
     ]);
-    let hash = write_state(
-        w,
-        record,
-        END_ROLE,
-        meta,
-        &end.summary,
-        &[],
-        &end.prompt,
-        None,
-    )?;
+    let blobs = StepBlobs::new(&end.summary, &[], &end.prompt)?;
+    let hash = write_state(w, record, END_ROLE, meta, &blobs, None)?;
     record.last_end_seq = record.seq;
     // An ended thread is in history: any claim on it is over.
     record.claimed_status = None;
@@ -287,7 +301,7 @@ impl Store {
             let now = w.now_ms();
             let record = ThreadRecord {
                 active_child: None,
-                agent: new.agent,
+                agent: new.agent.clone(),
                 agent_steps: Some(0),
                 claimed_status: claimed.then_some(ThreadStatus::Idle),
                 completed_at: None,
@@ -297,8 +311,8 @@ impl Store {
                 id,
                 last_end_seq: 0,
                 last_error: None,
-                next_instruction: Some(new.next_instruction),
-                next_role: Some(new.next_role),
+                next_instruction: Some(new.next_instruction.clone()),
+                next_role: Some(new.next_role.clone()),
                 parent_thread: new.parent_thread,
                 seq: 0,
                 staged_compact: None,
@@ -311,7 +325,7 @@ impl Store {
                 suspend_message: None,
                 suspended_role: None,
                 updated_at: now,
-                workflow: new.workflow,
+                workflow: new.workflow.clone(),
                 workflow_hash: new.workflow_hash,
             };
             index::put(w, None, &record)?;
@@ -331,6 +345,7 @@ impl Store {
         step: StepWrite,
         after: After,
     ) -> Result<Written, ThreadError> {
+        let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
         self.write_op(move |w| {
             let (record, location) = load_checked(w, id, expected_head)?;
             if location != Location::Active {
@@ -341,7 +356,7 @@ impl Store {
                 });
             }
             let old = record.clone();
-            append_in(w, &old, record, location, step, after)
+            append_in(w, &old, record, location, &step, &blobs, after.clone())
         })
     }
 
@@ -356,6 +371,7 @@ impl Store {
         step: StepWrite,
         after: After,
     ) -> Result<Written, ThreadError> {
+        let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
         self.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             if !matches!(
@@ -370,7 +386,7 @@ impl Store {
             }
             let old = record.clone();
             record.completed_at = None;
-            append_in(w, &old, record, location, step, after)
+            append_in(w, &old, record, location, &step, &blobs, after.clone())
         })
     }
 
@@ -510,7 +526,7 @@ impl Store {
     pub fn record_failure(&self, id: ThreadId, error: &str) -> Result<ThreadRecord, ThreadError> {
         let error = error.to_owned();
         self.update_record(id, move |r| {
-            r.last_error = Some(error);
+            r.last_error = Some(error.clone());
             Ok(())
         })
     }
@@ -528,7 +544,7 @@ impl Store {
         self.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             let old = record.clone();
-            let hash = w.put_blob(&Blob::content(summary, []))?;
+            let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
             record.staged_compact = Some(hash);
             record.updated_at = w.now_ms();
             index::put(w, Some((&old, location)), &record)?;
@@ -541,7 +557,7 @@ impl Store {
     pub fn update_record(
         &self,
         id: ThreadId,
-        change: impl FnOnce(&mut ThreadRecord) -> Result<(), ThreadError> + Send + 'static,
+        mut change: impl FnMut(&mut ThreadRecord) -> Result<(), ThreadError> + Send + 'static,
     ) -> Result<ThreadRecord, ThreadError> {
         self.write_op(move |w| {
             let (mut record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
@@ -576,17 +592,16 @@ fn append_in(
     old: &ThreadRecord,
     mut record: ThreadRecord,
     location: Location,
-    step: StepWrite,
+    step: &StepWrite,
+    blobs: &StepBlobs,
     after: After,
 ) -> Result<Written, ThreadError> {
     let hash = write_state(
         w,
         &mut record,
         &step.role,
-        step.meta,
-        &step.reply,
-        &step.artifacts,
-        &step.instruction,
+        step.meta.clone(),
+        blobs,
         step.child_thread,
     )?;
     record.last_error = None;

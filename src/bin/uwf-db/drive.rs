@@ -70,8 +70,8 @@ impl AgentArgs {
         let agent = self.build(store.path(), spec)?;
         if record.agent.as_ref() != Some(spec) {
             let spec = spec.clone();
-            store.update_record(record.id, |r| {
-                r.agent = Some(spec);
+            store.update_record(record.id, move |r| {
+                r.agent = Some(spec.clone());
                 Ok(())
             })?;
         }

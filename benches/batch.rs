@@ -1,0 +1,258 @@
+//! Bench `batch` (SPEC §9), durable (`sync`), each against a baseline in the
+//! same run:
+//! - group commit: `append_step` from 32 threads through one group-commit
+//!   writer vs raw heed durable transactions putting the same bytes in the
+//!   same group sizes (goal ≥ 0.5×);
+//! - the engine driving the review scenario with 32 jobs over group commit
+//!   vs the engine with one transaction per step (`run`, one thread after
+//!   another) (goal ≥ 10×).
+//!
+//! Run: `cargo bench --bench batch`. `UWF_BENCH_SCALE=0.1` shrinks it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use common::{Comparison, raw_env, report, scratch_dir, time};
+use heed::types::Bytes;
+use uwf_db::engine::agent::{Agent, ScriptAgent};
+use uwf_db::engine::batch::BatchOptions;
+use uwf_db::store::GroupStats;
+use uwf_db::thread::{After, NewThread, StepWrite};
+use uwf_db::workflow::parse_workflow;
+use uwf_db::{Blob, Durability, Hash, StateNode, Store, StoreOptions, Value, WorkflowNode};
+
+const WRITERS: usize = 32;
+const JOBS: usize = 128;
+
+fn scale(n: usize) -> usize {
+    let s: f64 = std::env::var("UWF_BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    ((n as f64 * s) as usize).max(4)
+}
+
+fn open(dir: &Path) -> Store {
+    Store::open(
+        dir,
+        StoreOptions {
+            durability: Durability::Sync,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn step(w: usize, i: usize) -> StepWrite {
+    StepWrite {
+        role: "developer".into(),
+        meta: BTreeMap::from([("$status".to_owned(), Value::Str("review_needed".into()))]),
+        reply: format!("writer {w}, step {i}: changed the code and ran the tests"),
+        artifacts: vec![],
+        instruction: "Implement the change".into(),
+        child_thread: None,
+    }
+}
+
+/// The bytes one step writes, for the raw side (as in the `threads` bench):
+/// reply and instruction blobs, a state node of the same shape, a record.
+fn step_bytes(w: usize, i: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let s = step(w, i);
+    let reply = Blob::content(s.reply.as_str(), []).encode().unwrap();
+    let input = Blob::content(s.instruction.as_str(), []).encode().unwrap();
+    let state = Blob::State(StateNode {
+        ancestors: (0..11.min(i))
+            .map(|k| Hash::of(&(k as u64).to_le_bytes()))
+            .collect(),
+        child_thread: None,
+        compact: None,
+        content: reply.hash(),
+        input: input.hash(),
+        meta: s.meta.clone(),
+        role: s.role.clone(),
+        seq: i as u64 + 1,
+        start: Hash::of(&(w as u64).to_be_bytes()),
+        timestamp: 1_790_000_000_000,
+    })
+    .encode()
+    .unwrap();
+    let mut record_key = vec![0u8; 16];
+    record_key[..8].copy_from_slice(&(w as u64).to_be_bytes());
+    vec![
+        (reply.hash().as_bytes().to_vec(), reply.bytes().to_vec()),
+        (input.hash().as_bytes().to_vec(), input.bytes().to_vec()),
+        (state.hash().as_bytes().to_vec(), state.bytes().to_vec()),
+        (record_key, vec![0u8; 330]),
+    ]
+}
+
+fn group_commit_bench(per_writer: usize) -> Comparison {
+    let total = WRITERS * per_writer;
+    let stats = Mutex::new(GroupStats::default());
+    let subject = || {
+        let dir = scratch_dir("batch-group");
+        let store = open(dir.path());
+        let wf = store
+            .put(&Blob::Workflow(WorkflowNode {
+                definition: Value::Map(BTreeMap::from([(
+                    "name".to_owned(),
+                    Value::Str("bench".into()),
+                )])),
+            }))
+            .unwrap();
+        let threads: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                store
+                    .start_thread(NewThread {
+                        workflow: "bench".into(),
+                        workflow_hash: wf,
+                        prompt: format!("task {w}"),
+                        max_rounds: 1_000_000,
+                        depth: 0,
+                        parent_state: None,
+                        parent_thread: None,
+                        next_role: "developer".into(),
+                        next_instruction: "Implement the change".into(),
+                        agent: None,
+                    })
+                    .unwrap()
+            })
+            .collect();
+        let mut d = None;
+        let ((), s) = store.group_commit(0, |g| {
+            d = Some(time(|| {
+                std::thread::scope(|scope| {
+                    for (w, t) in threads.iter().enumerate() {
+                        scope.spawn(move || {
+                            let mut head = t.head;
+                            for i in 0..per_writer {
+                                let next = After::Next {
+                                    role: "developer".into(),
+                                    instruction: "Implement the change".into(),
+                                };
+                                head = g
+                                    .append_step(t.id, head, step(w, i), next)
+                                    .unwrap()
+                                    .record
+                                    .head;
+                            }
+                        });
+                    }
+                });
+            }));
+        });
+        *stats.lock().unwrap() = s;
+        d.unwrap()
+    };
+    let baseline = || {
+        let s = *stats.lock().unwrap();
+        let group = (s.requests as f64 / s.groups.max(1) as f64)
+            .round()
+            .max(1.0) as usize;
+        let steps: Vec<Vec<(Vec<u8>, Vec<u8>)>> = (0..total)
+            .map(|k| step_bytes(k % WRITERS, k / WRITERS))
+            .collect();
+        let dir = scratch_dir("batch-raw");
+        let env = raw_env(dir.path(), true);
+        let mut w = env.write_txn().unwrap();
+        let blobs: heed::Database<Bytes, Bytes> =
+            env.create_database(&mut w, Some("blobs")).unwrap();
+        let records: heed::Database<Bytes, Bytes> =
+            env.create_database(&mut w, Some("threads")).unwrap();
+        w.commit().unwrap();
+        time(|| {
+            for chunk in steps.chunks(group) {
+                let mut w = env.write_txn().unwrap();
+                for puts in chunk {
+                    for (k, v) in &puts[..3] {
+                        blobs.put(&mut w, k, v).unwrap();
+                    }
+                    records.put(&mut w, &puts[3].0, &puts[3].1).unwrap();
+                }
+                w.commit().unwrap();
+            }
+        })
+    };
+    // The subject runs first in each pair, so the baseline knows the group
+    // size it must match.
+    let c = Comparison::run(
+        &format!(
+            "group commit: append_step from {WRITERS} threads vs raw heed txns of the same puts in the same group sizes"
+        ),
+        total as u64,
+        3,
+        subject,
+        baseline,
+    );
+    let s = *stats.lock().unwrap();
+    println!(
+        "(group commit: {} groups of {:.1} steps on average in the last run)",
+        s.groups,
+        s.average_group()
+    );
+    c
+}
+
+fn engine_bench(threads: usize) -> Comparison {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
+    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+    let scenario = root.join("examples/review.scenario.yaml");
+    let agent = || Box::new(ScriptAgent::load(&scenario).unwrap()) as Box<dyn Agent>;
+    let sequential = (threads / 8).max(2);
+    // Rates in steps per second; both sides are timed per step.
+    Comparison::run(
+        &format!(
+            "engine: batch of {threads} review threads, {JOBS} jobs, vs `run` of {sequential} threads one after another (ops = steps of the batch)"
+        ),
+        (threads * 4) as u64,
+        3,
+        || {
+            let dir = scratch_dir("batch-engine");
+            let store = open(dir.path());
+            let (hash, _) = store.add_workflow(&wf).unwrap();
+            let prompts: Vec<String> = (0..threads).map(|i| format!("change {i}")).collect();
+            let agents = (0..JOBS).map(|_| agent()).collect();
+            time(|| {
+                let r = store
+                    .run_batch(
+                        hash,
+                        &prompts,
+                        &BatchOptions::default(),
+                        agents,
+                        &mut |_| {},
+                    )
+                    .unwrap();
+                assert_eq!(r.completed as usize, threads);
+            })
+        },
+        || {
+            let dir = scratch_dir("batch-engine-seq");
+            let store = open(dir.path());
+            let (hash, _) = store.add_workflow(&wf).unwrap();
+            let mut a = agent();
+            let d = time(|| {
+                for i in 0..sequential {
+                    let (_, out) = store
+                        .run_workflow(hash, &format!("change {i}"), None, None, a.as_mut())
+                        .unwrap();
+                    assert!(out.error.is_none());
+                }
+            });
+            // Scale to the batch's number of steps.
+            d * (threads as u32) / (sequential as u32)
+        },
+    )
+}
+
+fn main() {
+    let rows = vec![group_commit_bench(scale(200)), engine_bench(scale(2000))];
+    report(
+        "batch: durable group commit",
+        "≥ 0.5× raw heed durable puts in the same group sizes; the engine's batch ≥ 10× one transaction per step",
+        &rows,
+    );
+}
