@@ -117,7 +117,14 @@ impl Store {
         let out = std::thread::scope(|scope| {
             let inner = &self.inner;
             let counters = &counters;
-            scope.spawn(move || writer(inner, &rx, max_group, counters));
+            let spawned = std::thread::Builder::new()
+                .name("uwf-group-commit".into())
+                .spawn_scoped(scope, move || writer(inner, &rx, max_group, counters));
+            if let Err(e) = spawned {
+                // No writer: every write through the handle fails with
+                // `GroupStopped` (its request is dropped unanswered).
+                drop(e);
+            }
             let grouped = Store {
                 inner: Arc::clone(&self.inner),
                 group: Some(Arc::new(GroupSender { tx })),
