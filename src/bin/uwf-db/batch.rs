@@ -49,6 +49,7 @@ pub fn run(
     count: Option<usize>,
     prompt: Option<&str>,
     jobs: usize,
+    max_group: usize,
     max_rounds: Option<u32>,
     out: &mut Output,
 ) -> Result<(), CliError> {
@@ -61,7 +62,7 @@ pub fn run(
     let store = cli.open(true)?;
     let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
     let options = BatchOptions {
-        max_group: 0,
+        max_group,
         agent_spec: Some(spec.clone()),
         max_rounds,
     };

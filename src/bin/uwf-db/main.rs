@@ -88,6 +88,9 @@ enum Command {
         /// Threads driven at once (one agent each)
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
         jobs: u16,
+        /// Most writes in one commit group [default: 256]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_group: Option<u32>,
         /// Loop protection (default: the workflow's maxRounds)
         #[arg(long)]
         max_rounds: Option<u32>,
@@ -195,6 +198,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             count,
             prompt,
             jobs,
+            max_group,
             max_rounds,
         } => batch::run(
             cli,
@@ -204,6 +208,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             *count,
             prompt.as_deref(),
             usize::from(*jobs),
+            max_group.map_or(0, |g| g as usize),
             *max_rounds,
             out,
         ),
