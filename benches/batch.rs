@@ -15,25 +15,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-use common::{Comparison, raw_env, report, scratch_dir, time};
+use common::{Comparison, raw_env, report, scale, scratch_dir, step_puts, time};
 use heed::types::Bytes;
 use uwf_db::engine::agent::{Agent, ScriptAgent};
 use uwf_db::engine::batch::BatchOptions;
 use uwf_db::store::GroupStats;
 use uwf_db::thread::{After, NewThread, StepWrite};
 use uwf_db::workflow::parse_workflow;
-use uwf_db::{Blob, Durability, Hash, StateNode, Store, StoreOptions, Value, WorkflowNode};
+use uwf_db::{Blob, Durability, Hash, Store, StoreOptions, Value, WorkflowNode};
 
 const WRITERS: usize = 32;
 const JOBS: usize = 128;
-
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("UWF_BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(4)
-}
 
 fn open(dir: &Path) -> Store {
     Store::open(
@@ -57,36 +49,16 @@ fn step(w: usize, i: usize) -> StepWrite {
     }
 }
 
-/// The bytes one step writes, for the raw side (as in the `threads` bench):
-/// reply and instruction blobs, a state node of the same shape, a record.
+/// The bytes one step writes, for the raw side (as in the `threads` bench).
 fn step_bytes(w: usize, i: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let s = step(w, i);
-    let reply = Blob::content(s.reply.as_str(), []).encode().unwrap();
-    let input = Blob::content(s.instruction.as_str(), []).encode().unwrap();
-    let state = Blob::State(StateNode {
-        ancestors: (0..11.min(i))
-            .map(|k| Hash::of(&(k as u64).to_le_bytes()))
-            .collect(),
-        child_thread: None,
-        compact: None,
-        content: reply.hash(),
-        input: input.hash(),
-        meta: s.meta.clone(),
-        role: s.role.clone(),
-        seq: i as u64 + 1,
-        start: Hash::of(&(w as u64).to_be_bytes()),
-        timestamp: 1_790_000_000_000,
-    })
-    .encode()
-    .unwrap();
     let mut record_key = vec![0u8; 16];
     record_key[..8].copy_from_slice(&(w as u64).to_be_bytes());
-    vec![
-        (reply.hash().as_bytes().to_vec(), reply.bytes().to_vec()),
-        (input.hash().as_bytes().to_vec(), input.bytes().to_vec()),
-        (state.hash().as_bytes().to_vec(), state.bytes().to_vec()),
-        (record_key, vec![0u8; 330]),
-    ]
+    step_puts(
+        &step(w, i),
+        i,
+        Hash::of(&(w as u64).to_be_bytes()),
+        record_key,
+    )
 }
 
 fn group_commit_bench(per_writer: usize) -> Comparison {
@@ -249,7 +221,10 @@ fn engine_bench(threads: usize) -> Comparison {
 }
 
 fn main() {
-    let rows = vec![group_commit_bench(scale(200)), engine_bench(scale(2000))];
+    let rows = vec![
+        group_commit_bench(scale(200, 4)),
+        engine_bench(scale(2000, 4)),
+    ];
     report(
         "batch: durable group commit",
         "≥ 0.5× raw heed durable puts in the same group sizes; the engine's batch ≥ 10× one transaction per step",

@@ -13,7 +13,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{Comparison, raw_env, report, scratch_dir, time};
+use common::{Comparison, raw_env, report, scale, scratch_dir, time};
 use heed::types::Bytes;
 use uwf_db::gc::{GcOptions, GcReport};
 use uwf_db::thread::{After, NewThread, StepWrite, ThreadId};
@@ -21,14 +21,6 @@ use uwf_db::{Blob, Durability, Store, StoreOptions, Value, WorkflowNode};
 
 const THREADS: usize = 1000;
 const STEPS: usize = 500;
-
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("UWF_BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(10)
-}
 
 /// `threads` threads of `STEPS` steps, each step with a unique reply (so
 /// about two blobs per step: the state node and its reply).
@@ -106,7 +98,7 @@ fn main() {
     )
     .unwrap();
     let t = Instant::now();
-    let ids = build(&store, scale(THREADS));
+    let ids = build(&store, scale(THREADS, 10));
     let blobs = store.stats().unwrap().blob_count;
     eprintln!("built {blobs} blobs in {:.1} s", t.elapsed().as_secs_f64());
 

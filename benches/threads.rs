@@ -14,20 +14,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Comparison, raw_env, report, scratch_dir, time};
+use common::{Comparison, raw_env, report, scale, scratch_dir, step_puts, time};
 use heed::types::Bytes;
 use uwf_db::thread::{After, ForkState, NewThread, StepWrite, ThreadId, ThreadQuery};
-use uwf_db::{
-    Blob, Durability, Hash, StateNode, Store, StoreError, StoreOptions, Value, WorkflowNode,
-};
-
-fn scale(n: usize) -> usize {
-    let s: f64 = std::env::var("UWF_BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1.0);
-    ((n as f64 * s) as usize).max(10)
-}
+use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
 
 fn open(dir: &std::path::Path, durability: Durability) -> Store {
     Store::open(
@@ -102,32 +92,8 @@ fn append_bench(n: usize) -> Comparison {
     // content blobs, a state node of the same shape, and a record-sized value.
     let steps: Vec<Vec<(Vec<u8>, Vec<u8>)>> = (0..n)
         .map(|i| {
-            let s = step(i);
-            let reply = Blob::content(s.reply.as_str(), []).encode().unwrap();
-            let input = Blob::content(s.instruction.as_str(), []).encode().unwrap();
             let prev = Hash::of(&(i as u64).to_be_bytes());
-            let state = Blob::State(StateNode {
-                ancestors: (0..11.min(i))
-                    .map(|k| Hash::of(&(k as u64).to_le_bytes()))
-                    .collect(),
-                child_thread: None,
-                compact: None,
-                content: reply.hash(),
-                input: input.hash(),
-                meta: s.meta.clone(),
-                role: s.role.clone(),
-                seq: i as u64 + 1,
-                start: prev,
-                timestamp: 1_790_000_000_000,
-            })
-            .encode()
-            .unwrap();
-            vec![
-                (reply.hash().as_bytes().to_vec(), reply.bytes().to_vec()),
-                (input.hash().as_bytes().to_vec(), input.bytes().to_vec()),
-                (state.hash().as_bytes().to_vec(), state.bytes().to_vec()),
-                (vec![7u8; 16], vec![0u8; 330]),
-            ]
+            step_puts(&step(i), i, prev, vec![7u8; 16])
         })
         .collect();
     Comparison::run(
@@ -169,10 +135,10 @@ fn main() {
     let mut rows = Vec::new();
     let mut context = Vec::new();
 
-    rows.push(append_bench(scale(2000)));
+    rows.push(append_bench(scale(2000, 10)));
 
     // History fetch: newest 50 steps of a 10,000-step thread.
-    let steps = scale(10_000);
+    let steps = scale(10_000, 10);
     let dir = scratch_dir("log-store");
     let store = open(dir.path(), Durability::None);
     let t = start(&store, "long");
@@ -277,7 +243,7 @@ fn main() {
     let short = start(&fstore, "short");
     let short_head = grow(&fstore, short.id, short.head, 10);
     let long = start(&fstore, "long");
-    let long_head = grow(&fstore, long.id, long.head, scale(100_000));
+    let long_head = grow(&fstore, long.id, long.head, scale(100_000, 10));
     let forks = 2000;
     let fork_state = || ForkState::Idle {
         role: "developer".into(),
@@ -321,7 +287,7 @@ fn main() {
             definition: Value::Str("wf".into()),
         }))
         .unwrap();
-    let n_threads = scale(100_000);
+    let n_threads = scale(100_000, 10);
     let mut ids = Vec::with_capacity(n_threads);
     for i in 0..n_threads {
         let r = lstore

@@ -33,6 +33,53 @@ pub fn raw_env(dir: &std::path::Path, durable: bool) -> heed::Env<heed::WithoutT
     }
 }
 
+/// `n` scaled by `UWF_BENCH_SCALE` (default 1), at least `min`.
+pub fn scale(n: usize, min: usize) -> usize {
+    let s: f64 = std::env::var("UWF_BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    ((n as f64 * s) as usize).max(min)
+}
+
+/// The puts a step makes, for raw baselines: its reply and instruction
+/// content blobs, a state node of the same shape (`seq`, up to 11
+/// ancestors, `start`), and a record-sized value under `record_key`.
+pub fn step_puts(
+    step: &uwf_db::thread::StepWrite,
+    seq: usize,
+    start: uwf_db::Hash,
+    record_key: Vec<u8>,
+) -> Vec<(Vec<u8>, Vec<u8>)> {
+    use uwf_db::{Blob, Hash, StateNode};
+    let reply = Blob::content(step.reply.as_str(), []).encode().unwrap();
+    let input = Blob::content(step.instruction.as_str(), [])
+        .encode()
+        .unwrap();
+    let state = Blob::State(StateNode {
+        ancestors: (0..11.min(seq))
+            .map(|k| Hash::of(&(k as u64).to_le_bytes()))
+            .collect(),
+        child_thread: None,
+        compact: None,
+        content: reply.hash(),
+        input: input.hash(),
+        meta: step.meta.clone(),
+        role: step.role.clone(),
+        seq: seq as u64 + 1,
+        start,
+        timestamp: 1_790_000_000_000,
+    })
+    .encode()
+    .unwrap();
+    vec![
+        (reply.hash().as_bytes().to_vec(), reply.bytes().to_vec()),
+        (input.hash().as_bytes().to_vec(), input.bytes().to_vec()),
+        (state.hash().as_bytes().to_vec(), state.bytes().to_vec()),
+        (record_key, vec![0u8; 330]),
+    ]
+}
+
 /// Deterministic xorshift, for shuffles without a dependency.
 pub struct Rng(u64);
 
