@@ -1069,3 +1069,39 @@ fn a_batch_killed_mid_run_keeps_every_acknowledged_step() {
     }
     // Drop runs `verify`.
 }
+
+#[test]
+fn ctrl_c_stops_a_batch_kills_its_agents_and_leaves_threads_retryable() {
+    let env = Env::new();
+    let marker = env.dir.path().join("agent-survived");
+    let agent = format!("cmd:sh -c 'sleep 2; touch {}'", marker.display());
+    let child = env.spawn(&[
+        "batch",
+        "examples/review.yaml",
+        "-n",
+        "20",
+        "-p",
+        "t",
+        "--agent",
+        &agent,
+        "--jobs",
+        "3",
+    ]);
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let listed = env.json(&["thread", "list"]);
+    let threads = listed.as_array().unwrap();
+    assert!(!threads.is_empty() && threads.len() <= 3, "{listed}");
+    for t in threads {
+        assert_eq!(t["status"], "idle", "claims released: {t}");
+        assert!(
+            t["last_error"].is_null(),
+            "an interrupt is not a failure: {t}"
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(!marker.exists(), "every agent's process group was killed");
+}

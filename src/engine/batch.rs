@@ -92,6 +92,9 @@ impl Store {
                     let next = &next;
                     scope.spawn(move || {
                         loop {
+                            if super::claim::interrupted() {
+                                break;
+                            }
                             let index = next.fetch_add(1, Ordering::Relaxed);
                             let Some(prompt) = prompts.get(index) else {
                                 break;

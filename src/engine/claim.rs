@@ -29,6 +29,14 @@ static HELD: LazyLock<Mutex<HashSet<(PathBuf, ThreadId)>>> =
 /// Agent process groups running now, killed by [`interrupt`].
 static AGENTS: LazyLock<Mutex<HashSet<u32>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
 
+/// Set by [`interrupt`]: no new claim is taken and no new agent runs.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether [`interrupt`] was called in this process.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Stores with claims held now, so [`interrupt`] can release them.
 static CLAIMED: LazyLock<Mutex<Vec<(Store, ThreadId)>>> = LazyLock::new(|| Mutex::new(Vec::new()));
 
@@ -110,6 +118,9 @@ impl Store {
     }
 
     fn lock_claim(&self, id: ThreadId, mark: bool) -> Result<Claim, EngineError> {
+        if interrupted() {
+            return Err(EngineError::Interrupted);
+        }
         let key = (self.path().to_path_buf(), id);
         {
             let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
@@ -252,6 +263,10 @@ pub(crate) fn agent_started(pgid: u32) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(pgid);
+    // Started while `interrupt` ran: it may have missed this group.
+    if interrupted() {
+        super::agent::kill_group(pgid);
+    }
 }
 
 /// Forgets a finished agent's process group.
@@ -266,6 +281,7 @@ pub(crate) fn agent_finished(pgid: u32) {
 /// releases every claim this process holds, leaving the threads retryable.
 /// (The caller then exits; the library never does.)
 pub fn interrupt() {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
     let groups: Vec<u32> = AGENTS
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -343,6 +343,9 @@ impl Store {
             };
             let reply = match agent.call(&request) {
                 Ok(r) => r,
+                // Killed by Ctrl-C: not the agent's failure; nothing is
+                // recorded and the thread stays retryable.
+                Err(_) if super::claim::interrupted() => return Err(EngineError::Interrupted),
                 Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
             };
             match extract_keyed(Some((record.workflow_hash, role)), role_def, &reply.output) {

@@ -80,6 +80,9 @@ pub enum EngineError {
         /// The parent to resume.
         parent: ThreadId,
     },
+    /// The process was interrupted (Ctrl-C): no new drive starts.
+    #[error("interrupted")]
+    Interrupted,
     /// Another live driver holds the thread.
     #[error(
         "thread {thread} is being driven by another process; wait for it, or stop that driver (a driver that died is taken over automatically)"
