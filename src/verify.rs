@@ -64,9 +64,11 @@ pub enum Problem {
         /// The missing target.
         missing: Hash,
     },
-    /// A thread index entry that is malformed or disagrees with another.
+    /// An index entry that is malformed or disagrees with another (thread
+    /// indexes), or a root that names no stored blob (`workflows`, `pins`).
     ThreadIndex {
-        /// The database: `threads`, `history`, `history_ids`, `activity` or `children`.
+        /// The database: `threads`, `history`, `history_ids`, `activity`,
+        /// `children`, `workflows` or `pins`.
         db: &'static str,
         /// The entry's key (thread id, or day/id).
         key: String,
@@ -393,6 +395,31 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
+    // Registered workflows and pins are GC roots: each must name a stored
+    // blob (a registered workflow a `workflow` blob).
+    for (db, name) in [(dbs.workflows, "workflows"), (dbs.pins, "pins")] {
+        n += store.scan_db::<StoreError>(db, |r, key, value| {
+            let target = if name == "pins" { key } else { value };
+            let detail = match Hash::from_slice(target) {
+                None => Some(format!("{} bytes, not a hash", target.len())),
+                Some(h) => match r.get_record(&h)? {
+                    None => Some(format!("names {h}, which is not stored")),
+                    Some(rec) if name == "workflows" && rec.kind != Kind::Workflow => {
+                        Some(format!("names {h}, a {} blob", rec.kind))
+                    }
+                    Some(_) => None,
+                },
+            };
+            if let Some(detail) = detail {
+                problems.push(Problem::ThreadIndex {
+                    db: name,
+                    key: String::from_utf8(key.to_vec()).unwrap_or_else(|_| hex(key)),
+                    detail,
+                });
+            }
+            Ok(())
+        })?;
+    }
     report.index_entries_checked = n;
     Ok(())
 }

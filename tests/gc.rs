@@ -434,3 +434,43 @@ fn collections_are_safe_while_writers_run() {
 fn collections_are_safe_while_writers_run_long() {
     writers_during_collections(300, 3);
 }
+
+#[test]
+fn verify_reports_roots_that_name_missing_blobs() {
+    use heed::types::Bytes;
+    use uwf_db::verify::Problem;
+    let dir = tempfile::tempdir().unwrap();
+    let (pinned, workflow) = {
+        let store = fast_store(dir.path());
+        let pinned = store.put(&Blob::content("pinned", [])).unwrap();
+        store.pin(&pinned).unwrap();
+        let yaml = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/review.yaml"),
+        )
+        .unwrap();
+        let wf = uwf_db::workflow::parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+        let (workflow, _) = store.add_workflow(&wf).unwrap();
+        assert_verified(&store);
+        (pinned, workflow)
+    };
+    {
+        let env = common::raw_env(dir.path());
+        let mut w = env.write_txn().unwrap();
+        let blobs: heed::Database<Bytes, Bytes> =
+            env.open_database(&w, Some("blobs")).unwrap().unwrap();
+        assert!(blobs.delete(&mut w, pinned.as_bytes()).unwrap());
+        assert!(blobs.delete(&mut w, workflow.as_bytes()).unwrap());
+        w.commit().unwrap();
+    }
+    let store = fast_store(dir.path());
+    let report = verify(&store, |_| {}).unwrap();
+    let dbs: Vec<&str> = report
+        .problems
+        .iter()
+        .filter_map(|p| match p {
+            Problem::ThreadIndex { db, detail, .. } if detail.contains("not stored") => Some(*db),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dbs, ["workflows", "pins"], "{:?}", report.problems);
+}
