@@ -15,14 +15,17 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-use common::{Comparison, raw_env, report, scale, scratch_dir, step_puts, time};
+use common::{
+    Comparison, placeholder_workflow, raw_env, report, scale, scratch_dir, start_thread, step_puts,
+    time,
+};
 use heed::types::Bytes;
 use uwf_db::engine::agent::{Agent, ScriptAgent};
 use uwf_db::engine::batch::BatchOptions;
 use uwf_db::store::GroupStats;
-use uwf_db::thread::{After, NewThread, StepWrite};
+use uwf_db::thread::{After, StepWrite};
 use uwf_db::workflow::parse_workflow;
-use uwf_db::{Blob, Durability, Hash, Store, StoreOptions, Value, WorkflowNode};
+use uwf_db::{Durability, Hash, Store, StoreOptions, Value};
 
 const WRITERS: usize = 32;
 const JOBS: usize = 128;
@@ -67,31 +70,9 @@ fn group_commit_bench(per_writer: usize) -> Comparison {
     let subject = || {
         let dir = scratch_dir("batch-group");
         let store = open(dir.path());
-        let wf = store
-            .put(&Blob::Workflow(WorkflowNode {
-                definition: Value::Map(BTreeMap::from([(
-                    "name".to_owned(),
-                    Value::Str("bench".into()),
-                )])),
-            }))
-            .unwrap();
+        let wf = placeholder_workflow(&store, "bench");
         let threads: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                store
-                    .start_thread(NewThread {
-                        workflow: "bench".into(),
-                        workflow_hash: wf,
-                        prompt: format!("task {w}"),
-                        max_rounds: 1_000_000,
-                        depth: 0,
-                        parent_state: None,
-                        parent_thread: None,
-                        next_role: "developer".into(),
-                        next_instruction: "Implement the change".into(),
-                        agent: None,
-                    })
-                    .unwrap()
-            })
+            .map(|w| start_thread(&store, wf, "bench", format!("task {w}"), "developer"))
             .collect();
         let mut d = None;
         let ((), s) = store.group_commit(0, |g| {

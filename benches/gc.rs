@@ -13,11 +13,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{Comparison, raw_env, report, scale, scratch_dir, time};
+use common::{
+    Comparison, placeholder_workflow, raw_env, report, scale, scratch_dir, start_thread, time,
+};
 use heed::types::Bytes;
 use uwf_db::gc::{GcOptions, GcReport};
-use uwf_db::thread::{After, NewThread, StepWrite, ThreadId};
-use uwf_db::{Blob, Durability, Store, StoreOptions, Value, WorkflowNode};
+use uwf_db::thread::{After, StepWrite, ThreadId};
+use uwf_db::{Durability, Store, StoreOptions, Value};
 
 const THREADS: usize = 1000;
 const STEPS: usize = 500;
@@ -25,30 +27,10 @@ const STEPS: usize = 500;
 /// `threads` threads of `STEPS` steps, each step with a unique reply (so
 /// about two blobs per step: the state node and its reply).
 fn build(store: &Store, threads: usize) -> Vec<ThreadId> {
-    let wf = store
-        .put(&Blob::Workflow(WorkflowNode {
-            definition: Value::Map(BTreeMap::from([(
-                "name".to_owned(),
-                Value::Str("bench".into()),
-            )])),
-        }))
-        .unwrap();
+    let wf = placeholder_workflow(store, "bench");
     let mut ids = Vec::new();
     for t in 0..threads {
-        let rec = store
-            .start_thread(NewThread {
-                workflow: "bench".into(),
-                workflow_hash: wf,
-                prompt: format!("task {t}"),
-                max_rounds: 1_000_000,
-                depth: 0,
-                parent_state: None,
-                parent_thread: None,
-                next_role: "dev".into(),
-                next_instruction: "Implement the change".into(),
-                agent: None,
-            })
-            .unwrap();
+        let rec = start_thread(store, wf, "bench", format!("task {t}"), "dev");
         let mut head = rec.head;
         for i in 0..STEPS {
             let step = StepWrite {

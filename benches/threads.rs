@@ -14,7 +14,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Comparison, raw_env, report, scale, scratch_dir, step_puts, time};
+use common::{
+    Comparison, placeholder_workflow, raw_env, report, scale, scratch_dir, start_thread, step_puts,
+    time,
+};
 use heed::types::Bytes;
 use uwf_db::thread::{After, ForkState, NewThread, StepWrite, ThreadId, ThreadQuery};
 use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
@@ -31,28 +34,14 @@ fn open(dir: &std::path::Path, durability: Durability) -> Store {
 }
 
 fn start(store: &Store, name: &str) -> uwf_db::thread::ThreadRecord {
-    let wf = store
-        .put(&Blob::Workflow(WorkflowNode {
-            definition: Value::Map(BTreeMap::from([(
-                "name".to_owned(),
-                Value::Str(name.into()),
-            )])),
-        }))
-        .unwrap();
-    store
-        .start_thread(NewThread {
-            workflow: name.into(),
-            workflow_hash: wf,
-            prompt: "Implement the change described in the issue".into(),
-            max_rounds: 1_000_000,
-            depth: 0,
-            parent_state: None,
-            parent_thread: None,
-            next_role: "developer".into(),
-            next_instruction: "Implement the change".into(),
-            agent: None,
-        })
-        .unwrap()
+    let wf = placeholder_workflow(store, name);
+    start_thread(
+        store,
+        wf,
+        name,
+        "Implement the change described in the issue".into(),
+        "developer",
+    )
 }
 
 fn step(i: usize) -> StepWrite {

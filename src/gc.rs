@@ -526,14 +526,7 @@ impl Store {
     /// Reads every blob header, one key range per task, each in its own
     /// short read transaction.
     fn scan_blobs(&self) -> Result<Graph, GcError> {
-        let inner = self.inner();
-        let total = self.read(|r| {
-            inner
-                .dbs
-                .blobs
-                .len(r.raw())
-                .map_err(|e| inner.error("counting blobs", e))
-        })?;
+        let total = self.blob_count()?;
         let per_range = usize::try_from(total / u64::from(SCAN_RANGES)).unwrap_or(0);
         let chunks: Vec<Chunk> = (0..SCAN_RANGES)
             .into_par_iter()

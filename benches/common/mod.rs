@@ -80,6 +80,44 @@ pub fn step_puts(
     ]
 }
 
+/// Stores a placeholder workflow definition named `name`; returns its hash.
+pub fn placeholder_workflow(store: &uwf_db::Store, name: &str) -> uwf_db::Hash {
+    use uwf_db::{Blob, Value, WorkflowNode};
+    store
+        .put(&Blob::Workflow(WorkflowNode {
+            definition: Value::Map(std::collections::BTreeMap::from([(
+                "name".to_owned(),
+                Value::Str(name.into()),
+            )])),
+        }))
+        .unwrap()
+}
+
+/// Starts a thread of the placeholder workflow `wf` named `name`, idle
+/// with role `role`.
+pub fn start_thread(
+    store: &uwf_db::Store,
+    wf: uwf_db::Hash,
+    name: &str,
+    prompt: String,
+    role: &str,
+) -> uwf_db::thread::ThreadRecord {
+    store
+        .start_thread(uwf_db::thread::NewThread {
+            workflow: name.into(),
+            workflow_hash: wf,
+            prompt,
+            max_rounds: 1_000_000,
+            depth: 0,
+            parent_state: None,
+            parent_thread: None,
+            next_role: role.into(),
+            next_instruction: "Implement the change".into(),
+            agent: None,
+        })
+        .unwrap()
+}
+
 /// Deterministic xorshift, for shuffles without a dependency.
 pub struct Rng(u64);
 

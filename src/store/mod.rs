@@ -581,6 +581,18 @@ impl Store {
         Ok(count)
     }
 
+    /// Number of stored blobs (LMDB keeps the count: O(1)).
+    pub fn blob_count(&self) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        self.read(|r| {
+            inner
+                .dbs
+                .blobs
+                .len(r.raw())
+                .map_err(|e| inner.error("counting blobs", e))
+        })
+    }
+
     /// Counts, sizes and map usage.
     pub fn stats(&self) -> Result<Stats, StoreError> {
         let inner = &self.inner;
