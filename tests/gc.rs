@@ -474,3 +474,59 @@ fn verify_reports_roots_that_name_missing_blobs() {
         .collect();
     assert_eq!(dbs, ["workflows", "pins"], "{:?}", report.problems);
 }
+
+/// A batch (group commit) runs while collections with no grace period loop.
+#[test]
+fn collections_are_safe_during_a_batch() {
+    use uwf_db::engine::agent::{Agent, ScriptAgent};
+    use uwf_db::engine::batch::BatchOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
+    let wf = uwf_db::workflow::parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+    let (hash, _) = store.add_workflow(&wf).unwrap();
+    // Garbage for the collections to find: removed threads.
+    for i in 0..20 {
+        let t = new_thread(&store, &format!("old{i}"));
+        append_n(&store, t.id, 5);
+        store.remove_thread(t.id).unwrap();
+    }
+    let prompts: Vec<String> = (0..300).map(|i| format!("change {i}")).collect();
+    let agents: Vec<Box<dyn Agent>> = (0..8)
+        .map(|_| {
+            Box::new(ScriptAgent::load(&root.join("examples/review.scenario.yaml")).unwrap())
+                as Box<dyn Agent>
+        })
+        .collect();
+    let done = AtomicBool::new(false);
+    let swept = std::thread::scope(|s| {
+        let collector = s.spawn(|| {
+            let mut swept = 0;
+            while !done.load(Ordering::Relaxed) {
+                swept += gc(&store, 0).swept;
+            }
+            swept
+        });
+        let report = store
+            .run_batch(
+                hash,
+                &prompts,
+                &BatchOptions::default(),
+                agents,
+                &mut |_| {},
+            )
+            .unwrap();
+        done.store(true, Ordering::Relaxed);
+        assert_eq!(report.completed, 300, "{report:?}");
+        collector.join().unwrap()
+    });
+    assert!(swept > 0, "the removed threads were collected");
+    assert_verified(&store);
+    for t in store
+        .list_threads(&uwf_db::thread::ThreadQuery::default())
+        .unwrap()
+    {
+        assert_eq!(store.thread_log(t.id, 10, None).unwrap().len(), 5);
+    }
+}
