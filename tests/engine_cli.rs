@@ -1105,3 +1105,55 @@ fn ctrl_c_stops_a_batch_kills_its_agents_and_leaves_threads_retryable() {
     std::thread::sleep(std::time::Duration::from_millis(2500));
     assert!(!marker.exists(), "every agent's process group was killed");
 }
+
+#[test]
+fn batch_reads_multi_line_prompts_from_json_lines() {
+    let env = Env::new();
+    let file = env.file(
+        "prompts.jsonl",
+        "\"first line\\nsecond line\"\n\n{\"prompt\": \"another\", \"id\": 7}\n",
+    );
+    let o = env.uwf(&[
+        "--json",
+        "batch",
+        "examples/review.yaml",
+        "--prompts",
+        &file,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let mut tasks = Vec::new();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let Some(id) = v["thread"].as_str() else {
+            continue;
+        };
+        let start = env.show(id)["start"].as_str().unwrap().to_owned();
+        let node = env.json(&["cas", "get", &start]);
+        let prompt = node["payload"]["prompt"].as_str().unwrap().to_owned();
+        tasks.push(
+            env.json(&["cas", "get", &prompt])["payload"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    tasks.sort();
+    assert_eq!(tasks, ["another", "first line\nsecond line"]);
+    let bad = env.file("bad.jsonl", "not json\n");
+    let o = env.uwf(&[
+        "batch",
+        "examples/review.yaml",
+        "--prompts",
+        &bad,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("bad.jsonl:1: not JSON"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -9,7 +9,9 @@ use crate::drive::AgentArgs;
 use crate::output::{self, Output};
 use crate::{Cli, CliError};
 
-/// The prompts: one per non-empty line of `file`, or `count` copies of `prompt`.
+/// The prompts: one per non-empty line of `file` (in a `.jsonl` file each
+/// line is a JSON string or an object with a `prompt` string, so prompts
+/// may span lines), or `count` copies of `prompt`.
 fn prompts(
     file: Option<&Path>,
     count: Option<usize>,
@@ -19,15 +21,34 @@ fn prompts(
         (Some(file), _, _) => {
             let text = std::fs::read_to_string(file)
                 .map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
-            let prompts: Vec<String> = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect();
+            let json = file.extension().is_some_and(|e| e == "jsonl");
+            let mut prompts = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() {
+                    continue;
+                }
+                if !json {
+                    prompts.push(line.to_owned());
+                    continue;
+                }
+                let value: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                    CliError::Failed(format!("{}:{}: not JSON: {e}", file.display(), n + 1))
+                })?;
+                match value.as_str().or_else(|| value["prompt"].as_str()) {
+                    Some(p) => prompts.push(p.to_owned()),
+                    None => {
+                        return Err(CliError::Failed(format!(
+                            "{}:{}: expected a JSON string or an object with a \"prompt\" string",
+                            file.display(),
+                            n + 1
+                        )));
+                    }
+                }
+            }
             if prompts.is_empty() {
                 return Err(CliError::Failed(format!(
-                    "{} holds no prompts (one per non-empty line)",
+                    "{} holds no prompts (one per non-empty line; JSON Lines for .jsonl)",
                     file.display()
                 )));
             }

@@ -76,7 +76,8 @@ enum Command {
         workflow: String,
         #[command(flatten)]
         agent: drive::AgentArgs,
-        /// A file with one prompt per non-empty line (one thread each)
+        /// A file with one prompt per non-empty line (one thread each); in a
+        /// .jsonl file each line is a JSON string or {"prompt": "..."}
         #[arg(long, value_name = "FILE", conflicts_with_all = ["count", "prompt"])]
         prompts: Option<PathBuf>,
         /// Start N threads with the prompt given by -p
