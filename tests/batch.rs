@@ -199,3 +199,31 @@ fn a_step_failure_stops_its_thread_only() {
     }
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
+
+#[test]
+fn a_batch_without_agents_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let wf = review(&store);
+    let err = store
+        .run_batch(
+            wf,
+            &["p".to_owned()],
+            &BatchOptions::default(),
+            Vec::new(),
+            &mut |_| {},
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("at least one agent"), "{err}");
+    // No prompts, no work, no error.
+    let report = store
+        .run_batch(wf, &[], &BatchOptions::default(), agents(2), &mut |_| {})
+        .unwrap();
+    assert_eq!(report.threads, 0);
+    assert!(
+        store
+            .list_threads(&uwf_db::thread::ThreadQuery::default())
+            .unwrap()
+            .is_empty()
+    );
+}

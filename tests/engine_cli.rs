@@ -1015,6 +1015,8 @@ fn batch_runs_threads_from_a_prompt_file_and_streams_json_lines() {
     assert!(stderr(&o).contains("needs an agent"), "{}", stderr(&o));
     let o = env.uwf(&["batch", "examples/review.yaml", "-n", "2"]);
     assert_eq!(code(&o), Some(2), "-n needs -p");
+    let o = env.uwf(&["batch", "examples/review.yaml", "-n", "0", "-p", "x"]);
+    assert_eq!(code(&o), Some(2), "-n 0 is bad usage, not a crash");
 }
 
 #[test]

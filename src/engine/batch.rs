@@ -80,6 +80,9 @@ impl Store {
         on_item: &mut dyn FnMut(&BatchItem),
     ) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
+        if agents.is_empty() && !prompts.is_empty() {
+            return Err(EngineError::NoAgents);
+        }
         // Fails early on an unknown or invalid workflow.
         self.load_workflow(workflow)?;
         let next = AtomicUsize::new(0);

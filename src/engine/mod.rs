@@ -80,6 +80,9 @@ pub enum EngineError {
         /// The parent to resume.
         parent: ThreadId,
     },
+    /// A batch was given prompts but no agent to drive them.
+    #[error("a batch needs at least one agent (one per driver thread)")]
+    NoAgents,
     /// The process was interrupted (Ctrl-C): no new drive starts.
     #[error("interrupted")]
     Interrupted,

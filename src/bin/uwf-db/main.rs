@@ -81,8 +81,9 @@ enum Command {
         #[arg(long, value_name = "FILE", conflicts_with_all = ["count", "prompt"])]
         prompts: Option<PathBuf>,
         /// Start N threads with the prompt given by -p
-        #[arg(short = 'n', long = "count", value_name = "N", requires = "prompt")]
-        count: Option<usize>,
+        #[arg(short = 'n', long = "count", value_name = "N", requires = "prompt",
+              value_parser = clap::value_parser!(u32).range(1..))]
+        count: Option<u32>,
         /// The prompt for -n
         #[arg(short = 'p', long = "prompt", requires = "count")]
         prompt: Option<String>,
@@ -206,7 +207,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             workflow,
             agent,
             prompts.as_deref(),
-            *count,
+            count.map(|n| n as usize),
             prompt.as_deref(),
             usize::from(*jobs),
             max_group.map_or(0, |g| g as usize),
