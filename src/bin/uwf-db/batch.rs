@@ -90,7 +90,8 @@ pub fn run(
     let bar = output::progress_bar(prompts.len() as u64, &format!("{} threads", wf.name));
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
-    let agents = (0..jobs.min(prompts.len()).max(1))
+    let jobs = jobs.min(prompts.len()).max(1);
+    let agents = (0..jobs)
         .map(|_| agent.build(store.path(), &spec))
         .collect::<Result<Vec<_>, _>>()?;
     let mut written = Ok(());
