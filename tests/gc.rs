@@ -530,3 +530,45 @@ fn collections_are_safe_during_a_batch() {
         assert_eq!(store.thread_log(t.id, 10, None).unwrap().len(), 5);
     }
 }
+
+#[test]
+fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
+    use heed::types::Bytes;
+    let dir = tempfile::tempdir().unwrap();
+    let (victim, before) = {
+        let store = fast_store(dir.path());
+        let t = new_thread(&store, "t");
+        append_n(&store, t.id, 3);
+        store.remove_thread(t.id).unwrap();
+        let victim = store.put(&Blob::content("victim", [])).unwrap();
+        (victim, blob_count(&store))
+    };
+    {
+        let env = common::raw_env(dir.path());
+        let mut w = env.write_txn().unwrap();
+        let blobs: heed::Database<Bytes, Bytes> =
+            env.open_database(&w, Some("blobs")).unwrap().unwrap();
+        // A header cut short: the refs can no longer be read.
+        blobs.put(&mut w, victim.as_bytes(), &[1, 2, 0]).unwrap();
+        w.commit().unwrap();
+    }
+    let store = fast_store(dir.path());
+    settle();
+    let err = store
+        .collect_garbage(
+            &GcOptions {
+                grace: Duration::ZERO,
+                ..GcOptions::default()
+            },
+            &|_| {},
+        )
+        .unwrap_err();
+    assert!(matches!(err, GcError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("uwf-db verify"), "{err}");
+    assert_eq!(blob_count(&store), before, "nothing was deleted");
+    assert_eq!(
+        store.stats().unwrap().gc_epoch,
+        None,
+        "the marker is cleared"
+    );
+}
