@@ -1060,15 +1060,51 @@ fn a_batch_killed_mid_run_keeps_every_acknowledged_step() {
         assert_eq!(s["status"], "completed", "{s}");
         assert_eq!(env.log(id).len(), 5, "thread {id}: every step is there");
     }
-    // Threads caught mid-drive show a dead driver's claim; the next driver
-    // takes them over and finishes them.
-    let listed = env.json(&["thread", "list", "--status", "running", "--limit", "1000"]);
-    for t in listed.as_array().unwrap() {
-        let id = t["id"].as_str().unwrap();
-        let o = env.uwf(&["thread", "step", id, "--count", "10"]);
-        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
-        assert_eq!(env.show(id)["status"], "completed");
-    }
+    // Threads caught mid-drive show a dead driver's claim; `batch
+    // --continue` takes them over and finishes every one.
+    let listed = env.json(&["thread", "list", "--limit", "100000"]);
+    let all = listed.as_array().unwrap().len();
+    assert!(all >= reported.len());
+    let o = env.uwf(&[
+        "--json",
+        "batch",
+        "examples/review.yaml",
+        "--continue",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let r: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let unfinished = all
+        - env
+            .json(&[
+                "thread",
+                "list",
+                "--status",
+                "completed",
+                "--limit",
+                "100000",
+            ])
+            .as_array()
+            .unwrap()
+            .len();
+    assert_eq!(unfinished, 0, "{r}");
+    assert_eq!(r["summary"]["errors"], 0, "{r}");
+    assert!(
+        r["summary"]["threads"].as_u64().unwrap() >= 1,
+        "the kill caught threads mid-drive: {r}"
+    );
+    // Nothing is left to continue.
+    let again = env.uwf(&[
+        "batch",
+        "examples/review.yaml",
+        "--continue",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&again), Some(0));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("no idle thread"));
     // Drop runs `verify`.
 }
 

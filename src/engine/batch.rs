@@ -79,12 +79,73 @@ impl Store {
         agents: Vec<Box<dyn Agent>>,
         on_item: &mut dyn FnMut(&BatchItem),
     ) -> Result<BatchReport, EngineError> {
-        let started = Instant::now();
-        if agents.is_empty() && !prompts.is_empty() {
-            return Err(EngineError::NoAgents);
-        }
         // Fails early on an unknown or invalid workflow.
         self.load_workflow(workflow)?;
+        self.drive_pool(
+            prompts.len(),
+            options,
+            agents,
+            on_item,
+            &|store, index, agent| {
+                drive_one(store, workflow, index, &prompts[index], options, agent)
+            },
+        )
+    }
+
+    /// Drives existing threads on, as a batch: each runs until it ends or
+    /// suspends (a thread left `running` by a driver that died is taken
+    /// over; one a live driver holds is reported as an error). For
+    /// finishing what an interrupted batch left.
+    pub fn continue_threads(
+        &self,
+        threads: &[ThreadId],
+        options: &BatchOptions,
+        agents: Vec<Box<dyn Agent>>,
+        on_item: &mut dyn FnMut(&BatchItem),
+    ) -> Result<BatchReport, EngineError> {
+        self.drive_pool(
+            threads.len(),
+            options,
+            agents,
+            on_item,
+            &|store, index, agent| {
+                let id = threads[index];
+                let outcome = store.run_thread(id, usize::MAX, agent);
+                let status = match outcome.results.last() {
+                    Some(r) => Some(r.status),
+                    None => store
+                        .thread(id)
+                        .ok()
+                        .flatten()
+                        .map(|r| r.underlying_status()),
+                };
+                BatchItem {
+                    index,
+                    thread: Some(id),
+                    status,
+                    result: outcome.results.last().cloned(),
+                    steps: outcome.results.len(),
+                    error: outcome.error.map(|e| e.to_string()),
+                }
+            },
+        )
+    }
+
+    /// `items` pieces of work, one driver thread per agent, over one
+    /// group-commit handle; `work` does piece `index` with the driver's
+    /// agent.
+    fn drive_pool(
+        &self,
+        items: usize,
+        options: &BatchOptions,
+        agents: Vec<Box<dyn Agent>>,
+        on_item: &mut dyn FnMut(&BatchItem),
+        work: &(dyn Fn(&Store, usize, &mut dyn Agent) -> BatchItem + Sync),
+    ) -> Result<BatchReport, EngineError> {
+        let started = Instant::now();
+        if agents.is_empty() && items > 0 {
+            return Err(EngineError::NoAgents);
+        }
         let next = AtomicUsize::new(0);
         let mut report = BatchReport::default();
         let ((), stats) = self.group_commit(options.max_group, |store| {
@@ -99,12 +160,10 @@ impl Store {
                                 break;
                             }
                             let index = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(prompt) = prompts.get(index) else {
+                            if index >= items {
                                 break;
-                            };
-                            let item =
-                                drive_one(store, workflow, index, prompt, options, &mut *agent);
-                            if tx.send(item).is_err() {
+                            }
+                            if tx.send(work(store, index, &mut *agent)).is_err() {
                                 break;
                             }
                         }

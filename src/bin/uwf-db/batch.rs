@@ -3,11 +3,43 @@
 use std::path::Path;
 
 use serde_json::json;
-use uwf_db::engine::batch::{BatchItem, BatchOptions};
+use uwf_db::Store;
+use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchReport};
+use uwf_db::thread::{ThreadId, ThreadQuery, ThreadStatus};
 
 use crate::drive::AgentArgs;
 use crate::output::{self, Output};
 use crate::{Cli, CliError};
+
+/// What a batch drives.
+enum Work {
+    /// New threads, one per prompt.
+    Start(Vec<String>),
+    /// Existing threads.
+    Continue(Vec<ThreadId>),
+}
+
+/// The workflow's threads a `--continue` drives: idle ones, and running ones
+/// whose driver is gone; not suspended ones (they wait for a human) nor
+/// ones a live driver holds.
+fn continuable(store: &Store, workflow: &str) -> Result<Vec<ThreadId>, CliError> {
+    let query = ThreadQuery {
+        statuses: vec![ThreadStatus::Idle, ThreadStatus::Running],
+        workflow: Some(workflow.to_owned()),
+        limit: usize::MAX,
+        ..ThreadQuery::default()
+    };
+    let mut ids: Vec<ThreadId> = store
+        .list_threads(&query)?
+        .into_iter()
+        .filter(|r| !uwf_db::engine::claim::is_held(store, r.id))
+        .filter(|r| r.underlying_status() == ThreadStatus::Idle)
+        .map(|r| r.id)
+        .collect();
+    // Oldest first.
+    ids.sort();
+    Ok(ids)
+}
 
 /// The prompts: one per non-empty line of `file` (in a `.jsonl` file each
 /// line is a JSON string or an object with a `prompt` string, so prompts
@@ -56,19 +88,26 @@ fn prompts(
         }
         (None, Some(n), Some(p)) => Ok(vec![p.to_owned(); n]),
         _ => Err(CliError::Failed(
-            "batch needs --prompts FILE, or -n N with -p TEXT".into(),
+            "batch needs --prompts FILE, -n N with -p TEXT, or --continue".into(),
         )),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where a batch's threads come from.
+pub struct Source<'a> {
+    pub file: Option<&'a Path>,
+    pub count: Option<usize>,
+    pub prompt: Option<&'a str>,
+    /// Drive the workflow's idle threads (and those a dead driver left
+    /// `running`) on instead of starting new ones.
+    pub continue_: bool,
+}
+
 pub fn run(
     cli: &Cli,
     workflow: &str,
     agent: &AgentArgs,
-    file: Option<&Path>,
-    count: Option<usize>,
-    prompt: Option<&str>,
+    source: &Source<'_>,
     jobs: usize,
     max_group: usize,
     max_rounds: Option<u32>,
@@ -79,18 +118,41 @@ pub fn run(
             "batch needs an agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'".into(),
         ));
     };
-    let prompts = prompts(file, count, prompt)?;
-    let store = cli.open(true)?;
-    let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
+    let (store, hash, wf, work) = if source.continue_ {
+        let store = cli.open(false)?;
+        let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
+        let ids = continuable(&store, &wf.name)?;
+        (store, hash, wf, Work::Continue(ids))
+    } else {
+        let prompts = prompts(source.file, source.count, source.prompt)?;
+        let store = cli.open(true)?;
+        let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
+        (store, hash, wf, Work::Start(prompts))
+    };
+    let total = match &work {
+        Work::Start(p) => p.len(),
+        Work::Continue(ids) => ids.len(),
+    };
+    if total == 0 {
+        if out.json {
+            out.json_value(&json!({ "summary": BatchReport::default() }))?;
+        } else {
+            out.line(format_args!(
+                "no idle thread of {} to continue (suspended threads wait for `thread resume`)",
+                wf.name
+            ))?;
+        }
+        return Ok(());
+    }
     let options = BatchOptions {
         max_group,
         agent_spec: Some(spec.clone()),
         max_rounds,
     };
-    let bar = output::progress_bar(prompts.len() as u64, &format!("{} threads", wf.name));
+    let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
-    let jobs = jobs.min(prompts.len()).max(1);
+    let jobs = jobs.min(total).max(1);
     let agents = (0..jobs)
         .map(|_| agent.build(store.path(), &spec))
         .collect::<Result<Vec<_>, _>>()?;
@@ -107,7 +169,10 @@ pub fn run(
             });
         }
     };
-    let report = store.run_batch(hash, &prompts, &options, agents, &mut on_item)?;
+    let report = match &work {
+        Work::Start(prompts) => store.run_batch(hash, prompts, &options, agents, &mut on_item)?,
+        Work::Continue(ids) => store.continue_threads(ids, &options, agents, &mut on_item)?,
+    };
     bar.finish_and_clear();
     written?;
     let per_sec = if report.elapsed_ms == 0 {

@@ -80,6 +80,10 @@ enum Command {
         /// .jsonl file each line is a JSON string or {"prompt": "..."}
         #[arg(long, value_name = "FILE", conflicts_with_all = ["count", "prompt"])]
         prompts: Option<PathBuf>,
+        /// Drive the workflow's idle threads on (and those a dead driver
+        /// left running) instead of starting new ones
+        #[arg(long = "continue", conflicts_with_all = ["prompts", "count", "prompt"])]
+        continue_: bool,
         /// Start N threads with the prompt given by -p
         #[arg(short = 'n', long = "count", value_name = "N", requires = "prompt",
               value_parser = clap::value_parser!(u32).range(1..))]
@@ -197,6 +201,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             workflow,
             agent,
             prompts,
+            continue_,
             count,
             prompt,
             jobs,
@@ -206,9 +211,12 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             cli,
             workflow,
             agent,
-            prompts.as_deref(),
-            count.map(|n| n as usize),
-            prompt.as_deref(),
+            &batch::Source {
+                file: prompts.as_deref(),
+                count: count.map(|n| n as usize),
+                prompt: prompt.as_deref(),
+                continue_: *continue_,
+            },
             usize::from(*jobs),
             max_group.map_or(0, |g| g as usize),
             *max_rounds,
