@@ -93,24 +93,27 @@ fn prompts(
     }
 }
 
-/// Where a batch's threads come from.
-pub struct Source<'a> {
+/// What to run: where the threads come from, and how.
+pub struct Args<'a> {
     pub file: Option<&'a Path>,
     pub count: Option<usize>,
     pub prompt: Option<&'a str>,
     /// Drive the workflow's idle threads (and those a dead driver left
     /// `running`) on instead of starting new ones.
     pub continue_: bool,
+    /// Driver threads.
+    pub jobs: usize,
+    /// Most writes per commit group (0: the default).
+    pub max_group: usize,
+    /// Loop protection for new threads.
+    pub max_rounds: Option<u32>,
 }
 
 pub fn run(
     cli: &Cli,
     workflow: &str,
     agent: &AgentArgs,
-    source: &Source<'_>,
-    jobs: usize,
-    max_group: usize,
-    max_rounds: Option<u32>,
+    source: &Args<'_>,
     out: &mut Output,
 ) -> Result<(), CliError> {
     let Some(spec) = agent.agent.clone() else {
@@ -145,14 +148,14 @@ pub fn run(
         return Ok(());
     }
     let options = BatchOptions {
-        max_group,
+        max_group: source.max_group,
         agent_spec: Some(spec.clone()),
-        max_rounds,
+        max_rounds: source.max_rounds,
     };
     let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
-    let jobs = jobs.min(total).max(1);
+    let jobs = source.jobs.min(total).max(1);
     let agents = (0..jobs)
         .map(|_| agent.build(store.path(), &spec))
         .collect::<Result<Vec<_>, _>>()?;
