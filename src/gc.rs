@@ -59,6 +59,13 @@ pub enum GcError {
         /// What is wrong.
         detail: String,
     },
+    /// More blobs in one key range than the collector's ids can name
+    /// (2^24 per first hash byte: about 4 billion in all).
+    #[error("the store has too many blobs for one collection ({blobs} in one key range)")]
+    TooLarge {
+        /// Blobs in the range.
+        blobs: usize,
+    },
     /// The worker pool could not start.
     #[error("cannot start {threads} GC worker threads: {detail}")]
     Pool {
@@ -568,6 +575,11 @@ impl Store {
             }
             Ok::<_, GcError>(c)
         })?;
+        if chunk.keys.len() >= 1 << LOCAL_BITS {
+            return Err(GcError::TooLarge {
+                blobs: chunk.keys.len(),
+            });
+        }
         chunk.index();
         Ok(chunk)
     }
