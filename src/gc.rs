@@ -106,6 +106,13 @@ pub enum GcProgress {
         /// Distinct root hashes.
         roots: u64,
     },
+    /// A key range of the blob scan is done (from a worker thread).
+    Scanning {
+        /// Ranges done.
+        done: u64,
+        /// Ranges in all.
+        total: u64,
+    },
     /// Blob headers read.
     Scanned {
         /// Blobs seen.
@@ -367,8 +374,9 @@ impl Store {
     /// Collects garbage: deletes every blob that no root reaches and that
     /// was not touched within the grace period. Safe while other threads and
     /// processes write (`docs/design.md` §7 states the invariant and why it
-    /// holds). `progress` is called between phases and after each sweep
-    /// transaction, outside any transaction.
+    /// holds). `progress` is called between phases, after each key range
+    /// of the scan (from worker threads) and after each sweep transaction,
+    /// always outside any transaction.
     pub fn collect_garbage(
         &self,
         options: &GcOptions,
@@ -406,7 +414,7 @@ impl Store {
         progress(GcProgress::Roots {
             roots: roots.len() as u64,
         });
-        let graph = self.scan_blobs()?;
+        let graph = self.scan_blobs(progress)?;
         progress(GcProgress::Scanned {
             blobs: graph.len() as u64,
         });
@@ -532,12 +540,20 @@ impl Store {
 
     /// Reads every blob header, one key range per task, each in its own
     /// short read transaction.
-    fn scan_blobs(&self) -> Result<Graph, GcError> {
+    fn scan_blobs(&self, progress: &(dyn Fn(GcProgress) + Sync)) -> Result<Graph, GcError> {
         let total = self.blob_count()?;
         let per_range = usize::try_from(total / u64::from(SCAN_RANGES)).unwrap_or(0);
+        let done = AtomicU64::new(0);
         let chunks: Vec<Chunk> = (0..SCAN_RANGES)
             .into_par_iter()
-            .map(|first| self.scan_range(first, per_range + per_range / 8 + 16))
+            .map(|first| {
+                let chunk = self.scan_range(first, per_range + per_range / 8 + 16);
+                progress(GcProgress::Scanning {
+                    done: done.fetch_add(1, Ordering::Relaxed) + 1,
+                    total: u64::from(SCAN_RANGES),
+                });
+                chunk
+            })
             .collect::<Result<_, _>>()?;
         Ok(Graph { chunks })
     }

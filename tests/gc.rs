@@ -572,3 +572,41 @@ fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
         "the marker is cleared"
     );
 }
+
+#[test]
+fn progress_reports_every_phase_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fast_store(dir.path());
+    let t = new_thread(&store, "t");
+    append_n(&store, t.id, 5);
+    store.remove_thread(t.id).unwrap();
+    let events = std::sync::Mutex::new(Vec::new());
+    let report = gc_with(&store, 0, &|p| events.lock().unwrap().push(p));
+    let events = events.into_inner().unwrap();
+    let phase = |p: &GcProgress| match p {
+        GcProgress::Roots { .. } => 0,
+        GcProgress::Scanning { .. } => 1,
+        GcProgress::Scanned { .. } => 2,
+        GcProgress::Marked { .. } => 3,
+        GcProgress::Swept { .. } => 4,
+        _ => 5,
+    };
+    let phases: Vec<i32> = events.iter().map(phase).collect();
+    assert!(phases.windows(2).all(|w| w[0] <= w[1]), "{phases:?}");
+    let scanned: Vec<u64> = events
+        .iter()
+        .filter_map(|p| match p {
+            GcProgress::Scanning { done, total } => {
+                assert_eq!(*total, 256);
+                Some(*done)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(scanned.len(), 256);
+    assert_eq!(scanned.iter().max(), Some(&256));
+    assert!(events.contains(&GcProgress::Swept {
+        done: report.swept,
+        total: report.swept
+    }));
+}

@@ -38,21 +38,22 @@ pub fn gc(
     out: &mut Output,
 ) -> Result<(), CliError> {
     let store = cli.open(false)?;
-    let bar = output::progress_bar(
-        0,
-        if dry_run {
-            "sweep (dry run)"
-        } else {
-            "sweeping"
-        },
-    );
+    let bar = output::progress_bar(0, "scanning");
     let options = GcOptions {
         grace,
         dry_run,
         threads: None,
     };
     let report = store.collect_garbage(&options, &|p| match p {
-        GcProgress::Marked { candidates, .. } => bar.set_length(candidates),
+        GcProgress::Scanning { done, total } => {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+        GcProgress::Marked { candidates, .. } if !dry_run => {
+            bar.set_message("sweeping");
+            bar.set_length(candidates);
+            bar.set_position(0);
+        }
         GcProgress::Swept { done, .. } => bar.set_position(done),
         _ => {}
     })?;
