@@ -1,6 +1,6 @@
 //! BLAKE3-256 content hashes: hex display, parsing and prefixes.
 //!
-//! A [`Hash`] names a blob by the BLAKE3-256 digest of its canonical encoding
+//! A [`Hash`](struct@Hash) names a blob by the BLAKE3-256 digest of its canonical encoding
 //! (see `docs/design.md`, "Canonical encoding"). People see it as 64 lowercase
 //! hex characters and may abbreviate it to a unique prefix of at least
 //! [`MIN_PREFIX_LEN`] characters; [`HashPrefix`] is such an abbreviation,

@@ -4,7 +4,7 @@
 //!
 //! This crate is built in layers; each module has one job:
 //!
-//! - [`hash`]: BLAKE3-256 [`Hash`]es, hex, and unique prefixes.
+//! - [`hash`]: BLAKE3-256 [`Hash`](struct@Hash)es, hex, and unique prefixes.
 //! - [`codec`]: the canonical MessagePack encoding every blob is hashed in.
 //! - [`node`]: blobs (`start`, `state`, `content`, `workflow`) and `collect_refs`.
 //! - [`store`]: the LMDB environment (through `heed`), blob put/get with
