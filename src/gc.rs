@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::hash::{HASH_LEN, Hash};
+use crate::hash::{HASH_LEN, Hash, hex};
 use crate::node::{Kind, state_ancestors_raw};
 use crate::store::record::touched_at;
 use crate::store::{BlobRecord, GC_EPOCH_KEY, Store, StoreError, now_ms};
@@ -797,8 +797,4 @@ fn referrers_first(graph: &Graph, candidates: &[Id]) -> Vec<Id> {
         }
     }
     order
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

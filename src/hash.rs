@@ -98,6 +98,11 @@ impl Hash {
     }
 }
 
+/// Lowercase hex of any bytes (for keys in messages).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn hex_digit(ch: char) -> Option<u8> {
     ch.to_digit(16).and_then(|d| u8::try_from(d).ok())
 }

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::ops::Bound;
 
-use crate::hash::Hash;
+use crate::hash::{Hash, hex};
 use crate::node::{Blob, Kind};
 use crate::store::{BlobRecord, ReadTxn, Store, StoreError};
 use crate::thread::index;
@@ -166,9 +166,7 @@ pub fn verify(
                 last = Some(key.to_vec());
                 report.blobs_checked += 1;
                 let Some(hash) = Hash::from_slice(key) else {
-                    report.problems.push(Problem::BadKey {
-                        key: key.iter().map(|b| format!("{b:02x}")).collect(),
-                    });
+                    report.problems.push(Problem::BadKey { key: hex(key) });
                     continue;
                 };
                 let refs = check_blob(hash, value, &mut report.problems);
@@ -195,10 +193,6 @@ pub fn verify(
     }
     check_thread_indexes(store, &mut report)?;
     Ok(report)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Checks that every thread record decodes, names its own key, points at

@@ -11,7 +11,7 @@ use super::EngineError;
 use super::agent::Agent;
 use super::drive::StepResult;
 use crate::hash::Hash;
-use crate::store::{GroupStats, Store};
+use crate::store::Store;
 use crate::thread::{ThreadId, ThreadStatus};
 
 /// How to run a batch.
@@ -111,22 +111,8 @@ impl Store {
             &|store, index, agent| {
                 let id = threads[index];
                 let outcome = store.run_thread(id, usize::MAX, agent);
-                let status = match outcome.results.last() {
-                    Some(r) => Some(r.status),
-                    None => store
-                        .thread(id)
-                        .ok()
-                        .flatten()
-                        .map(|r| r.underlying_status()),
-                };
-                BatchItem {
-                    index,
-                    thread: Some(id),
-                    status,
-                    result: outcome.results.last().cloned(),
-                    steps: outcome.results.len(),
-                    error: outcome.error.map(|e| e.to_string()),
-                }
+                let after = store.thread(id).ok().flatten();
+                BatchItem::of(index, id, after.map(|r| r.underlying_status()), outcome)
             },
         )
     }
@@ -177,7 +163,7 @@ impl Store {
             });
         });
         report.groups = stats.groups;
-        report.average_group = GroupStats::average_group(&stats);
+        report.average_group = stats.average_group();
         report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         Ok(report)
     }
@@ -199,19 +185,7 @@ fn drive_one(
         agent,
     ) {
         Ok((record, outcome)) => {
-            let status = outcome
-                .results
-                .last()
-                .map(|r| r.status)
-                .or(Some(record.underlying_status()));
-            BatchItem {
-                index,
-                thread: Some(record.id),
-                status,
-                result: outcome.results.last().cloned(),
-                steps: outcome.results.len(),
-                error: outcome.error.map(|e| e.to_string()),
-            }
+            BatchItem::of(index, record.id, Some(record.underlying_status()), outcome)
         }
         Err(e) => BatchItem {
             index,
@@ -221,6 +195,27 @@ fn drive_one(
             steps: 0,
             error: Some(e.to_string()),
         },
+    }
+}
+
+impl BatchItem {
+    /// The item for thread `id` after a drive: the status its last step
+    /// left, else `unstepped` (the status it had).
+    fn of(
+        index: usize,
+        id: ThreadId,
+        unstepped: Option<ThreadStatus>,
+        outcome: super::drive::RunOutcome,
+    ) -> BatchItem {
+        let last = outcome.results.last();
+        BatchItem {
+            index,
+            thread: Some(id),
+            status: last.map(|r| r.status).or(unstepped),
+            result: last.cloned(),
+            steps: outcome.results.len(),
+            error: outcome.error.map(|e| e.to_string()),
+        }
     }
 }
 

@@ -607,8 +607,7 @@ impl Store {
                 .meta
                 .get(r.raw(), GC_EPOCH_KEY)
                 .map_err(err)?
-                .and_then(|v| <[u8; 8]>::try_from(v).ok())
-                .map(u64::from_be_bytes);
+                .and_then(parse_gc_epoch);
             Ok::<_, StoreError>((
                 stat,
                 [active?, ended?, workflows?, pins?],
@@ -798,6 +797,11 @@ fn open_databases(
     }
     wtxn.commit().map_err(|e| fail("creating", e))?;
     Ok(dbs)
+}
+
+/// Parses a stored `gc_epoch` value (8 bytes, big-endian ms).
+pub(crate) fn parse_gc_epoch(value: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(value).ok().map(u64::from_be_bytes)
 }
 
 /// Parses a stored format version value (4 bytes, big-endian).

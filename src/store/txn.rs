@@ -7,6 +7,7 @@ use heed::{MdbError, PutFlags, RoTxn, RwTxn, WithoutTls};
 use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
 use super::{
     Databases, FORMAT_VERSION_KEY, GC_EPOCH_KEY, StoreError, StoreInner, now_ms, parse_format,
+    parse_gc_epoch,
 };
 use crate::hash::{Hash, HashPrefix};
 use crate::node::{Blob, EncodedBlob, Kind};
@@ -230,8 +231,7 @@ impl<'s> WriteTxn<'s> {
             .meta
             .get(&self.txn, GC_EPOCH_KEY)
             .map_err(|e| self.store.error("reading the GC marker", e))?
-            .and_then(|v| <[u8; 8]>::try_from(v).ok())
-            .map(u64::from_be_bytes);
+            .and_then(parse_gc_epoch);
         self.gc_epoch = Some(epoch);
         Ok(epoch)
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::index::{self, Location};
 use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
 use crate::hash::Hash;
-use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors};
+use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors_raw};
 use crate::store::{Store, WriteTxn};
 
 /// A new thread.
@@ -125,13 +125,19 @@ fn next_position(w: &WriteTxn<'_>, record: &ThreadRecord) -> Result<(u64, Vec<Ha
     match stored.kind {
         Kind::Start => Ok((1, Vec::new())),
         Kind::State => {
-            let older = state_ancestors(stored.bytes).ok_or_else(|| ThreadError::WrongKind {
-                hash: head,
-                expected: "a state node in canonical form",
-            })?;
+            let older =
+                state_ancestors_raw(stored.bytes).ok_or_else(|| ThreadError::WrongKind {
+                    hash: head,
+                    expected: "a state node in canonical form",
+                })?;
             let mut ancestors = Vec::with_capacity(MAX_ANCESTORS);
             ancestors.push(head);
-            ancestors.extend(older.into_iter().take(MAX_ANCESTORS - 1));
+            ancestors.extend(
+                older
+                    .chunks_exact(34)
+                    .take(MAX_ANCESTORS - 1)
+                    .filter_map(|item| Hash::from_slice(&item[2..])),
+            );
             Ok((record.seq + 1, ancestors))
         }
         _ => Err(ThreadError::WrongKind {
