@@ -146,21 +146,29 @@ pub fn workflow(store: &Store, name: &str) -> Hash {
 
 /// Starts a top-level thread of workflow `name` whose first role is `dev`.
 pub fn new_thread(store: &Store, name: &str) -> ThreadRecord {
+    try_new_thread(store, name).unwrap()
+}
+
+/// [`new_thread`], returning the error: the placeholder workflow blob is put
+/// in its own transaction first, so a collection with no grace period may
+/// free it before the thread refers to it (`MissingRef`).
+pub fn try_new_thread(
+    store: &Store,
+    name: &str,
+) -> Result<ThreadRecord, uwf_db::thread::ThreadError> {
     let wf = workflow(store, name);
-    store
-        .start_thread(NewThread {
-            workflow: name.into(),
-            workflow_hash: wf,
-            prompt: format!("task for {name}"),
-            max_rounds: 100,
-            depth: 0,
-            parent_state: None,
-            parent_thread: None,
-            next_role: "dev".into(),
-            next_instruction: "Implement the change".into(),
-            agent: Some("script:test.yaml".into()),
-        })
-        .unwrap()
+    store.start_thread(NewThread {
+        workflow: name.into(),
+        workflow_hash: wf,
+        prompt: format!("task for {name}"),
+        max_rounds: 100,
+        depth: 0,
+        parent_state: None,
+        parent_thread: None,
+        next_role: "dev".into(),
+        next_instruction: "Implement the change".into(),
+        agent: Some("script:test.yaml".into()),
+    })
 }
 
 /// A role step with `$status`.
