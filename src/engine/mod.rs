@@ -9,6 +9,7 @@ pub mod claim;
 mod drive;
 pub mod extract;
 pub mod prompt;
+pub(crate) mod state;
 
 pub use drive::{RunOutcome, StepResult};
 

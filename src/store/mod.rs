@@ -338,6 +338,8 @@ pub(crate) struct StoreInner {
     durability: Durability,
     max_map_size: Option<u64>,
     map_size: u64,
+    /// The engine's caches and claim bookkeeping for this store.
+    pub(crate) engine: crate::engine::state::EngineState,
 }
 
 impl StoreInner {
@@ -472,6 +474,7 @@ impl Store {
             durability: options.durability,
             max_map_size: options.max_map_size,
             map_size,
+            engine: crate::engine::state::EngineState::default(),
         });
         open.insert(canonical, Arc::downgrade(&inner));
         Ok(Store { inner, group: None })
@@ -643,6 +646,11 @@ impl Store {
 
     pub(crate) fn inner(&self) -> &StoreInner {
         &self.inner
+    }
+
+    /// The engine's state for this store (caches, claims).
+    pub(crate) fn engine_state(&self) -> &crate::engine::state::EngineState {
+        &self.inner.engine
     }
 
     /// Scans one database in key order, 4,096 entries per read transaction
