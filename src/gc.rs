@@ -4,15 +4,14 @@
 //! is safe while writers run (the write barrier is in `store/txn.rs`).
 
 use std::collections::HashMap;
-use std::fs::{File, TryLockError};
 use std::ops::Bound;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::backend::{Direction, HeldLock, KeyRange, Table};
 use crate::hash::{HASH_LEN, Hash, hex};
 use crate::node::{Kind, state_ancestors_raw};
 use crate::store::record::touched_at;
@@ -37,18 +36,10 @@ pub enum GcError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Another collection holds the store's GC lock.
-    #[error("another garbage collection is running on this store (it holds {lock})")]
+    #[error("another garbage collection is running on the store at {store}; wait for it to finish")]
     Busy {
-        /// The lock file.
-        lock: PathBuf,
-    },
-    /// The lock file could not be opened or locked.
-    #[error("cannot lock {lock}: {source}")]
-    Lock {
-        /// The lock file.
-        lock: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The store's location.
+        store: String,
     },
     /// A record the collector must understand is damaged: collecting could
     /// delete what it refers to.
@@ -346,7 +337,7 @@ impl Marks {
 struct Running<'a> {
     store: &'a Store,
     epoch: u64,
-    _lock: File,
+    _lock: Box<dyn HeldLock>,
 }
 
 impl Drop for Running<'_> {
@@ -354,16 +345,11 @@ impl Drop for Running<'_> {
         // Best effort: a marker left behind only makes writers refresh
         // `touched_at` until the next collection replaces it.
         let _ = self.store.write(|w| {
-            let (txn, dbs, inner) = w.parts();
-            let ours = dbs
-                .meta
-                .get(txn, GC_EPOCH_KEY)
-                .map_err(|e| inner.error("reading the GC marker", e))?
+            let t = w.tables_mut();
+            let ours = t.get(Table::Meta, GC_EPOCH_KEY.as_bytes())?.as_deref()
                 == Some(&self.epoch.to_be_bytes()[..]);
             if ours {
-                dbs.meta
-                    .delete(txn, GC_EPOCH_KEY)
-                    .map_err(|e| inner.error("clearing the GC marker", e))?;
+                t.delete(Table::Meta, GC_EPOCH_KEY.as_bytes())?;
             }
             Ok::<_, StoreError>(())
         });
@@ -475,44 +461,31 @@ impl Store {
 
     /// Takes the GC lock and commits the `gc_epoch` marker.
     fn start_gc(&self) -> Result<Running<'_>, GcError> {
-        let lock = self.path().join("gc.lock");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock)
-            .map_err(|source| GcError::Lock {
-                lock: lock.clone(),
-                source,
-            })?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(GcError::Busy { lock }),
-            Err(TryLockError::Error(source)) => return Err(GcError::Lock { lock, source }),
-        }
+        let Some(lock) = self.backend().try_lock_gc()? else {
+            return Err(GcError::Busy {
+                store: self.location().to_owned(),
+            });
+        };
         let epoch = self.write(|w| {
             // Never behind a marker a dead collection left: writers may
             // have stamped blobs with it.
             let epoch = w.gc_epoch()?.map_or(w.now_ms(), |e| e.max(w.now_ms()));
-            let (txn, dbs, inner) = w.parts();
-            dbs.meta
-                .put(txn, GC_EPOCH_KEY, &epoch.to_be_bytes())
-                .map_err(|e| inner.error("writing the GC marker", e))?;
+            w.tables_mut()
+                .put(Table::Meta, GC_EPOCH_KEY.as_bytes(), &epoch.to_be_bytes())?;
             Ok::<_, StoreError>(epoch)
         })?;
         Ok(Running {
             store: self,
             epoch,
-            _lock: file,
+            _lock: lock,
         })
     }
 
     /// Every root hash, deduplicated and sorted.
     fn gc_roots(&self) -> Result<Vec<Hash>, GcError> {
-        let dbs = self.inner().dbs;
         let mut roots = Vec::new();
-        for db in [dbs.threads, dbs.history] {
-            self.scan_db::<GcError>(db, |_, key, value| {
+        for table in [Table::Threads, Table::History] {
+            self.scan_table::<GcError>(table, |_, key, value| {
                 let r = ThreadRecord::decode(value).map_err(|e| GcError::Corrupt {
                     what: format!("the thread record under key {}", hex(key)),
                     detail: e.to_string(),
@@ -522,8 +495,8 @@ impl Store {
                 Ok(())
             })?;
         }
-        for (db, what) in [(dbs.workflows, "workflow"), (dbs.pins, "pin")] {
-            self.scan_db::<GcError>(db, |_, key, value| {
+        for (table, what) in [(Table::Workflows, "workflow"), (Table::Pins, "pin")] {
+            self.scan_table::<GcError>(table, |_, key, value| {
                 let bytes = if what == "pin" { key } else { value };
                 let h = Hash::from_slice(bytes).ok_or_else(|| GcError::Corrupt {
                     what: format!("the {what} entry {}", hex(key)),
@@ -559,28 +532,26 @@ impl Store {
     }
 
     fn scan_range(&self, first: u16, capacity: usize) -> Result<Chunk, GcError> {
-        let inner = self.inner();
         let lower = [first as u8];
         let upper = [first as u8 + u8::from(first < 255)];
-        let range = (
-            Bound::Included(&lower[..]),
-            if first < 255 {
+        let range = KeyRange {
+            lower: Bound::Included(&lower[..]),
+            upper: if first < 255 {
                 Bound::Excluded(&upper[..])
             } else {
                 Bound::Unbounded
             },
-        );
+        };
         let mut chunk = self.read(|r| {
-            let err = |e| inner.error("scanning blobs", e);
             let mut c = Chunk::with_capacity(capacity);
-            for entry in inner.dbs.blobs.range(r.raw(), &range).map_err(err)? {
-                let (key, value) = entry.map_err(err)?;
+            for entry in r.tables().range(Table::Blobs, range, Direction::Forward)? {
+                let (key, value) = entry?;
                 let corrupt = |detail: String| GcError::Corrupt {
-                    what: format!("the blob record under key {}", hex(key)),
+                    what: format!("the blob record under key {}", hex(&key)),
                     detail,
                 };
-                let hash = Hash::from_slice(key).ok_or_else(|| corrupt("bad key".into()))?;
-                let rec = BlobRecord::parse(value).map_err(|e| corrupt(e.to_string()))?;
+                let hash = Hash::from_slice(&key).ok_or_else(|| corrupt("bad key".into()))?;
+                let rec = BlobRecord::parse(&value).map_err(|e| corrupt(e.to_string()))?;
                 let refs = marking_refs(&rec);
                 c.push(
                     hash,
@@ -621,7 +592,7 @@ impl Store {
         let mut done = 0u64;
         for batch in order.chunks(SWEEP_BATCH) {
             let (swept, freed, saved) = self.write(|w| {
-                let (txn, dbs, inner) = w.parts();
+                let t = w.tables_mut();
                 let (mut swept, mut freed, mut saved) = (0u64, 0u64, 0u64);
                 // Decide in sweep order (a rescue reaches only later
                 // candidates), then delete in key order, which touches each
@@ -631,12 +602,10 @@ impl Store {
                     if rescued.get(i) {
                         continue;
                     }
-                    let value = dbs
-                        .blobs
-                        .get(txn, graph.hash(i).as_bytes())
-                        .map_err(|e| inner.error("sweeping", e))?;
-                    let Some(value) = value else { continue };
-                    if touched_at(value).unwrap_or(u64::MAX) >= keep_after {
+                    let Some(value) = t.get(Table::Blobs, graph.hash(i).as_bytes())? else {
+                        continue;
+                    };
+                    if touched_at(&value).unwrap_or(u64::MAX) >= keep_after {
                         saved += rescue(graph, &is_candidate, &rescued, i);
                     } else {
                         doomed.push((i, value.len()));
@@ -644,9 +613,7 @@ impl Store {
                 }
                 doomed.sort_unstable();
                 for (i, len) in doomed {
-                    dbs.blobs
-                        .delete(txn, graph.hash(i).as_bytes())
-                        .map_err(|e| inner.error("sweeping", e))?;
+                    t.delete(Table::Blobs, graph.hash(i).as_bytes())?;
                     swept += 1;
                     freed += (HASH_LEN + len) as u64;
                 }
@@ -659,44 +626,6 @@ impl Store {
             progress(GcProgress::Swept { done, total });
         }
         Ok(())
-    }
-
-    /// Pins a stored blob: it and everything it reaches become GC roots.
-    /// Returns whether it was newly pinned.
-    pub fn pin(&self, hash: &Hash) -> Result<bool, StoreError> {
-        self.write(|w| {
-            if !w.touch(hash, true)? {
-                return Err(StoreError::UnknownHash {
-                    prefix: hash.to_string(),
-                });
-            }
-            let (txn, dbs, inner) = w.parts();
-            let err = |e| inner.error("pinning", e);
-            let new = dbs.pins.get(txn, hash.as_bytes()).map_err(err)?.is_none();
-            dbs.pins.put(txn, hash.as_bytes(), &[]).map_err(err)?;
-            Ok(new)
-        })
-    }
-
-    /// Unpins a blob; returns whether it was pinned. The next collection may
-    /// delete it if nothing else reaches it.
-    pub fn unpin(&self, hash: &Hash) -> Result<bool, StoreError> {
-        self.write(|w| {
-            let (txn, dbs, inner) = w.parts();
-            dbs.pins
-                .delete(txn, hash.as_bytes())
-                .map_err(|e| inner.error("unpinning", e))
-        })
-    }
-
-    /// The pinned hashes, in order.
-    pub fn pins(&self) -> Result<Vec<Hash>, StoreError> {
-        let mut out = Vec::new();
-        self.scan_db::<StoreError>(self.inner().dbs.pins, |_, key, _| {
-            out.extend(Hash::from_slice(key));
-            Ok(())
-        })?;
-        Ok(out)
     }
 }
 

@@ -7,8 +7,10 @@
 //! - [`hash`]: BLAKE3-256 [`Hash`](struct@Hash)es, hex, and unique prefixes.
 //! - [`codec`]: the canonical MessagePack encoding every blob is hashed in.
 //! - [`node`]: blobs (`start`, `state`, `content`, `workflow`) and `collect_refs`.
-//! - [`store`]: the LMDB environment (through `heed`), blob put/get with
-//!   referential integrity, prefix resolution, statistics.
+//! - [`backend`]: the storage boundary (transactions over named tables,
+//!   locks) and its LMDB implementation (through `heed`).
+//! - [`store`]: the store handle, blob put/get with referential integrity,
+//!   prefix resolution, group commit, statistics.
 //! - [`thread`]: thread records, chains, forks, history and listings.
 //! - [`workflow`] and [`engine`]: YAML workflows and the synchronous engine.
 //! - [`gc`]: garbage collection that is safe while writers run.
@@ -30,6 +32,7 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod codec;
 pub mod engine;
 pub mod gc;

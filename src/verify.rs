@@ -6,8 +6,8 @@
 //! the same snapshot as the blob that holds them; since only garbage
 //! collection deletes blobs, a ref found missing is a real problem.
 
+use crate::backend::{Direction, KeyRange, Table};
 use std::fmt;
-use std::ops::Bound;
 
 use crate::hash::{Hash, hex};
 use crate::node::{Blob, Kind};
@@ -139,7 +139,6 @@ pub fn verify(
     store: &Store,
     mut progress: impl FnMut(VerifyProgress),
 ) -> Result<VerifyReport, StoreError> {
-    let inner = store.inner();
     let mut report = VerifyReport::default();
     if let Err(e) = store.read(|r| r.format_version()) {
         report.problems.push(Problem::FormatVersion {
@@ -152,24 +151,20 @@ pub fn verify(
     loop {
         let last = store.read(|r| {
             let range = match &after {
-                Some(k) => (Bound::Excluded(k.as_slice()), Bound::Unbounded),
-                None => (Bound::Unbounded, Bound::Unbounded),
+                Some(k) => KeyRange::after(k),
+                None => KeyRange::ALL,
             };
-            let iter = inner
-                .dbs
-                .blobs
-                .range(r.raw(), &range)
-                .map_err(|e| inner.error("scanning blobs", e))?;
+            let entries = r.tables().range(Table::Blobs, range, Direction::Forward)?;
             let mut last = None;
-            for entry in iter.take(BATCH) {
-                let (key, value) = entry.map_err(|e| inner.error("scanning blobs", e))?;
+            for entry in entries.take(BATCH) {
+                let (key, value) = entry?;
                 last = Some(key.to_vec());
                 report.blobs_checked += 1;
-                let Some(hash) = Hash::from_slice(key) else {
-                    report.problems.push(Problem::BadKey { key: hex(key) });
+                let Some(hash) = Hash::from_slice(&key) else {
+                    report.problems.push(Problem::BadKey { key: hex(&key) });
                     continue;
                 };
-                let refs = check_blob(hash, value, &mut report.problems);
+                let refs = check_blob(hash, &value, &mut report.problems);
                 for target in refs {
                     report.refs_checked += 1;
                     if !r.contains(&target)? {
@@ -199,7 +194,6 @@ pub fn verify(
 /// stored start/head/workflow blobs of the right kinds, and that
 /// `history_ids`, `activity` and `children` agree with the records.
 fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), StoreError> {
-    let dbs = store.inner().dbs;
     let problems = &mut report.problems;
     let mut n = 0;
 
@@ -245,11 +239,11 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         {
             bad(format!("staged summary {c} is not stored"));
         }
-        let activity = dbs
-            .activity
-            .get(r.raw(), &activity_key(record.last_activity(), record.id))
-            .map_err(|e| store.inner().error("reading activity", e))?;
-        match activity.and_then(ActivityEntry::parse) {
+        let activity = r.tables().get(
+            Table::Activity,
+            &activity_key(record.last_activity(), record.id),
+        )?;
+        match activity.as_deref().and_then(ActivityEntry::parse) {
             None => bad("no activity entry at its last activity time".into()),
             Some(a) if a != ActivityEntry::of(&record) => {
                 bad("activity entry disagrees with the record".into())
@@ -259,7 +253,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         Ok(Some(record))
     };
 
-    n += store.scan_db::<StoreError>(dbs.threads, |r, key, value| {
+    n += store.scan_table::<StoreError>(Table::Threads, |r, key, value| {
         let id = ThreadId::from_slice(key);
         if let Some(rec) = check_record(
             r,
@@ -279,7 +273,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += store.scan_db::<StoreError>(dbs.history, |r, key, value| {
+    n += store.scan_table::<StoreError>(Table::History, |r, key, value| {
         let (day, id) = match key.split_first_chunk::<4>() {
             Some((day, id)) => (u32::from_be_bytes(*day), ThreadId::from_slice(id)),
             None => (0, None),
@@ -301,31 +295,25 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         if rec.completed_at.map(utc_day) != Some(day) {
             bad("completion time is not in this day's partition".into());
         }
-        let ids = dbs
-            .history_ids
-            .get(r.raw(), &rec.id.to_bytes())
-            .map_err(|e| store.inner().error("reading history ids", e))?;
-        if ids != Some(&day.to_be_bytes()[..]) {
+        let ids = r.tables().get(Table::HistoryIds, &rec.id.to_bytes())?;
+        if ids.as_deref() != Some(&day.to_be_bytes()[..]) {
             bad("history_ids does not point at this entry".into());
         }
-        if dbs
-            .threads
-            .get(r.raw(), &rec.id.to_bytes())
-            .map_err(|e| store.inner().error("reading threads", e))?
+        if r.tables()
+            .get(Table::Threads, &rec.id.to_bytes())?
             .is_some()
         {
             bad("also present in the active index".into());
         }
         Ok(())
     })?;
-    n += store.scan_db::<StoreError>(dbs.history_ids, |r, key, value| {
+    n += store.scan_table::<StoreError>(Table::HistoryIds, |r, key, value| {
         let id = ThreadId::from_slice(key);
         let day = <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes);
         let ok = match (id, day) {
-            (Some(id), Some(day)) => dbs
-                .history
-                .get(r.raw(), &history_key(day, id))
-                .map_err(|e| store.inner().error("reading history", e))?
+            (Some(id), Some(day)) => r
+                .tables()
+                .get(Table::History, &history_key(day, id))?
                 .is_some(),
             _ => false,
         };
@@ -338,13 +326,13 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += store.scan_db::<StoreError>(dbs.activity, |r, key, value| {
+    n += store.scan_table::<StoreError>(Table::Activity, |r, key, value| {
         let parsed = key
             .split_first_chunk::<8>()
             .and_then(|(at, id)| Some((u64::from_be_bytes(*at), ThreadId::from_slice(id)?)));
         let key_text = parsed.map_or_else(|| hex(key), |(at, id)| format!("{at}/{id}"));
         let detail = match (parsed, ActivityEntry::parse(value)) {
-            (Some((at, id)), Some(_)) => match index::find(r.raw(), r.dbs(), r.store_inner(), id) {
+            (Some((at, id)), Some(_)) => match index::find(r.tables(), id) {
                 Ok(Some((rec, _))) if rec.last_activity() == at => None,
                 Ok(Some(_)) => Some("stale: the record's last activity differs".to_owned()),
                 Ok(None) => Some("no such thread".to_owned()),
@@ -361,13 +349,13 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }
         Ok(())
     })?;
-    n += store.scan_db::<StoreError>(dbs.children, |r, key, _| {
+    n += store.scan_table::<StoreError>(Table::Children, |r, key, _| {
         let pair = key
             .split_first_chunk::<16>()
             .and_then(|(p, c)| Some((ThreadId::from_slice(p)?, ThreadId::from_slice(c)?)));
         let detail = match pair {
             None => Some("malformed key".to_owned()),
-            Some((parent, child)) => match index::find(r.raw(), r.dbs(), r.store_inner(), child) {
+            Some((parent, child)) => match index::find(r.tables(), child) {
                 Ok(Some((rec, _))) if rec.parent_thread == Some(parent) => None,
                 Ok(Some(_)) => Some("the child names another parent".to_owned()),
                 Ok(None) => Some("no such child thread".to_owned()),
@@ -385,12 +373,12 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
     })?;
     // Registered workflows and pins are GC roots: each must name a stored
     // blob (a registered workflow a `workflow` blob).
-    for (db, name) in [(dbs.workflows, "workflows"), (dbs.pins, "pins")] {
-        n += store.scan_db::<StoreError>(db, |r, key, value| {
+    for (table, name) in [(Table::Workflows, "workflows"), (Table::Pins, "pins")] {
+        n += store.scan_table::<StoreError>(table, |r, key, value| {
             let target = if name == "pins" { key } else { value };
             let detail = match Hash::from_slice(target) {
                 None => Some(format!("{} bytes, not a hash", target.len())),
-                Some(h) => match r.get_record(&h)? {
+                Some(h) => match r.get_stored(&h)? {
                     None => Some(format!("names {h}, which is not stored")),
                     Some(rec) if name == "workflows" && rec.kind != Kind::Workflow => {
                         Some(format!("names {h}, a {} blob", rec.kind))

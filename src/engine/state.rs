@@ -4,4 +4,5 @@
 
 /// The engine's per-store state, owned by the store handle.
 #[derive(Debug, Default)]
+#[allow(dead_code)] // filled by the per-store caches (in progress)
 pub(crate) struct EngineState {}

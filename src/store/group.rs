@@ -220,7 +220,7 @@ fn writer(inner: &StoreInner, rx: &Receiver<Request>, max_group: usize, counters
 fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreError> {
     let mut left_out = vec![false; batch.len()];
     loop {
-        let mut txn = WriteTxn::begin(inner)?;
+        let mut txn = WriteTxn::begin(&*inner.backend)?;
         let mut failed = None;
         for (i, req) in batch.iter_mut().enumerate() {
             if !left_out[i] && !(req.job)(&mut txn) {

@@ -1,14 +1,10 @@
 //! Read and write transactions over the store's databases.
 
-use std::ops::Bound;
-
-use heed::{MdbError, PutFlags, RoTxn, RwTxn, WithoutTls};
+use std::borrow::Cow;
 
 use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
-use super::{
-    Databases, FORMAT_VERSION_KEY, GC_EPOCH_KEY, StoreError, StoreInner, now_ms, parse_format,
-    parse_gc_epoch,
-};
+use super::{GC_EPOCH_KEY, StoreError, now_ms, parse_gc_epoch, read_format_version};
+use crate::backend::{Backend, Direction, KeyRange, ReadTables, Table, WriteTables};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::{Blob, EncodedBlob, Kind};
 
@@ -49,47 +45,52 @@ fn parse_record<'v>(hash: &Hash, value: &'v [u8]) -> Result<BlobRecord<'v>, Stor
     })
 }
 
+/// A blob record as read: borrowed from the backend's map (LMDB) or owned
+/// (a client–server backend). Parsed once when read.
+#[derive(Debug)]
+pub struct RecordRef<'t> {
+    hash: Hash,
+    value: Cow<'t, [u8]>,
+}
+
+impl RecordRef<'_> {
+    /// The parsed record.
+    pub fn record(&self) -> Result<BlobRecord<'_>, StoreError> {
+        parse_record(&self.hash, &self.value)
+    }
+}
+
 /// A read transaction: one consistent snapshot of the store.
 pub struct ReadTxn<'s> {
-    txn: RoTxn<'s, WithoutTls>,
-    store: &'s StoreInner,
+    txn: Box<dyn ReadTables + 's>,
+    backend: &'s dyn Backend,
 }
 
 /// Reads shared by read and write transactions.
 macro_rules! blob_reads {
     () => {
-        pub(crate) fn dbs(&self) -> &'s Databases {
-            &self.store.dbs
-        }
-
-        pub(crate) fn store_inner(&self) -> &'s StoreInner {
-            self.store
-        }
-
         /// Whether a blob is stored.
         pub fn contains(&self, hash: &Hash) -> Result<bool, StoreError> {
-            self.store
-                .dbs
-                .blobs
-                .get(self.raw(), hash.as_bytes())
-                .map(|v| v.is_some())
-                .map_err(|e| self.store.error("reading a blob", e))
+            Ok(self.tables().get(Table::Blobs, hash.as_bytes())?.is_some())
         }
 
-        /// A blob's record, borrowed from the map (valid for this transaction).
-        pub fn get_record(&self, hash: &Hash) -> Result<Option<BlobRecord<'_>>, StoreError> {
-            let value = self
-                .store
-                .dbs
-                .blobs
-                .get(self.raw(), hash.as_bytes())
-                .map_err(|e| self.store.error("reading a blob", e))?;
-            value.map(|v| parse_record(hash, v)).transpose()
+        /// A blob's record, borrowed from the map where the backend can
+        /// (valid for this transaction).
+        pub fn get_record(&self, hash: &Hash) -> Result<Option<RecordRef<'_>>, StoreError> {
+            let Some(value) = self.tables().get(Table::Blobs, hash.as_bytes())? else {
+                return Ok(None);
+            };
+            parse_record(hash, &value)?;
+            Ok(Some(RecordRef { hash: *hash, value }))
         }
 
         /// Reads one blob's record.
         pub fn get_stored(&self, hash: &Hash) -> Result<Option<StoredBlob>, StoreError> {
-            Ok(self.get_record(hash)?.map(|rec| StoredBlob {
+            let Some(value) = self.tables().get(Table::Blobs, hash.as_bytes())? else {
+                return Ok(None);
+            };
+            let rec = parse_record(hash, &value)?;
+            Ok(Some(StoredBlob {
                 hash: *hash,
                 kind: rec.kind,
                 written_at: rec.written_at,
@@ -101,9 +102,10 @@ macro_rules! blob_reads {
 
         /// Reads and decodes one blob.
         pub fn get_blob(&self, hash: &Hash) -> Result<Option<Blob>, StoreError> {
-            let Some(rec) = self.get_record(hash)? else {
+            let Some(value) = self.tables().get(Table::Blobs, hash.as_bytes())? else {
                 return Ok(None);
             };
+            let rec = parse_record(hash, &value)?;
             Blob::decode_trusted(rec.bytes)
                 .map(Some)
                 .map_err(|e| StoreError::Corrupt {
@@ -125,25 +127,23 @@ macro_rules! blob_reads {
                 };
             }
             let lower = prefix.lower_bound();
-            let range = (Bound::Included(&lower[..]), Bound::Unbounded);
-            let iter = self
-                .store
-                .dbs
-                .blobs
-                .range(self.raw(), &range)
-                .map_err(|e| self.store.error("resolving a prefix", e))?;
+            let entries = self.tables().range(
+                Table::Blobs,
+                KeyRange::from(&lower[..]),
+                Direction::Forward,
+            )?;
             let mut found = Vec::new();
             let mut truncated = false;
-            for entry in iter {
-                let (key, _) = entry.map_err(|e| self.store.error("resolving a prefix", e))?;
-                if !prefix.matches_bytes(key) {
+            for entry in entries {
+                let (key, _) = entry?;
+                if !prefix.matches_bytes(&key) {
                     break;
                 }
                 if found.len() == MAX_CANDIDATES {
                     truncated = true;
                     break;
                 }
-                found.extend(Hash::from_slice(key));
+                found.extend(Hash::from_slice(&key));
             }
             match found.as_slice() {
                 [] => Err(unknown()),
@@ -158,33 +158,22 @@ macro_rules! blob_reads {
 
         /// The stored format version.
         pub fn format_version(&self) -> Result<u32, StoreError> {
-            let value = self
-                .store
-                .dbs
-                .meta
-                .get(self.raw(), FORMAT_VERSION_KEY)
-                .map_err(|e| self.store.error("reading the format version", e))?;
-            value
-                .and_then(parse_format)
-                .ok_or_else(|| StoreError::MissingFormat {
-                    path: self.store.path.clone(),
-                    detail: "the version key is absent or malformed".into(),
-                })
+            read_format_version(self.tables(), self.backend.location())
         }
     };
 }
 
 impl<'s> ReadTxn<'s> {
-    pub(super) fn begin(store: &'s StoreInner) -> Result<Self, StoreError> {
-        let txn = store
-            .env
-            .read_txn()
-            .map_err(|e| store.error("starting a read transaction", e))?;
-        Ok(ReadTxn { txn, store })
+    pub(super) fn begin(backend: &'s dyn Backend) -> Result<Self, StoreError> {
+        Ok(ReadTxn {
+            txn: backend.begin_read()?,
+            backend,
+        })
     }
 
-    pub(crate) fn raw(&self) -> &RoTxn<'s, WithoutTls> {
-        &self.txn
+    /// The tables, for the modules that own them (threads, workflows, GC).
+    pub(crate) fn tables(&self) -> &dyn ReadTables {
+        &*self.txn
     }
 
     blob_reads!();
@@ -196,8 +185,8 @@ const REFRESH_AFTER_MS: u64 = 1000;
 
 /// A write transaction. Dropping it without [`WriteTxn::commit`] aborts it.
 pub struct WriteTxn<'s> {
-    txn: RwTxn<'s>,
-    store: &'s StoreInner,
+    txn: Box<dyn WriteTables + 's>,
+    backend: &'s dyn Backend,
     now_ms: u64,
     buf: Vec<u8>,
     /// `meta["gc_epoch"]`, read on first need: `Some(None)` when no GC runs.
@@ -205,14 +194,10 @@ pub struct WriteTxn<'s> {
 }
 
 impl<'s> WriteTxn<'s> {
-    pub(super) fn begin(store: &'s StoreInner) -> Result<Self, StoreError> {
-        let txn = store
-            .env
-            .write_txn()
-            .map_err(|e| store.error("starting a write transaction", e))?;
+    pub(super) fn begin(backend: &'s dyn Backend) -> Result<Self, StoreError> {
         Ok(WriteTxn {
-            txn,
-            store,
+            txn: backend.begin_write()?,
+            backend,
             now_ms: now_ms(),
             buf: Vec::with_capacity(1024),
             gc_epoch: None,
@@ -226,11 +211,9 @@ impl<'s> WriteTxn<'s> {
             return Ok(e);
         }
         let epoch = self
-            .store
-            .dbs
-            .meta
-            .get(&self.txn, GC_EPOCH_KEY)
-            .map_err(|e| self.store.error("reading the GC marker", e))?
+            .txn
+            .get(Table::Meta, GC_EPOCH_KEY.as_bytes())?
+            .as_deref()
             .and_then(parse_gc_epoch);
         self.gc_epoch = Some(epoch);
         Ok(epoch)
@@ -262,18 +245,12 @@ impl<'s> WriteTxn<'s> {
             return self.contains(hash);
         }
         let stamp = self.stamp()?;
-        let Some(value) = self
-            .store
-            .dbs
-            .blobs
-            .get(&self.txn, hash.as_bytes())
-            .map_err(|e| self.store.error("reading a blob", e))?
-        else {
+        let Some(value) = self.txn.get(Table::Blobs, hash.as_bytes())? else {
             return Ok(false);
         };
         // A record too short to hold the field is corrupt: `verify` reports
         // it; the barrier leaves it alone.
-        let Some(touched) = touched_at(value) else {
+        let Some(touched) = touched_at(&value) else {
             return Ok(true);
         };
         let stale_for_gc = epoch.is_some_and(|e| touched < e);
@@ -282,24 +259,25 @@ impl<'s> WriteTxn<'s> {
             return Ok(true);
         }
         self.buf.clear();
-        self.buf.extend_from_slice(value);
-        self.buf[TOUCHED_AT].copy_from_slice(&stamp.to_be_bytes());
-        self.store
-            .dbs
-            .blobs
-            .put(&mut self.txn, hash.as_bytes(), &self.buf)
-            .map_err(|e| self.store.error("refreshing a blob", e))?;
+        self.buf.extend_from_slice(&value);
+        drop(value);
+        if let Some(field) = self.buf.get_mut(TOUCHED_AT) {
+            field.copy_from_slice(&stamp.to_be_bytes());
+        }
+        self.txn.put(Table::Blobs, hash.as_bytes(), &self.buf)?;
         Ok(true)
     }
 
-    pub(crate) fn raw(&self) -> &RoTxn<'s, WithoutTls> {
-        &self.txn
+    /// The tables, for the modules that own them (threads, workflows, GC).
+    pub(crate) fn tables(&self) -> &dyn ReadTables {
+        &*self.txn
     }
 
-    /// The write transaction and the databases, for the modules that own
-    /// other databases (threads).
-    pub(crate) fn parts(&mut self) -> (&mut RwTxn<'s>, &'s Databases, &'s StoreInner) {
-        (&mut self.txn, &self.store.dbs, self.store)
+    /// The tables for writing. Blob records are written only through
+    /// [`WriteTxn::put_encoded`] and the barrier; other modules write the
+    /// tables they own.
+    pub(crate) fn tables_mut(&mut self) -> &mut dyn WriteTables {
+        &mut *self.txn
     }
 
     /// The time this transaction stamps on what it writes (ms since the epoch).
@@ -331,27 +309,20 @@ impl<'s> WriteTxn<'s> {
         }
         let stamp = self.stamp()?;
         write_record(&mut self.buf, blob, self.now_ms, stamp);
-        let put = self.store.dbs.blobs.put_with_flags(
-            &mut self.txn,
-            PutFlags::NO_OVERWRITE,
-            blob.hash().as_bytes(),
-            &self.buf,
-        );
-        match put {
-            Ok(()) => Ok(true),
-            // Content addressing: same key, same bytes. Only the record's
-            // `touched_at` may need refreshing.
-            Err(heed::Error::Mdb(MdbError::KeyExist)) => {
-                self.touch(&blob.hash(), true)?;
-                Ok(false)
-            }
-            Err(e) => Err(self.store.error("writing a blob", e)),
+        if self
+            .txn
+            .insert(Table::Blobs, blob.hash().as_bytes(), &self.buf)?
+        {
+            return Ok(true);
         }
+        // Content addressing: same key, same bytes. Only the record's
+        // `touched_at` may need refreshing.
+        self.touch(&blob.hash(), true)?;
+        Ok(false)
     }
 
     /// Commits: durable on return when the store's durability is `sync`.
     pub fn commit(self) -> Result<(), StoreError> {
-        let store = self.store;
-        self.txn.commit().map_err(|e| store.error("committing", e))
+        self.txn.commit()
     }
 }

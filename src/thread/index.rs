@@ -1,14 +1,11 @@
 //! Reading and writing thread records across `threads`, `history`,
 //! `history_ids`, `activity` and `children`, keeping them consistent.
 
-use std::ops::Bound;
-
-use heed::{RoTxn, WithoutTls};
-
 use super::record::{ActivityEntry, activity_key, child_key, history_key, record_head, utc_day};
 use super::{IdPrefix, ThreadError, ThreadId, ThreadRecord};
+use crate::backend::{Direction, KeyRange, ReadTables, Table, WriteTables};
 use crate::hash::Hash;
-use crate::store::{Databases, StoreInner, WriteTxn};
+use crate::store::WriteTxn;
 
 /// Where a record lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,27 +35,24 @@ fn decode(id: ThreadId, bytes: &[u8]) -> Result<ThreadRecord, ThreadError> {
 
 /// Finds a thread's record, active or in history: two O(log n) lookups at most.
 pub(crate) fn find(
-    txn: &RoTxn<'_, WithoutTls>,
-    dbs: &Databases,
-    inner: &StoreInner,
+    t: &dyn ReadTables,
     id: ThreadId,
 ) -> Result<Option<(ThreadRecord, Location)>, ThreadError> {
     let key = id.to_bytes();
-    let err = |e| ThreadError::Store(inner.error("reading a thread record", e));
-    if let Some(bytes) = dbs.threads.get(txn, &key).map_err(err)? {
-        return Ok(Some((decode(id, bytes)?, Location::Active)));
+    if let Some(bytes) = t.get(Table::Threads, &key)? {
+        return Ok(Some((decode(id, &bytes)?, Location::Active)));
     }
-    let Some(day) = dbs.history_ids.get(txn, &key).map_err(err)? else {
+    let Some(day) = t.get(Table::HistoryIds, &key)? else {
         return Ok(None);
     };
-    let day = <[u8; 4]>::try_from(day)
+    let day = <[u8; 4]>::try_from(&*day)
         .map(u32::from_be_bytes)
         .map_err(|_| ThreadError::CorruptRecord {
             thread: id.to_string(),
             detail: "history_ids entry is not 4 bytes".into(),
         })?;
-    match dbs.history.get(txn, &history_key(day, id)).map_err(err)? {
-        Some(bytes) => Ok(Some((decode(id, bytes)?, Location::History(day)))),
+    match t.get(Table::History, &history_key(day, id))? {
+        Some(bytes) => Ok(Some((decode(id, &bytes)?, Location::History(day)))),
         None => Err(ThreadError::CorruptRecord {
             thread: id.to_string(),
             detail: format!("history_ids points at day {day}, which has no entry"),
@@ -67,46 +61,33 @@ pub(crate) fn find(
 }
 
 /// A thread's head, read from the record header without decoding the record.
-pub(crate) fn head(
-    txn: &RoTxn<'_, WithoutTls>,
-    dbs: &Databases,
-    inner: &StoreInner,
-    id: ThreadId,
-) -> Result<Option<Hash>, ThreadError> {
+pub(crate) fn head(t: &dyn ReadTables, id: ThreadId) -> Result<Option<Hash>, ThreadError> {
     let key = id.to_bytes();
-    let err = |e| ThreadError::Store(inner.error("reading a thread record", e));
     let corrupt = || ThreadError::CorruptRecord {
         thread: id.to_string(),
         detail: "malformed record header".into(),
     };
-    if let Some(bytes) = dbs.threads.get(txn, &key).map_err(err)? {
-        return record_head(bytes).map(Some).ok_or_else(corrupt);
+    if let Some(bytes) = t.get(Table::Threads, &key)? {
+        return record_head(&bytes).map(Some).ok_or_else(corrupt);
     }
     // Ended threads are rarely paged: the general lookup is fine.
-    Ok(find(txn, dbs, inner, id)?.map(|(r, _)| r.head))
+    Ok(find(t, id)?.map(|(r, _)| r.head))
 }
 
 /// Resolves a full id or unique prefix among active and history threads.
-pub(crate) fn resolve(
-    txn: &RoTxn<'_, WithoutTls>,
-    dbs: &Databases,
-    inner: &StoreInner,
-    prefix: &IdPrefix,
-) -> Result<ThreadId, ThreadError> {
-    let err = |e| ThreadError::Store(inner.error("resolving a thread id", e));
+pub(crate) fn resolve(t: &dyn ReadTables, prefix: &IdPrefix) -> Result<ThreadId, ThreadError> {
     if let Some(id) = prefix.as_full_id() {
-        return match find(txn, dbs, inner, id)? {
+        return match find(t, id)? {
             Some(_) => Ok(id),
             None => Err(ThreadError::Unknown(prefix.to_string())),
         };
     }
     let lower = prefix.lower_bound();
     let mut found: Vec<ThreadId> = Vec::new();
-    for db in [dbs.threads, dbs.history_ids] {
-        let range = (Bound::Included(&lower[..]), Bound::Unbounded);
-        for entry in db.range(txn, &range).map_err(err)? {
-            let (key, _) = entry.map_err(err)?;
-            let Some(id) = ThreadId::from_slice(key) else {
+    for table in [Table::Threads, Table::HistoryIds] {
+        for entry in t.range(table, KeyRange::from(&lower[..]), Direction::Forward)? {
+            let (key, _) = entry?;
+            let Some(id) = ThreadId::from_slice(&key) else {
                 break;
             };
             if !prefix.matches(&id) || found.len() > 5 {
@@ -143,60 +124,48 @@ pub(crate) fn put(
         w.relink_root(&root)?;
     }
     let bytes = new.encode()?;
-    let (txn, dbs, inner) = w.parts();
-    let err = |e| ThreadError::Store(inner.error("writing a thread record", e));
+    let t = w.tables_mut();
     let id = new.id;
     let key = id.to_bytes();
     let location = Location::of(new);
     if let Some((old, old_location)) = old {
-        dbs.activity
-            .delete(txn, &activity_key(old.last_activity(), id))
-            .map_err(err)?;
+        t.delete(Table::Activity, &activity_key(old.last_activity(), id))?;
         if old_location != location {
-            delete_record(txn, dbs, id, old_location).map_err(err)?;
+            delete_record(t, id, old_location)?;
         }
     } else if let Some(parent) = new.parent_thread {
-        dbs.children
-            .put(txn, &child_key(parent, id), &[])
-            .map_err(err)?;
+        t.put(Table::Children, &child_key(parent, id), &[])?;
     }
     match location {
-        Location::Active => dbs.threads.put(txn, &key, &bytes).map_err(err)?,
+        Location::Active => t.put(Table::Threads, &key, &bytes)?,
         Location::History(day) => {
-            dbs.history
-                .put(txn, &history_key(day, id), &bytes)
-                .map_err(err)?;
-            dbs.history_ids
-                .put(txn, &key, &day.to_be_bytes())
-                .map_err(err)?;
+            t.put(Table::History, &history_key(day, id), &bytes)?;
+            t.put(Table::HistoryIds, &key, &day.to_be_bytes())?;
         }
     }
-    dbs.activity
-        .put(
-            txn,
-            &activity_key(new.last_activity(), id),
-            &ActivityEntry::of(new).encode(),
-        )
-        .map_err(err)?;
+    t.put(
+        Table::Activity,
+        &activity_key(new.last_activity(), id),
+        &ActivityEntry::of(new).encode(),
+    )?;
     Ok(location)
 }
 
 /// Deletes a record from where it lives (`threads`, or `history` and
 /// `history_ids`).
 fn delete_record(
-    txn: &mut heed::RwTxn<'_>,
-    dbs: &Databases,
+    t: &mut dyn WriteTables,
     id: ThreadId,
     location: Location,
-) -> heed::Result<()> {
+) -> Result<(), ThreadError> {
     let key = id.to_bytes();
     match location {
         Location::Active => {
-            dbs.threads.delete(txn, &key)?;
+            t.delete(Table::Threads, &key)?;
         }
         Location::History(day) => {
-            dbs.history.delete(txn, &history_key(day, id))?;
-            dbs.history_ids.delete(txn, &key)?;
+            t.delete(Table::History, &history_key(day, id))?;
+            t.delete(Table::HistoryIds, &key)?;
         }
     }
     Ok(())
@@ -208,38 +177,33 @@ pub(crate) fn remove(
     record: &ThreadRecord,
     location: Location,
 ) -> Result<(), ThreadError> {
-    let (txn, dbs, inner) = w.parts();
-    let err = |e| ThreadError::Store(inner.error("removing a thread", e));
+    let t = w.tables_mut();
     let id = record.id;
-    delete_record(txn, dbs, id, location).map_err(err)?;
-    dbs.activity
-        .delete(txn, &activity_key(record.last_activity(), id))
-        .map_err(err)?;
+    delete_record(t, id, location)?;
+    t.delete(Table::Activity, &activity_key(record.last_activity(), id))?;
     if let Some(parent) = record.parent_thread {
-        dbs.children
-            .delete(txn, &child_key(parent, id))
-            .map_err(err)?;
+        t.delete(Table::Children, &child_key(parent, id))?;
     }
     Ok(())
 }
 
 /// The ids of a thread's children (threads spawned by its `workflow:` roles).
-pub(crate) fn children(
-    txn: &RoTxn<'_, WithoutTls>,
-    dbs: &Databases,
-    inner: &StoreInner,
-    parent: ThreadId,
-) -> Result<Vec<ThreadId>, ThreadError> {
-    let err = |e| ThreadError::Store(inner.error("reading children", e));
+pub(crate) fn children(t: &dyn ReadTables, parent: ThreadId) -> Result<Vec<ThreadId>, ThreadError> {
     let lower = child_key(parent, ThreadId::NIL);
-    let range = (Bound::Included(&lower[..]), Bound::Unbounded);
     let mut out = Vec::new();
-    for entry in dbs.children.range(txn, &range).map_err(err)? {
-        let (key, _) = entry.map_err(err)?;
-        if key.len() != 32 || key[..16] != parent.to_bytes() {
+    for entry in t.range(
+        Table::Children,
+        KeyRange::from(&lower[..]),
+        Direction::Forward,
+    )? {
+        let (key, _) = entry?;
+        let (Some(prefix), Some(child)) = (key.get(..16), key.get(16..)) else {
+            break;
+        };
+        if key.len() != 32 || prefix != parent.to_bytes() {
             break;
         }
-        out.extend(ThreadId::from_slice(&key[16..]));
+        out.extend(ThreadId::from_slice(child));
     }
     Ok(out)
 }

@@ -3,11 +3,10 @@
 
 use std::ops::Bound;
 
-use heed::{RoTxn, WithoutTls};
-
 use super::index::{self, Location};
 use super::record::{ActivityEntry, activity_key, history_key};
 use super::{END_ROLE, IdPrefix, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use crate::backend::{Direction, KeyRange, Table};
 use crate::hash::Hash;
 use crate::node::{Blob, Kind, StartNode, StateNode, state_ancestors};
 use crate::store::{ReadTxn, Store, StoreError, WriteTxn};
@@ -123,14 +122,15 @@ fn visit_chain<E: From<ThreadError> + From<StoreError>>(
     let mut visited = 0;
     let mut batch = vec![from];
     while visited < limit && !batch.is_empty() {
-        let mut oldest: &[u8] = &[];
+        let mut oldest = None;
         for hash in &batch {
             if visited == limit {
                 break;
             }
-            let Some(record) = r.get_record(hash)? else {
+            let Some(stored) = r.get_record(hash)? else {
                 return Err(ThreadError::MissingNode { hash: *hash }.into());
             };
+            let record = stored.record()?;
             match record.kind {
                 Kind::State => {}
                 // The chain's first node: nothing before it is a step.
@@ -145,11 +145,16 @@ fn visit_chain<E: From<ThreadError> + From<StoreError>>(
             }
             visit(hash, record.bytes)?;
             visited += 1;
-            oldest = record.bytes;
+            oldest = Some(stored);
         }
-        batch = match state_ancestors(oldest) {
-            Some(a) => a,
-            None => decode_state(&batch[batch.len() - 1], oldest)?.ancestors,
+        let oldest = match &oldest {
+            Some(stored) => stored.record()?.bytes,
+            None => &[],
+        };
+        batch = match (state_ancestors(oldest), batch.last()) {
+            (Some(a), _) => a,
+            (None, Some(last)) => decode_state(last, oldest)?.ancestors,
+            (None, None) => Vec::new(),
         };
     }
     Ok(visited)
@@ -235,17 +240,13 @@ pub(crate) fn last_end_before(w: &WriteTxn<'_>, node: &StateNode) -> Result<u64,
 }
 
 fn find_in(r: &ReadTxn<'_>, id: ThreadId) -> Result<Option<(ThreadRecord, Location)>, ThreadError> {
-    index::find(r.raw(), r.dbs(), r.store_inner(), id)
+    index::find(r.tables(), id)
 }
 
 fn need(r: &ReadTxn<'_>, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
     find_in(r, id)?
         .map(|(rec, _)| rec)
         .ok_or_else(|| ThreadError::Unknown(id.to_string()))
-}
-
-fn raw<'t>(r: &'t ReadTxn<'_>) -> &'t RoTxn<'t, WithoutTls> {
-    r.raw()
 }
 
 impl Store {
@@ -256,33 +257,34 @@ impl Store {
 
     /// Resolves a full thread id or a unique prefix.
     pub fn resolve_thread(&self, prefix: &IdPrefix) -> Result<ThreadId, ThreadError> {
-        self.read(|r| index::resolve(raw(r), r.dbs(), r.store_inner(), prefix))
+        self.read(|r| index::resolve(r.tables(), prefix))
     }
 
     /// Threads by last activity, newest first, filtered and paged. Filters
     /// read the `activity` index only; records are read for the page alone.
     pub fn list_threads(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
         self.read(|r| {
-            let inner = r.store_inner();
-            let err = |e| ThreadError::Store(inner.error("listing threads", e));
             let lower = q.since.map(|t| activity_key(t, ThreadId::NIL));
             let upper = q.until.map(|t| activity_key(t, ThreadId::NIL));
-            let range = (
-                lower
+            let range = KeyRange {
+                lower: lower
                     .as_ref()
                     .map_or(Bound::Unbounded, |k| Bound::Included(&k[..])),
-                upper
+                upper: upper
                     .as_ref()
                     .map_or(Bound::Unbounded, |k| Bound::Excluded(&k[..])),
-            );
+            };
             let mut ids = Vec::with_capacity(q.limit.min(1024));
             let mut skipped = 0;
-            for entry in r.dbs().activity.rev_range(raw(r), &range).map_err(err)? {
+            for entry in r
+                .tables()
+                .range(Table::Activity, range, Direction::Reverse)?
+            {
                 if ids.len() == q.limit {
                     break;
                 }
-                let (key, value) = entry.map_err(err)?;
-                let Some(a) = ActivityEntry::parse(value) else {
+                let (key, value) = entry?;
+                let Some(a) = ActivityEntry::parse(&value) else {
                     continue;
                 };
                 if (!q.statuses.is_empty() && !q.statuses.contains(&a.status))
@@ -307,19 +309,20 @@ impl Store {
     /// reading only that range of `history`.
     pub fn list_history(&self, from_day: u32, to_day: u32) -> Result<HistoryPage, ThreadError> {
         self.read(|r| {
-            let inner = r.store_inner();
-            let err = |e| ThreadError::Store(inner.error("listing history", e));
             let lower = history_key(from_day, ThreadId::NIL);
             let upper = history_key(to_day, ThreadId::NIL);
-            let range = (Bound::Included(&lower[..]), Bound::Excluded(&upper[..]));
+            let range = KeyRange::between(&lower, &upper);
             let mut page = HistoryPage {
                 records: Vec::new(),
                 keys_visited: 0,
             };
-            for entry in r.dbs().history.range(raw(r), &range).map_err(err)? {
-                let (key, value) = entry.map_err(err)?;
+            for entry in r
+                .tables()
+                .range(Table::History, range, Direction::Forward)?
+            {
+                let (key, value) = entry?;
                 page.keys_visited += 1;
-                page.records.push(ThreadRecord::decode(value).map_err(|e| {
+                page.records.push(ThreadRecord::decode(&value).map_err(|e| {
                     ThreadError::CorruptRecord {
                         thread: format!("{key:02x?}"),
                         detail: e.to_string(),
@@ -471,7 +474,7 @@ fn log_origin(
     before: Option<Hash>,
 ) -> Result<Option<Hash>, ThreadError> {
     match before {
-        None => index::head(raw(r), r.dbs(), r.store_inner(), id)?
+        None => index::head(r.tables(), id)?
             .map(Some)
             .ok_or_else(|| ThreadError::Unknown(id.to_string())),
         Some(b) => {
@@ -541,7 +544,7 @@ fn subtree(r: &ReadTxn<'_>, id: ThreadId, depth: usize) -> Result<Vec<ThreadTree
     if depth >= MAX_STACK {
         return Ok(Vec::new());
     }
-    let kids = index::children(raw(r), r.dbs(), r.store_inner(), id)?;
+    let kids = index::children(r.tables(), id)?;
     let mut out = Vec::with_capacity(kids.len());
     for child in kids {
         // A child removed with `thread rm` leaves no record: skip it.

@@ -122,6 +122,7 @@ fn next_position(w: &WriteTxn<'_>, record: &ThreadRecord) -> Result<(u64, Vec<Ha
     let Some(stored) = w.get_record(&head)? else {
         return Err(ThreadError::MissingNode { hash: head });
     };
+    let stored = stored.record()?;
     match stored.kind {
         Kind::Start => Ok((1, Vec::new())),
         Kind::State => {
@@ -266,8 +267,8 @@ fn load_checked(
     id: ThreadId,
     expected_head: Hash,
 ) -> Result<(ThreadRecord, Location), ThreadError> {
-    let (record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
-        .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+    let (record, location) =
+        index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
     if record.head != expected_head {
         return Err(ThreadError::Conflict {
             thread: id,
@@ -436,7 +437,7 @@ impl Store {
         state: ForkState,
     ) -> Result<ThreadRecord, ThreadError> {
         self.write(|w| {
-            let (src, _) = index::find(w.raw(), w.dbs(), w.store_inner(), source)?
+            let (src, _) = index::find(w.tables(), source)?
                 .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
             if let (ThreadStatus::Suspended, Some(child)) = (src.status, src.active_child) {
                 return Err(ThreadError::ForkInsideChild {
@@ -477,23 +478,23 @@ impl Store {
                 (node.seq, last_end)
             };
             let now = w.now_ms();
-            let (status, next_role, next_instruction, suspended_role, suspend_message) = match state
-            {
-                ForkState::Idle { role, instruction } => (
-                    ThreadStatus::Idle,
-                    Some(role),
-                    Some(instruction),
-                    None,
-                    None,
-                ),
-                ForkState::Suspended { role, message } => (
-                    ThreadStatus::Suspended,
-                    None,
-                    None,
-                    Some(role),
-                    Some(message),
-                ),
-            };
+            let (status, next_role, next_instruction, suspended_role, suspend_message) =
+                match state.clone() {
+                    ForkState::Idle { role, instruction } => (
+                        ThreadStatus::Idle,
+                        Some(role),
+                        Some(instruction),
+                        None,
+                        None,
+                    ),
+                    ForkState::Suspended { role, message } => (
+                        ThreadStatus::Suspended,
+                        None,
+                        None,
+                        Some(role),
+                        Some(message),
+                    ),
+                };
             let record = ThreadRecord {
                 active_child: None,
                 agent: src.agent.clone(),
@@ -566,8 +567,8 @@ impl Store {
         mut change: impl FnMut(&mut ThreadRecord) -> Result<(), ThreadError> + Send + 'static,
     ) -> Result<ThreadRecord, ThreadError> {
         self.write_op(move |w| {
-            let (mut record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
-                .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+            let (mut record, location) =
+                index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
             let old = record.clone();
             change(&mut record)?;
             record.id = old.id;
@@ -583,8 +584,8 @@ impl Store {
     /// garbage collection frees what nothing else reaches.
     pub fn remove_thread(&self, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
         self.write(|w| {
-            let (record, location) = index::find(w.raw(), w.dbs(), w.store_inner(), id)?
-                .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+            let (record, location) =
+                index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
             index::remove(w, &record, location)?;
             Ok(record)
         })

@@ -11,6 +11,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 pub use model::{Compact, Edge, Role, Workflow};
 pub use parse::{Problem, parse_workflow};
 
+use crate::backend::{Direction, KeyRange, Table};
 use crate::hash::Hash;
 use crate::node::{Blob, Value, WorkflowNode};
 use crate::store::{Store, StoreError};
@@ -187,19 +188,13 @@ impl Store {
         let blob = wf.to_blob()?;
         let changed = self.write(|w| {
             let hash = w.put_blob(&blob)?;
-            let (txn, dbs, inner) = w.parts();
-            let err = |e| WorkflowError::Store(inner.error("registering a workflow", e));
-            let old = dbs
-                .workflows
-                .get(txn, wf.name.as_bytes())
-                .map_err(err)?
-                .map(<[u8]>::to_vec);
+            let t = w.tables_mut();
+            let old = t.get(Table::Workflows, wf.name.as_bytes())?;
             if old.as_deref() == Some(hash.as_bytes()) {
                 return Ok::<_, WorkflowError>((hash, false));
             }
-            dbs.workflows
-                .put(txn, wf.name.as_bytes(), hash.as_bytes())
-                .map_err(err)?;
+            drop(old);
+            t.put(Table::Workflows, wf.name.as_bytes(), hash.as_bytes())?;
             Ok((hash, true))
         })?;
         Ok(changed)
@@ -211,12 +206,8 @@ impl Store {
         name: &str,
     ) -> Result<Option<(Hash, Arc<Workflow>)>, WorkflowError> {
         let hash = self.read(|r| {
-            let v = r
-                .dbs()
-                .workflows
-                .get(r.raw(), name.as_bytes())
-                .map_err(|e| r.store_inner().error("reading the workflow registry", e))?;
-            Ok::<_, StoreError>(v.and_then(Hash::from_slice))
+            let v = r.tables().get(Table::Workflows, name.as_bytes())?;
+            Ok::<_, StoreError>(v.as_deref().and_then(Hash::from_slice))
         })?;
         match hash {
             None => Ok(None),
@@ -249,16 +240,13 @@ impl Store {
     /// Registered workflows: name and hash, by name.
     pub fn list_workflows(&self) -> Result<Vec<(String, Hash)>, WorkflowError> {
         Ok(self.read(|r| {
-            let inner = r.store_inner();
             let mut out = Vec::new();
             for entry in r
-                .dbs()
-                .workflows
-                .iter(r.raw())
-                .map_err(|e| inner.error("listing workflows", e))?
+                .tables()
+                .range(Table::Workflows, KeyRange::ALL, Direction::Forward)?
             {
-                let (k, v) = entry.map_err(|e| inner.error("listing workflows", e))?;
-                if let (Ok(name), Some(h)) = (std::str::from_utf8(k), Hash::from_slice(v)) {
+                let (k, v) = entry?;
+                if let (Ok(name), Some(h)) = (std::str::from_utf8(&k), Hash::from_slice(&v)) {
                     out.push((name.to_owned(), h));
                 }
             }

@@ -1,0 +1,129 @@
+//! Locks beside an LMDB store, which die with their process.
+//!
+//! **Claims**: an exclusive open-file-description lock (`F_OFD_SETLK`) on
+//! one byte of `<store>/claims.lock`, at offset `u128::from_be_bytes(id) mod
+//! 2^62` (the thread id's 16 bytes, big-endian, folded into 62 bits so the
+//! offset fits a signed 64-bit `off_t` on every platform). One lock file
+//! serves every thread, so a claim costs one `fcntl`, not a file creation.
+//! Two ids that fold to the same byte would block each other (a false
+//! "held"), which needs a collision in 62 bits. Locks of one open file
+//! description never conflict with each other, so within a process the
+//! engine tracks the claims it holds itself.
+//!
+//! **GC**: an exclusive `flock` of `<store>/gc.lock`.
+
+use std::fs::{File, TryLockError};
+use std::path::Path;
+
+use nix::fcntl::{FcntlArg, fcntl};
+use nix::libc;
+
+use crate::backend::HeldLock;
+use crate::store::StoreError;
+use crate::thread::ThreadId;
+
+/// The byte a thread's claim locks.
+pub(super) fn claim_offset(id: ThreadId) -> i64 {
+    let folded = u128::from_be_bytes(id.to_bytes()) % (1u128 << 62);
+    // < 2^62, so it always fits.
+    i64::try_from(folded).unwrap_or(0)
+}
+
+fn lock_range(id: ThreadId, kind: libc::c_short) -> libc::flock {
+    libc::flock {
+        l_type: kind,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: claim_offset(id),
+        l_len: 1,
+        l_pid: 0,
+    }
+}
+
+/// A held claim: unlocked on drop.
+#[derive(Debug)]
+struct ClaimLock {
+    file: File,
+    id: ThreadId,
+}
+
+impl HeldLock for ClaimLock {}
+
+impl Drop for ClaimLock {
+    fn drop(&mut self) {
+        // Unlocking a range we hold cannot fail in a way we could act on;
+        // the lock dies with the process anyway.
+        let _ = fcntl(
+            &self.file,
+            FcntlArg::F_OFD_SETLK(&lock_range(self.id, libc::F_UNLCK as libc::c_short)),
+        );
+    }
+}
+
+fn io_error(op: &'static str, dir: &Path, e: nix::errno::Errno) -> StoreError {
+    StoreError::Io {
+        op,
+        path: dir.join("claims.lock"),
+        source: std::io::Error::from(e),
+    }
+}
+
+pub(super) fn try_lock_claim(
+    file: &File,
+    dir: &Path,
+    id: ThreadId,
+) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
+    match fcntl(file, FcntlArg::F_OFD_SETLK(&lock)) {
+        Ok(_) => {
+            let file = file.try_clone().map_err(|source| StoreError::Io {
+                op: "share the claim lock file",
+                path: dir.join("claims.lock"),
+                source,
+            })?;
+            Ok(Some(Box::new(ClaimLock { file, id })))
+        }
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => Ok(None),
+        Err(e) => Err(io_error("lock the claim lock file", dir, e)),
+    }
+}
+
+pub(super) fn claim_locked(file: &File, dir: &Path, id: ThreadId) -> Result<bool, StoreError> {
+    // F_OFD_GETLK reports a conflicting lock of another open file
+    // description; our own locks (one description) never conflict, so the
+    // engine checks its own claims first.
+    let mut probe = lock_range(id, libc::F_WRLCK as libc::c_short);
+    fcntl(file, FcntlArg::F_OFD_GETLK(&mut probe))
+        .map_err(|e| io_error("probe the claim lock file", dir, e))?;
+    Ok(probe.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// The held GC lock (the file's `flock` is released when it closes).
+#[derive(Debug)]
+struct GcLock {
+    _file: File,
+}
+
+impl HeldLock for GcLock {}
+
+pub(super) fn try_lock_gc(dir: &Path) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    let path = dir.join("gc.lock");
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| StoreError::Io {
+            op: "open the GC lock file",
+            path: path.clone(),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(Box::new(GcLock { _file: file }))),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Error(source)) => Err(StoreError::Io {
+            op: "lock",
+            path,
+            source,
+        }),
+    }
+}

@@ -1,0 +1,458 @@
+//! The LMDB backend (through `heed`): one environment per store directory,
+//! one named database per [`Table`], zero-copy reads borrowed from the map,
+//! and claim and GC locks as open-file-description locks on files beside
+//! the data.
+
+mod env;
+mod locks;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use heed::types::Bytes;
+use heed::{Database, Env, MdbError, PutFlags, RoTxn, RwTxn, WithoutTls};
+
+use super::{
+    Backend, Direction, Entries, HeldLock, KeyRange, ReadTables, StorageStats, Table, WriteTables,
+};
+use crate::store::{Durability, FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError, parse_format};
+use crate::thread::ThreadId;
+
+/// Virtual map reserved when no maximum is configured: 1 TiB. LMDB files grow
+/// only as pages are used, so this costs address space, not disk.
+pub const DEFAULT_MAP_SIZE: u64 = 1 << 40;
+
+/// Map sizes are rounded up to a multiple of this (a multiple of every page size).
+const MAP_ALIGN: u64 = 1 << 20;
+
+/// How to open an LMDB store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LmdbOptions {
+    /// Commit durability.
+    pub durability: Durability,
+    /// Largest size the data file may reach (`None`: [`DEFAULT_MAP_SIZE`]).
+    pub max_map_size: Option<u64>,
+}
+
+/// An open LMDB environment with the store's databases.
+pub struct LmdbBackend {
+    env: Env<WithoutTls>,
+    dbs: [Database<Bytes, Bytes>; Table::ALL.len()],
+    path: PathBuf,
+    location: String,
+    options: LmdbOptions,
+    map_size: u64,
+    /// `<store>/claims.lock`, opened on first use.
+    claims: OnceLock<std::fs::File>,
+}
+
+impl fmt::Debug for LmdbBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LmdbBackend")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl LmdbBackend {
+    /// Opens the environment in `path` (a canonical directory that exists),
+    /// creating the databases and writing the format version in a new
+    /// store, and checking the version of an existing one.
+    ///
+    /// The caller must not open one path twice in a process (LMDB forbids
+    /// it): [`crate::Store::open`] keeps a registry for that.
+    pub(crate) fn open(path: &Path, options: LmdbOptions) -> Result<LmdbBackend, StoreError> {
+        let map_size = options
+            .max_map_size
+            .unwrap_or(DEFAULT_MAP_SIZE)
+            .max(MAP_ALIGN)
+            .div_ceil(MAP_ALIGN)
+            * MAP_ALIGN;
+        let usize_map = usize::try_from(map_size).unwrap_or(usize::MAX / 2);
+        let env = env::open_env(path, usize_map, options.durability)
+            .map_err(|e| map_error(path, map_size, env::MAX_READERS, "opening".into(), e))?;
+        let fail = |op: &str, e| map_error(path, map_size, env.max_readers(), op.into(), e);
+        env.clear_stale_readers()
+            .map_err(|e| fail("clearing stale readers", e))?;
+        let dbs = open_databases(&env, path, &fail)?;
+        Ok(LmdbBackend {
+            env,
+            dbs,
+            path: path.to_path_buf(),
+            location: path.display().to_string(),
+            options,
+            map_size,
+            claims: OnceLock::new(),
+        })
+    }
+
+    /// The options this environment was opened with.
+    pub fn options(&self) -> LmdbOptions {
+        self.options
+    }
+
+    fn db(&self, table: Table) -> Database<Bytes, Bytes> {
+        self.dbs[table.index()]
+    }
+
+    fn error(&self, op: String, e: heed::Error) -> StoreError {
+        map_error(&self.path, self.map_size, self.env.max_readers(), op, e)
+    }
+}
+
+/// Maps an LMDB error to the store error a user can act on.
+fn map_error(
+    path: &Path,
+    map_size: u64,
+    max_readers: u32,
+    op: String,
+    e: heed::Error,
+) -> StoreError {
+    let path = path.to_path_buf();
+    match e {
+        heed::Error::Mdb(MdbError::MapFull) => StoreError::MapFull { path, map_size },
+        heed::Error::Mdb(MdbError::MapResized) => StoreError::MapResized { path },
+        heed::Error::Mdb(MdbError::ReadersFull) => StoreError::ReadersFull {
+            path,
+            max: max_readers,
+        },
+        heed::Error::Io(io) if io.raw_os_error() == Some(28) || io.raw_os_error() == Some(122) => {
+            // ENOSPC and EDQUOT on Linux.
+            StoreError::DiskFull { path }
+        }
+        source => StoreError::Lmdb { op, path, source },
+    }
+}
+
+/// Reads shared by read and write transactions.
+fn get<'t>(
+    backend: &LmdbBackend,
+    txn: &'t RoTxn<'_, WithoutTls>,
+    table: Table,
+    key: &[u8],
+) -> Result<Option<Cow<'t, [u8]>>, StoreError> {
+    backend
+        .db(table)
+        .get(txn, key)
+        .map(|v| v.map(Cow::Borrowed))
+        .map_err(|e| backend.error(format!("reading {table}"), e))
+}
+
+fn range<'t>(
+    backend: &'t LmdbBackend,
+    txn: &'t RoTxn<'_, WithoutTls>,
+    table: Table,
+    range: KeyRange<'_>,
+    direction: Direction,
+) -> Result<Entries<'t>, StoreError> {
+    let bounds = (range.lower, range.upper);
+    let db = backend.db(table);
+    let op = move || format!("scanning {table}");
+    let entries: Entries<'t> = match direction {
+        Direction::Forward => Box::new(
+            db.range(txn, &bounds)
+                .map_err(|e| backend.error(op(), e))?
+                .map(move |r| {
+                    r.map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)))
+                        .map_err(|e| backend.error(op(), e))
+                }),
+        ),
+        Direction::Reverse => Box::new(
+            db.rev_range(txn, &bounds)
+                .map_err(|e| backend.error(op(), e))?
+                .map(move |r| {
+                    r.map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)))
+                        .map_err(|e| backend.error(op(), e))
+                }),
+        ),
+    };
+    Ok(entries)
+}
+
+fn count(
+    backend: &LmdbBackend,
+    txn: &RoTxn<'_, WithoutTls>,
+    table: Table,
+) -> Result<u64, StoreError> {
+    backend
+        .db(table)
+        .len(txn)
+        .map_err(|e| backend.error(format!("counting {table}"), e))
+}
+
+struct LmdbRead<'e> {
+    txn: RoTxn<'e, WithoutTls>,
+    backend: &'e LmdbBackend,
+}
+
+impl ReadTables for LmdbRead<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        get(self.backend, &self.txn, table, key)
+    }
+
+    fn range(
+        &self,
+        table: Table,
+        r: KeyRange<'_>,
+        direction: Direction,
+    ) -> Result<Entries<'_>, StoreError> {
+        range(self.backend, &self.txn, table, r, direction)
+    }
+
+    fn count(&self, table: Table) -> Result<u64, StoreError> {
+        count(self.backend, &self.txn, table)
+    }
+}
+
+struct LmdbWrite<'e> {
+    txn: RwTxn<'e>,
+    backend: &'e LmdbBackend,
+}
+
+impl ReadTables for LmdbWrite<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        get(self.backend, &self.txn, table, key)
+    }
+
+    fn range(
+        &self,
+        table: Table,
+        r: KeyRange<'_>,
+        direction: Direction,
+    ) -> Result<Entries<'_>, StoreError> {
+        range(self.backend, &self.txn, table, r, direction)
+    }
+
+    fn count(&self, table: Table) -> Result<u64, StoreError> {
+        count(self.backend, &self.txn, table)
+    }
+}
+
+impl WriteTables for LmdbWrite<'_> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.backend
+            .db(table)
+            .put(&mut self.txn, key, value)
+            .map_err(|e| self.backend.error(format!("writing {table}"), e))
+    }
+
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        match self.backend.db(table).put_with_flags(
+            &mut self.txn,
+            PutFlags::NO_OVERWRITE,
+            key,
+            value,
+        ) {
+            Ok(()) => Ok(true),
+            Err(heed::Error::Mdb(MdbError::KeyExist)) => Ok(false),
+            Err(e) => Err(self.backend.error(format!("writing {table}"), e)),
+        }
+    }
+
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+        self.backend
+            .db(table)
+            .delete(&mut self.txn, key)
+            .map_err(|e| self.backend.error(format!("deleting from {table}"), e))
+    }
+
+    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        let backend = self.backend;
+        self.txn
+            .commit()
+            .map_err(|e| backend.error("committing".into(), e))
+    }
+}
+
+impl Backend for LmdbBackend {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+        let txn = self
+            .env
+            .read_txn()
+            .map_err(|e| self.error("starting a read transaction".into(), e))?;
+        Ok(Box::new(LmdbRead { txn, backend: self }))
+    }
+
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+        let txn = self
+            .env
+            .write_txn()
+            .map_err(|e| self.error("starting a write transaction".into(), e))?;
+        Ok(Box::new(LmdbWrite { txn, backend: self }))
+    }
+
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn dir(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+
+    fn durability(&self) -> Durability {
+        self.options.durability
+    }
+
+    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        locks::try_lock_claim(self.claims_file()?, &self.path, id)
+    }
+
+    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+        locks::claim_locked(self.claims_file()?, &self.path, id)
+    }
+
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        locks::try_lock_gc(&self.path)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+        let txn = self
+            .env
+            .read_txn()
+            .map_err(|e| self.error("reading statistics".into(), e))?;
+        let stat = self
+            .db(Table::Blobs)
+            .stat(&txn)
+            .map_err(|e| self.error("reading statistics".into(), e))?;
+        drop(txn);
+        let info = self.env.info();
+        let page = u64::from(stat.page_size);
+        let file_size = std::fs::metadata(self.path.join("data.mdb"))
+            .map(|m| m.len())
+            .map_err(|source| StoreError::Io {
+                op: "read the size of",
+                path: self.path.join("data.mdb"),
+                source,
+            })?;
+        Ok(StorageStats {
+            blob_bytes: (stat.branch_pages + stat.leaf_pages + stat.overflow_pages) as u64 * page,
+            map_size: info.map_size as u64,
+            max_map_size: self.options.max_map_size,
+            map_used: (info.last_page_number as u64 + 1) * page,
+            file_size,
+            readers: info.number_of_readers,
+            max_readers: info.maximum_number_of_readers,
+        })
+    }
+}
+
+impl LmdbBackend {
+    fn claims_file(&self) -> Result<&std::fs::File, StoreError> {
+        if let Some(f) = self.claims.get() {
+            return Ok(f);
+        }
+        let path = self.path.join("claims.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| StoreError::Io {
+                op: "open the claim lock file",
+                path,
+                source,
+            })?;
+        // A racing thread may have set it first; either file works, and the
+        // loser's is closed (it holds no locks yet).
+        Ok(self.claims.get_or_init(|| file))
+    }
+}
+
+/// Opens the databases, creating them (and writing the format version) in a
+/// new store; checks the format version of an existing one.
+fn open_databases(
+    env: &Env<WithoutTls>,
+    path: &Path,
+    fail: &dyn Fn(&str, heed::Error) -> StoreError,
+) -> Result<[Database<Bytes, Bytes>; Table::ALL.len()], StoreError> {
+    // Fast path: an existing store needs only a read transaction, so opening
+    // it never waits for another process's write transaction.
+    let rtxn = env.read_txn().map_err(|e| fail("opening", e))?;
+    let mut found = Vec::with_capacity(Table::ALL.len());
+    for table in Table::ALL {
+        found.push(
+            env.open_database::<Bytes, Bytes>(&rtxn, Some(table.name()))
+                .map_err(|e| fail("opening a database", e))?,
+        );
+    }
+    let all: Option<Vec<_>> = found.into_iter().collect();
+    if let Some(Ok(dbs)) = all.map(<[_; Table::ALL.len()]>::try_from) {
+        let meta = dbs[Table::Meta.index()];
+        let stored = meta
+            .get(&rtxn, FORMAT_VERSION_KEY.as_bytes())
+            .map_err(|e| fail("reading the format version", e))?
+            .map(<[u8]>::to_vec);
+        rtxn.commit().map_err(|e| fail("opening", e))?;
+        check_format(path, stored.as_deref())?;
+        return Ok(dbs);
+    }
+    drop(rtxn);
+
+    let mut wtxn = env.write_txn().map_err(|e| fail("creating", e))?;
+    let mut created = Vec::with_capacity(Table::ALL.len());
+    for table in Table::ALL {
+        created.push(
+            env.create_database::<Bytes, Bytes>(&mut wtxn, Some(table.name()))
+                .map_err(|e| fail("creating a database", e))?,
+        );
+    }
+    let dbs: [Database<Bytes, Bytes>; Table::ALL.len()] =
+        created.try_into().map_err(|_| StoreError::MissingFormat {
+            path: path.to_path_buf(),
+            detail: "could not create every database".into(),
+        })?;
+    let meta = dbs[Table::Meta.index()];
+    let stored = meta
+        .get(&wtxn, FORMAT_VERSION_KEY.as_bytes())
+        .map_err(|e| fail("reading the format version", e))?
+        .map(<[u8]>::to_vec);
+    match stored {
+        Some(v) => check_format(path, Some(&v))?,
+        None => {
+            let has_data = !dbs[Table::Blobs.index()]
+                .is_empty(&wtxn)
+                .map_err(|e| fail("reading the blobs database", e))?;
+            if has_data {
+                return Err(StoreError::MissingFormat {
+                    path: path.to_path_buf(),
+                    detail: "blobs are stored but the version key is absent".into(),
+                });
+            }
+            meta.put(
+                &mut wtxn,
+                FORMAT_VERSION_KEY.as_bytes(),
+                &FORMAT_VERSION.to_be_bytes(),
+            )
+            .map_err(|e| fail("writing the format version", e))?;
+        }
+    }
+    wtxn.commit().map_err(|e| fail("creating", e))?;
+    Ok(dbs)
+}
+
+fn check_format(path: &Path, stored: Option<&[u8]>) -> Result<(), StoreError> {
+    let missing = |detail: String| StoreError::MissingFormat {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let value = stored.ok_or_else(|| missing("the version key is absent".into()))?;
+    match parse_format(value) {
+        Some(FORMAT_VERSION) => Ok(()),
+        Some(found) => Err(StoreError::UnsupportedFormat {
+            path: path.to_path_buf(),
+            found,
+        }),
+        None => Err(missing(format!(
+            "the version value has {} bytes, not 4",
+            value.len()
+        ))),
+    }
+}

@@ -1,0 +1,271 @@
+//! The storage boundary: what the rest of the crate needs from a storage
+//! engine, and nothing more.
+//!
+//! Everything above this module — blobs and their integrity checks
+//! (`store`), threads and their indexes (`thread`), workflows, the engine,
+//! batch runs, garbage collection and `verify` — is written once against
+//! the traits here. A backend provides:
+//!
+//! - **Transactions over named tables** ([`Table`]): a read transaction is
+//!   one consistent snapshot ([`ReadTables`]); a write transaction
+//!   ([`WriteTables`]) sees its own writes and commits all of them or none.
+//!   Tables map byte keys to byte values and are ordered by unsigned
+//!   byte-wise key comparison (memcmp), so every key layout in
+//!   `docs/design.md` sorts as designed.
+//! - **Point reads, puts, insert-if-absent, deletes and ordered range
+//!   scans**, forwards and backwards. Reads return [`Cow`] bytes, so an
+//!   embedded engine (LMDB) hands out borrowed, zero-copy slices of its
+//!   map while a client–server engine returns owned rows.
+//! - **Locks that die with their holder**: a driver's claim on a thread
+//!   ([`Backend::try_lock_claim`]) and the one-collector-at-a-time lock of
+//!   garbage collection ([`Backend::try_lock_gc`]).
+//!
+//! What a backend must guarantee (`docs/design.md` §4b states it in full):
+//!
+//! - **Isolation**: write transactions are serializable with respect to
+//!   each other (LMDB runs one writer at a time across processes). A read
+//!   of a record and the write that depends on it never interleave with
+//!   another writer: this is what makes every head move a compare-and-swap.
+//!   A backend that detects conflicts optimistically instead (PostgreSQL's
+//!   `SERIALIZABLE`) reports them as [`StoreError::Serialization`], and the
+//!   caller re-runs the whole transaction closure ([`crate::Store::write`]
+//!   does), so closures given to a write must have no effect outside the
+//!   transaction.
+//! - **Atomicity and durability**: a commit that returns `Ok` is durable
+//!   in the store's [`Durability`](crate::Durability) mode; a commit that
+//!   fails, or a transaction dropped without commit, leaves no trace. A
+//!   lost connection is an error of the transaction in flight (nothing of
+//!   it applied) and never half-applies it.
+//! - **Conflict** means only what the layer above defines: a
+//!   compare-and-swap whose expected head is not the stored one
+//!   (`ThreadError::Conflict`), detected by reading the record inside the
+//!   write transaction. Backends do not invent conflicts of their own
+//!   beyond retryable serialization failures.
+
+pub mod lmdb;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Bound;
+
+use crate::store::{Durability, StoreError};
+use crate::thread::ThreadId;
+
+/// A named table of a store (`docs/design.md` §4 gives every key and value
+/// layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// Settings: the format version, a running GC's epoch. UTF-8 keys.
+    Meta,
+    /// Hash (32 bytes) → blob record.
+    Blobs,
+    /// Active thread records, by id (16 bytes).
+    Threads,
+    /// Ended thread records, by UTC day (u32 BE) then id.
+    History,
+    /// Id → UTC day (u32 BE) of its `history` entry.
+    HistoryIds,
+    /// Last activity (u64 BE ms) then id → status, flags, workflow.
+    Activity,
+    /// Parent id then child id → empty.
+    Children,
+    /// Workflow name (UTF-8) → hash of its `workflow` blob.
+    Workflows,
+    /// Hash (32 bytes) → empty: GC roots.
+    Pins,
+}
+
+impl Table {
+    /// Every table, in a fixed order.
+    pub const ALL: [Table; 9] = [
+        Table::Meta,
+        Table::Blobs,
+        Table::Threads,
+        Table::History,
+        Table::HistoryIds,
+        Table::Activity,
+        Table::Children,
+        Table::Workflows,
+        Table::Pins,
+    ];
+
+    /// The table's name (the LMDB database name).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Table::Meta => "meta",
+            Table::Blobs => "blobs",
+            Table::Threads => "threads",
+            Table::History => "history",
+            Table::HistoryIds => "history_ids",
+            Table::Activity => "activity",
+            Table::Children => "children",
+            Table::Workflows => "workflows",
+            Table::Pins => "pins",
+        }
+    }
+
+    /// Position in [`Table::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which way a range scan goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Ascending keys.
+    Forward,
+    /// Descending keys.
+    Reverse,
+}
+
+/// A key and its value, borrowed from the transaction or owned.
+pub type Entry<'t> = (Cow<'t, [u8]>, Cow<'t, [u8]>);
+
+/// The entries of a range scan, in key order (or reverse key order).
+pub type Entries<'t> = Box<dyn Iterator<Item = Result<Entry<'t>, StoreError>> + 't>;
+
+/// Key bounds of a range scan (inclusive, exclusive or open on each side).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyRange<'k> {
+    /// The lower bound.
+    pub lower: Bound<&'k [u8]>,
+    /// The upper bound.
+    pub upper: Bound<&'k [u8]>,
+}
+
+impl<'k> KeyRange<'k> {
+    /// Every key.
+    pub const ALL: KeyRange<'static> = KeyRange {
+        lower: Bound::Unbounded,
+        upper: Bound::Unbounded,
+    };
+
+    /// Keys at or after `lower`.
+    pub fn from(lower: &'k [u8]) -> Self {
+        KeyRange {
+            lower: Bound::Included(lower),
+            upper: Bound::Unbounded,
+        }
+    }
+
+    /// Keys after `key` (exclusive).
+    pub fn after(key: &'k [u8]) -> Self {
+        KeyRange {
+            lower: Bound::Excluded(key),
+            upper: Bound::Unbounded,
+        }
+    }
+
+    /// Keys in `lower..upper` (upper exclusive).
+    pub fn between(lower: &'k [u8], upper: &'k [u8]) -> Self {
+        KeyRange {
+            lower: Bound::Included(lower),
+            upper: Bound::Excluded(upper),
+        }
+    }
+}
+
+/// Reads of one transaction (a consistent snapshot).
+pub trait ReadTables {
+    /// The value under `key`, if any.
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError>;
+
+    /// The entries whose keys are in `range`, in `direction`. Backends may
+    /// fetch lazily (a client–server backend in pages), so a caller that
+    /// stops early pays for what it read.
+    fn range(
+        &self,
+        table: Table,
+        range: KeyRange<'_>,
+        direction: Direction,
+    ) -> Result<Entries<'_>, StoreError>;
+
+    /// Number of entries in `table`.
+    fn count(&self, table: Table) -> Result<u64, StoreError>;
+}
+
+/// A write transaction: reads see its own writes; dropping it without
+/// [`WriteTables::commit`] discards every write.
+pub trait WriteTables: ReadTables {
+    /// Sets `key` to `value`, replacing any value.
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+
+    /// Sets `key` to `value` only if `key` is absent. Returns whether it
+    /// wrote (`false`: the key exists, nothing was written).
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError>;
+
+    /// Deletes `key`; returns whether it was there.
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError>;
+
+    /// Commits every write of the transaction, or none of them.
+    fn commit(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+/// A lock held until dropped (a driver's claim, a collector's lock). It
+/// must also be released when its holder dies (`kill -9`, a lost
+/// connection), so that another process can take over.
+pub trait HeldLock: Send + Sync + fmt::Debug {}
+
+/// Backend-specific figures for `uwf-db stats`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageStats {
+    /// Bytes of pages (or rows) holding the blobs.
+    pub blob_bytes: u64,
+    /// The virtual map reserved by this process (LMDB).
+    pub map_size: u64,
+    /// The configured maximum, if any.
+    pub max_map_size: Option<u64>,
+    /// Bytes of the map in use.
+    pub map_used: u64,
+    /// Size of the data file on disk.
+    pub file_size: u64,
+    /// Reader slots used so far.
+    pub readers: u32,
+    /// Reader slots available.
+    pub max_readers: u32,
+}
+
+/// A storage engine holding one store.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Starts a read transaction (a consistent snapshot). Keep it short.
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError>;
+
+    /// Starts a write transaction.
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError>;
+
+    /// Where the store lives, for messages and for agents (`UWF_STORE`).
+    fn location(&self) -> &str;
+
+    /// The store directory, for a backend that has one.
+    fn dir(&self) -> Option<&std::path::Path>;
+
+    /// Commit durability.
+    fn durability(&self) -> Durability;
+
+    /// Takes the claim lock of thread `id` for this process: `None` when a
+    /// live holder elsewhere has it. Holding it twice in one process is the
+    /// caller's business (the engine tracks its own claims).
+    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError>;
+
+    /// Whether a live holder somewhere (this process included) has the
+    /// claim lock of thread `id`.
+    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError>;
+
+    /// Takes the garbage collector's lock: `None` when another collection
+    /// holds it.
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError>;
+
+    /// Backend-specific statistics.
+    fn storage_stats(&self) -> Result<StorageStats, StoreError>;
+
+    /// The concrete backend, for checks that only make sense for one
+    /// (reopening an LMDB directory with other options).
+    fn as_any(&self) -> &dyn std::any::Any;
+}

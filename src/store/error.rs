@@ -1,0 +1,182 @@
+//! What can go wrong in the store, whatever the backend.
+
+use std::path::PathBuf;
+
+use super::FORMAT_VERSION;
+use crate::codec::CodecError;
+use crate::hash::Hash;
+
+/// What went wrong in the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Reading a store that does not exist.
+    #[error("no uwf-db store at {path}: run `uwf-db init` to create one")]
+    NotInitialized {
+        /// The directory that was given.
+        path: PathBuf,
+    },
+    /// The store was written by a format this build does not read.
+    #[error(
+        "the store at {path} has format version {found}; this build reads version {FORMAT_VERSION} only"
+    )]
+    UnsupportedFormat {
+        /// The store directory.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// The store has data but no format version.
+    #[error("the store at {path} has no valid format version: {detail}")]
+    MissingFormat {
+        /// The store directory.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+    /// The store is open in this process with different options.
+    #[error(
+        "the store at {path} is already open in this process with {existing}; requested {requested}"
+    )]
+    OptionsConflict {
+        /// The store directory.
+        path: PathBuf,
+        /// The options in force.
+        existing: String,
+        /// The options requested.
+        requested: String,
+    },
+    /// The configured maximum map size was reached.
+    #[error(
+        "the store at {path} is full: it reached its maximum size of {map_size} bytes; nothing of \
+         this write was stored. Raise the limit (--max-map-size or UWF_MAX_MAP_SIZE) and retry"
+    )]
+    MapFull {
+        /// The store directory.
+        path: PathBuf,
+        /// The map size in force.
+        map_size: u64,
+    },
+    /// The disk is full (or a quota was reached).
+    #[error(
+        "no space left on the disk holding {path}: the write was not committed and the store is \
+         unchanged; free space and retry"
+    )]
+    DiskFull {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// Another process grew the map past this process's map size.
+    #[error(
+        "another process grew the store at {path} beyond this process's map size; reopen the store"
+    )]
+    MapResized {
+        /// The store directory.
+        path: PathBuf,
+    },
+    /// All reader slots are taken.
+    #[error("all {max} reader slots of the store at {path} are in use")]
+    ReadersFull {
+        /// The store directory.
+        path: PathBuf,
+        /// The reader limit.
+        max: u32,
+    },
+    /// A blob refers to a blob that is not stored.
+    #[error("blob {blob} refers to {missing}, which is not in the store; nothing was written")]
+    MissingRef {
+        /// The blob being written.
+        blob: Hash,
+        /// The missing target.
+        missing: Hash,
+    },
+    /// No blob has this hash or prefix.
+    #[error("no blob matches '{prefix}'")]
+    UnknownHash {
+        /// The hash or prefix given.
+        prefix: String,
+    },
+    /// More than one blob has this prefix.
+    #[error("'{prefix}' is ambiguous: it matches {}{}; give more characters",
+        candidates.iter().map(|h| h.short(16)).collect::<Vec<_>>().join(", "),
+        if *truncated { ", …" } else { "" })]
+    AmbiguousPrefix {
+        /// The prefix given.
+        prefix: String,
+        /// Some of the matching hashes.
+        candidates: Vec<Hash>,
+        /// Whether more matched than are listed.
+        truncated: bool,
+    },
+    /// A stored blob is damaged.
+    #[error("blob {hash} is corrupt: {detail}; run `uwf-db verify`")]
+    Corrupt {
+        /// The blob's key.
+        hash: Hash,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A blob could not be encoded.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// Creating the store directory failed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The group-commit writer is gone (its handle outlived
+    /// [`Store::group_commit`]).
+    #[error("the group-commit writer has stopped; nothing was written")]
+    GroupStopped,
+    /// A group commit failed; every write in the group was discarded.
+    #[error("a group commit failed and nothing of the group was stored: {detail}")]
+    GroupCommit {
+        /// The failure.
+        detail: String,
+    },
+    /// The backend could not serialize this transaction with a concurrent
+    /// one; nothing of it was applied. [`crate::Store::write`] retries a
+    /// few times before reporting it.
+    #[error(
+        "the store could not serialize a transaction with a concurrent one (nothing was applied): {detail}"
+    )]
+    Serialization {
+        /// The backend's message.
+        detail: String,
+    },
+    /// Any other LMDB failure.
+    #[error("LMDB error while {op} in {path}: {source}")]
+    Lmdb {
+        /// What was being done.
+        op: String,
+        /// The store directory.
+        path: PathBuf,
+        /// The cause.
+        source: heed::Error,
+    },
+}
+
+impl StoreError {
+    /// The error again, for each request of a failed group: the kinds a
+    /// caller acts on (a full disk or map) are kept; others become
+    /// [`StoreError::GroupCommit`] with the message.
+    pub(crate) fn for_each_request(&self) -> StoreError {
+        match self {
+            StoreError::DiskFull { path } => StoreError::DiskFull { path: path.clone() },
+            StoreError::MapFull { path, map_size } => StoreError::MapFull {
+                path: path.clone(),
+                map_size: *map_size,
+            },
+            StoreError::MapResized { path } => StoreError::MapResized { path: path.clone() },
+            StoreError::GroupStopped => StoreError::GroupStopped,
+            other => StoreError::GroupCommit {
+                detail: other.to_string(),
+            },
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Opening a store. LMDB (and heed) forbid opening one environment twice in
+//! a process, so a registry of open stores, keyed by canonical path, hands
+//! a second open the handle of the first — with the same engine state.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use super::{Durability, Store, StoreError, StoreInner, StoreOptions};
+use crate::backend::lmdb::{LmdbBackend, LmdbOptions};
+
+/// LMDB stores open in this process, by canonical path. This is the one
+/// piece of process-wide state the crate keeps, and LMDB is why: it is the
+/// environment itself that may exist once per process.
+static OPEN_STORES: LazyLock<Mutex<HashMap<PathBuf, Weak<StoreInner>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+impl Store {
+    /// Opens (or, with `options.create`, creates) the LMDB store in
+    /// directory `path`.
+    ///
+    /// Opening a store that this process already has open returns a handle to
+    /// the same environment; asking for different durability or a different
+    /// maximum size then is an [`StoreError::OptionsConflict`].
+    ///
+    /// ```
+    /// use uwf_db::{Store, StoreOptions};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    /// assert_eq!(store.stats().unwrap().blob_count, 0);
+    /// ```
+    pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store, StoreError> {
+        let path = path.as_ref();
+        let io = |op| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { op, path, source }
+        };
+        if !path.join("data.mdb").is_file() {
+            if !options.create {
+                return Err(StoreError::NotInitialized {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::fs::create_dir_all(path).map_err(io("create directory"))?;
+        }
+        let canonical = std::fs::canonicalize(path).map_err(io("resolve"))?;
+
+        let mut open = OPEN_STORES.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|_, weak| weak.strong_count() > 0);
+        let requested = LmdbOptions {
+            durability: options.durability,
+            max_map_size: options.max_map_size,
+        };
+        if let Some(inner) = open.get(&canonical).and_then(Weak::upgrade) {
+            let existing = inner
+                .backend
+                .as_any()
+                .downcast_ref::<LmdbBackend>()
+                .map(LmdbBackend::options);
+            if let Some(existing) = existing {
+                let same_max = requested
+                    .max_map_size
+                    .is_none_or(|m| Some(m) == existing.max_map_size);
+                if existing.durability != requested.durability || !same_max {
+                    return Err(StoreError::OptionsConflict {
+                        path: canonical,
+                        existing: describe(existing.durability, existing.max_map_size),
+                        requested: describe(requested.durability, requested.max_map_size),
+                    });
+                }
+            }
+            return Ok(Store { inner, group: None });
+        }
+
+        let backend = LmdbBackend::open(&canonical, requested)?;
+        let inner = Arc::new(StoreInner {
+            backend: Box::new(backend),
+            engine: crate::engine::state::EngineState::default(),
+        });
+        open.insert(canonical, Arc::downgrade(&inner));
+        Ok(Store { inner, group: None })
+    }
+}
+
+fn describe(d: Durability, m: Option<u64>) -> String {
+    format!(
+        "durability {d}, maximum size {}",
+        m.map_or("default".to_owned(), |m| m.to_string())
+    )
+}

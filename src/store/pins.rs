@@ -1,0 +1,36 @@
+//! Pinned blobs: GC roots named by hand (`uwf-db cas pin`).
+
+use super::{Store, StoreError};
+use crate::backend::Table;
+use crate::hash::Hash;
+
+impl Store {
+    /// Pins a stored blob: it and everything it reaches become GC roots.
+    /// Returns whether it was newly pinned.
+    pub fn pin(&self, hash: &Hash) -> Result<bool, StoreError> {
+        self.write(|w| {
+            if !w.touch(hash, true)? {
+                return Err(StoreError::UnknownHash {
+                    prefix: hash.to_string(),
+                });
+            }
+            w.tables_mut().insert(Table::Pins, hash.as_bytes(), &[])
+        })
+    }
+
+    /// Unpins a blob; returns whether it was pinned. The next collection may
+    /// delete it if nothing else reaches it.
+    pub fn unpin(&self, hash: &Hash) -> Result<bool, StoreError> {
+        self.write(|w| w.tables_mut().delete(Table::Pins, hash.as_bytes()))
+    }
+
+    /// The pinned hashes, in order.
+    pub fn pins(&self) -> Result<Vec<Hash>, StoreError> {
+        let mut out = Vec::new();
+        self.scan_table::<StoreError>(Table::Pins, |_, key, _| {
+            out.extend(Hash::from_slice(key));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
