@@ -120,11 +120,18 @@ impl Scanner<'_> {
         let end = self
             .pos
             .checked_add(n)
-            .filter(|end| *end <= self.bytes.len())
+            .and_then(|end| Some((end, self.bytes.get(self.pos..end)?)))
             .ok_or(CodecError::Truncated { offset: start })?;
-        let out = &self.bytes[self.pos..end];
+        let (end, out) = end;
         self.pos = end;
         Ok(out)
+    }
+
+    fn byte(&mut self, start: usize) -> Result<u8, CodecError> {
+        self.take(1, start)?
+            .first()
+            .copied()
+            .ok_or(CodecError::Truncated { offset: start })
     }
 
     fn uint(&mut self, width: usize, start: usize) -> Result<u64, CodecError> {
@@ -149,7 +156,7 @@ impl Scanner<'_> {
             offset: start,
             reason,
         };
-        let marker = Marker::from_u8(self.take(1, start)?[0]);
+        let marker = Marker::from_u8(self.byte(start)?);
         match marker {
             Marker::FixPos(_) | Marker::FixNeg(_) | Marker::Null | Marker::True | Marker::False => {
                 Ok(())
@@ -234,10 +241,10 @@ impl Scanner<'_> {
                 let mut previous: Option<(usize, usize)> = None;
                 for _ in 0..n {
                     let key_start = self.pos;
-                    let key_marker = Marker::from_u8(self.take(1, key_start)?[0]);
+                    let key_marker = Marker::from_u8(self.byte(key_start)?);
                     let key = self.string(key_marker, key_start)?;
                     if let Some((ps, pe)) = previous
-                        && self.bytes[ps..pe] >= self.bytes[key.0..key.1]
+                        && self.bytes.get(ps..pe) >= self.bytes.get(key.0..key.1)
                     {
                         return Err(CodecError::NotCanonical {
                             offset: key_start,

@@ -135,7 +135,9 @@ impl FromStr for Hash {
         let nibbles = check_hex(s)?;
         let mut out = [0u8; HASH_LEN];
         for (byte, pair) in out.iter_mut().zip(nibbles.chunks_exact(2)) {
-            *byte = (pair[0] << 4) | pair[1];
+            if let [hi, lo] = *pair {
+                *byte = (hi << 4) | lo;
+            }
         }
         Ok(Hash(out))
     }
@@ -213,7 +215,9 @@ impl HashPrefix {
     pub fn lower_bound(&self) -> [u8; HASH_LEN] {
         let mut out = [0u8; HASH_LEN];
         for (i, n) in self.nibbles.iter().enumerate() {
-            out[i / 2] |= if i % 2 == 0 { n << 4 } else { *n };
+            if let Some(byte) = out.get_mut(i / 2) {
+                *byte |= if i % 2 == 0 { n << 4 } else { *n };
+            }
         }
         out
     }

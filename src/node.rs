@@ -465,7 +465,7 @@ const STATE_PREFIX: &[u8] = b"\x83\xa4kind\xa5state\xa7payload\x8a\xa9ancestors"
 pub fn state_ancestors(bytes: &[u8]) -> Option<Vec<Hash>> {
     let raw = state_ancestors_raw(bytes)?;
     raw.chunks_exact(34)
-        .map(|item| Hash::from_slice(&item[2..]))
+        .map(|item| item.get(2..).and_then(Hash::from_slice))
         .collect()
 }
 
@@ -482,7 +482,7 @@ pub fn state_ancestors_raw(bytes: &[u8]) -> Option<&[u8]> {
     let items = rest.get(..usize::from(header & 0x0f) * 34)?;
     items
         .chunks_exact(34)
-        .all(|item| item[..2] == [0xc4, 0x20])
+        .all(|item| item.starts_with(&[0xc4, 0x20]))
         .then_some(items)
 }
 

@@ -222,15 +222,19 @@ fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreEr
     loop {
         let mut txn = WriteTxn::begin(&*inner.backend)?;
         let mut failed = None;
-        for (i, req) in batch.iter_mut().enumerate() {
-            if !left_out[i] && !(req.job)(&mut txn) {
+        for (i, (req, out)) in batch.iter_mut().zip(&left_out).enumerate() {
+            if !out && !(req.job)(&mut txn) {
                 failed = Some(i);
                 break;
             }
         }
         match failed {
             // Dropping the transaction discards everything it wrote.
-            Some(i) => left_out[i] = true,
+            Some(i) => {
+                if let Some(out) = left_out.get_mut(i) {
+                    *out = true;
+                }
+            }
             None => return txn.commit(),
         }
     }

@@ -64,25 +64,26 @@ impl<'a> BlobRecord<'a> {
     /// Parses a stored value.
     pub fn parse(value: &'a [u8]) -> Result<Self, RecordError> {
         let truncated = RecordError::Truncated { len: value.len() };
-        if value.len() < HEADER_LEN {
+        let Some((header, rest)) = value.split_first_chunk::<HEADER_LEN>() else {
             return Err(truncated);
+        };
+        let [version, code, ..] = *header;
+        if version != RECORD_VERSION {
+            return Err(RecordError::UnknownVersion(version));
         }
-        if value[0] != RECORD_VERSION {
-            return Err(RecordError::UnknownVersion(value[0]));
-        }
-        let kind = Kind::from_code(value[1]).ok_or(RecordError::UnknownKind(value[1]))?;
-        let n = usize::try_from(be_u64(&value[18..22])).map_err(|_| truncated.clone())?;
-        let refs_end = n
+        let kind = Kind::from_code(code).ok_or(RecordError::UnknownKind(code))?;
+        let field = |at: std::ops::Range<usize>| header.get(at).map_or(0, be_u64);
+        let n = usize::try_from(field(18..22)).map_err(|_| truncated.clone())?;
+        let (refs, bytes) = n
             .checked_mul(HASH_LEN)
-            .and_then(|r| r.checked_add(HEADER_LEN))
-            .filter(|end| *end <= value.len())
+            .and_then(|len| rest.split_at_checked(len))
             .ok_or(truncated)?;
         Ok(BlobRecord {
             kind,
-            written_at: be_u64(&value[2..10]),
-            touched_at: be_u64(&value[10..18]),
-            refs: &value[HEADER_LEN..refs_end],
-            bytes: &value[refs_end..],
+            written_at: field(2..10),
+            touched_at: field(10..18),
+            refs,
+            bytes,
         })
     }
 

@@ -219,7 +219,7 @@ const RECORD_VERSION: u8 = 1;
 
 fn record_body(bytes: &[u8]) -> Result<&[u8], CodecError> {
     match bytes.split_first() {
-        Some((&RECORD_VERSION, rest)) if rest.len() > 32 => Ok(&rest[32..]),
+        Some((&RECORD_VERSION, rest)) if rest.len() > 32 => Ok(rest.get(32..).unwrap_or_default()),
         Some((v, _)) => Err(CodecError::Decode(format!(
             "unknown thread record version {v} or truncated record"
         ))),

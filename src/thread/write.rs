@@ -137,7 +137,7 @@ fn next_position(w: &WriteTxn<'_>, record: &ThreadRecord) -> Result<(u64, Vec<Ha
                 older
                     .chunks_exact(34)
                     .take(MAX_ANCESTORS - 1)
-                    .filter_map(|item| Hash::from_slice(&item[2..])),
+                    .filter_map(|item| item.get(2..).and_then(Hash::from_slice)),
             );
             Ok((record.seq + 1, ancestors))
         }

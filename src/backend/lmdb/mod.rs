@@ -39,7 +39,7 @@ pub struct LmdbOptions {
 /// An open LMDB environment with the store's databases.
 pub struct LmdbBackend {
     env: Env<WithoutTls>,
-    dbs: [Database<Bytes, Bytes>; Table::ALL.len()],
+    dbs: TableDbs,
     path: PathBuf,
     location: String,
     options: LmdbOptions,
@@ -95,7 +95,7 @@ impl LmdbBackend {
     }
 
     fn db(&self, table: Table) -> Database<Bytes, Bytes> {
-        self.dbs[table.index()]
+        self.dbs.get(table)
     }
 
     fn error(&self, op: String, e: heed::Error) -> StoreError {
@@ -366,13 +366,24 @@ impl LmdbBackend {
     }
 }
 
+/// One LMDB database per table, in [`Table::ALL`] order.
+#[derive(Clone, Copy)]
+struct TableDbs([Database<Bytes, Bytes>; Table::ALL.len()]);
+
+impl TableDbs {
+    #[allow(clippy::indexing_slicing)] // `Table::index` is below `Table::ALL.len()` by construction
+    fn get(self, table: Table) -> Database<Bytes, Bytes> {
+        self.0[table.index()]
+    }
+}
+
 /// Opens the databases, creating them (and writing the format version) in a
 /// new store; checks the format version of an existing one.
 fn open_databases(
     env: &Env<WithoutTls>,
     path: &Path,
     fail: &dyn Fn(&str, heed::Error) -> StoreError,
-) -> Result<[Database<Bytes, Bytes>; Table::ALL.len()], StoreError> {
+) -> Result<TableDbs, StoreError> {
     // Fast path: an existing store needs only a read transaction, so opening
     // it never waits for another process's write transaction.
     let rtxn = env.read_txn().map_err(|e| fail("opening", e))?;
@@ -385,7 +396,8 @@ fn open_databases(
     }
     let all: Option<Vec<_>> = found.into_iter().collect();
     if let Some(Ok(dbs)) = all.map(<[_; Table::ALL.len()]>::try_from) {
-        let meta = dbs[Table::Meta.index()];
+        let dbs = TableDbs(dbs);
+        let meta = dbs.get(Table::Meta);
         let stored = meta
             .get(&rtxn, FORMAT_VERSION_KEY.as_bytes())
             .map_err(|e| fail("reading the format version", e))?
@@ -409,7 +421,8 @@ fn open_databases(
             path: path.to_path_buf(),
             detail: "could not create every database".into(),
         })?;
-    let meta = dbs[Table::Meta.index()];
+    let dbs = TableDbs(dbs);
+    let meta = dbs.get(Table::Meta);
     let stored = meta
         .get(&wtxn, FORMAT_VERSION_KEY.as_bytes())
         .map_err(|e| fail("reading the format version", e))?
@@ -417,7 +430,8 @@ fn open_databases(
     match stored {
         Some(v) => check_format(path, Some(&v))?,
         None => {
-            let has_data = !dbs[Table::Blobs.index()]
+            let has_data = !dbs
+                .get(Table::Blobs)
                 .is_empty(&wtxn)
                 .map_err(|e| fail("reading the blobs database", e))?;
             if has_data {

@@ -1,0 +1,332 @@
+//! Garbage collection (`docs/design.md` §7): roots from the thread indexes,
+//! the workflow registry and pins; a parallel scan of blob headers; a
+//! parallel mark; and a sweep in short write transactions, ordered so that it
+//! is safe while writers run (the write barrier is in `store/txn.rs`).
+
+use std::time::{Duration, Instant};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+mod graph;
+mod sweep;
+
+use crate::backend::{HeldLock, Table};
+use crate::hash::{HASH_LEN, Hash, hex};
+use crate::store::{GC_EPOCH_KEY, Store, StoreError, now_ms};
+use crate::thread::ThreadRecord;
+use graph::{Id, Marks, key_of};
+
+/// Grace period used when none is given: longer than the default agent
+/// timeout, so an artifact stored for a step survives until the step commits.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
+
+/// Blobs deleted per sweep transaction.
+const SWEEP_BATCH: usize = 1024;
+
+/// Key ranges scanned in parallel (one per first byte of the hash).
+const SCAN_RANGES: u16 = 256;
+
+/// Why a collection could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GcError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another collection holds the store's GC lock.
+    #[error("another garbage collection is running on the store at {store}; wait for it to finish")]
+    Busy {
+        /// The store's location.
+        store: String,
+    },
+    /// A record the collector must understand is damaged: collecting could
+    /// delete what it refers to.
+    #[error("{what} is corrupt ({detail}); run `uwf-db verify` before collecting garbage")]
+    Corrupt {
+        /// Which record.
+        what: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// More blobs in one key range than the collector's ids can name
+    /// (2^24 per first hash byte: about 4 billion in all).
+    #[error("the store has too many blobs for one collection ({blobs} in one key range)")]
+    TooLarge {
+        /// Blobs in the range.
+        blobs: usize,
+    },
+    /// The worker pool could not start.
+    #[error("cannot start {threads} GC worker threads: {detail}")]
+    Pool {
+        /// Threads asked for.
+        threads: usize,
+        /// The cause.
+        detail: String,
+    },
+}
+
+/// How to collect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Blobs touched this recently are kept with everything they reach.
+    pub grace: Duration,
+    /// Report what would be deleted; delete nothing.
+    pub dry_run: bool,
+    /// Worker threads for the scan and mark (`None`: rayon's global pool).
+    pub threads: Option<usize>,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            grace: DEFAULT_GRACE,
+            dry_run: false,
+            threads: None,
+        }
+    }
+}
+
+/// Where a collection is, for progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GcProgress {
+    /// Roots read.
+    Roots {
+        /// Distinct root hashes.
+        roots: u64,
+    },
+    /// A key range of the blob scan is done (from a worker thread).
+    Scanning {
+        /// Ranges done.
+        done: u64,
+        /// Ranges in all.
+        total: u64,
+    },
+    /// Blob headers read.
+    Scanned {
+        /// Blobs seen.
+        blobs: u64,
+    },
+    /// Marking done; the sweep comes next.
+    Marked {
+        /// Reachable or young blobs.
+        marked: u64,
+        /// Blobs the sweep will consider.
+        candidates: u64,
+    },
+    /// A sweep transaction committed.
+    Swept {
+        /// Candidates processed so far.
+        done: u64,
+        /// All candidates.
+        total: u64,
+    },
+}
+
+/// What a collection did (SPEC §7: roots, marked, swept, bytes freed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// Nothing was deleted.
+    pub dry_run: bool,
+    /// The grace period, in ms.
+    pub grace_ms: u64,
+    /// The collection's start (ms since the epoch).
+    pub epoch_ms: u64,
+    /// Distinct root hashes.
+    pub roots: u64,
+    /// Blobs scanned.
+    pub blobs: u64,
+    /// Blobs kept because they were touched within the grace period.
+    pub young: u64,
+    /// Blobs reachable from roots or young blobs.
+    pub marked: u64,
+    /// Blobs deleted (or, in a dry run, that would be).
+    pub swept: u64,
+    /// Unreachable blobs kept because a writer re-linked them during the
+    /// collection, with what they reach.
+    pub rescued: u64,
+    /// Bytes of keys and values deleted (LMDB reuses the pages).
+    pub bytes_freed: u64,
+    /// Wall time of the collection, in ms.
+    pub elapsed_ms: u64,
+}
+
+/// Holds the GC lock and the `gc_epoch` marker; clears the marker on drop.
+struct Running<'a> {
+    store: &'a Store,
+    epoch: u64,
+    _lock: Box<dyn HeldLock>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        // Best effort: a marker left behind only makes writers refresh
+        // `touched_at` until the next collection replaces it.
+        let _ = self.store.write(|w| {
+            let t = w.tables_mut();
+            let ours = t.get(Table::Meta, GC_EPOCH_KEY.as_bytes())?.as_deref()
+                == Some(&self.epoch.to_be_bytes()[..]);
+            if ours {
+                t.delete(Table::Meta, GC_EPOCH_KEY.as_bytes())?;
+            }
+            Ok::<_, StoreError>(())
+        });
+    }
+}
+
+impl Store {
+    /// Collects garbage: deletes every blob that no root reaches and that
+    /// was not touched within the grace period. Safe while other threads and
+    /// processes write (`docs/design.md` §7 states the invariant and why it
+    /// holds). `progress` is called between phases, after each key range
+    /// of the scan (from worker threads) and after each sweep transaction,
+    /// always outside any transaction.
+    pub fn collect_garbage(
+        &self,
+        options: &GcOptions,
+        progress: &(dyn Fn(GcProgress) + Sync),
+    ) -> Result<GcReport, GcError> {
+        match options.threads {
+            None => self.collect(options, progress),
+            Some(threads) => rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| GcError::Pool {
+                    threads,
+                    detail: e.to_string(),
+                })?
+                .install(|| self.collect(options, progress)),
+        }
+    }
+
+    fn collect(
+        &self,
+        options: &GcOptions,
+        progress: &(dyn Fn(GcProgress) + Sync),
+    ) -> Result<GcReport, GcError> {
+        let started = Instant::now();
+        let running = if options.dry_run {
+            None
+        } else {
+            Some(self.start_gc()?)
+        };
+        let epoch = running.as_ref().map_or_else(now_ms, |r| r.epoch);
+        let grace_ms = u64::try_from(options.grace.as_millis()).unwrap_or(u64::MAX);
+        let keep_after = epoch.saturating_sub(grace_ms);
+
+        let roots = self.gc_roots()?;
+        progress(GcProgress::Roots {
+            roots: roots.len() as u64,
+        });
+        let graph = self.scan_blobs(progress)?;
+        progress(GcProgress::Scanned {
+            blobs: graph.len() as u64,
+        });
+
+        let marks = Marks::new(&graph);
+        let young = graph.select(|c, i, _| c.touched_at(i) >= keep_after);
+        let mut frontier: Vec<Id> = roots
+            .iter()
+            .flat_map(|h| graph.targets(key_of(h.as_bytes())))
+            .chain(young.iter().copied())
+            .filter(|&i| marks.set(i))
+            .collect();
+        while !frontier.is_empty() {
+            frontier = frontier
+                .par_iter()
+                .flat_map_iter(|&i| {
+                    graph
+                        .refs_of(i)
+                        .iter()
+                        .flat_map(|&k| graph.targets(k))
+                        .filter(|&j| marks.set(j))
+                })
+                .collect();
+        }
+        let candidates = graph.select(|_, _, id| !marks.get(id));
+        let marked = (graph.len() - candidates.len()) as u64;
+        progress(GcProgress::Marked {
+            marked,
+            candidates: candidates.len() as u64,
+        });
+
+        let mut report = GcReport {
+            dry_run: options.dry_run,
+            grace_ms,
+            epoch_ms: epoch,
+            roots: roots.len() as u64,
+            blobs: graph.len() as u64,
+            young: young.len() as u64,
+            marked,
+            swept: 0,
+            rescued: 0,
+            bytes_freed: 0,
+            elapsed_ms: 0,
+        };
+        if options.dry_run {
+            report.swept = candidates.len() as u64;
+            report.bytes_freed = candidates
+                .iter()
+                .map(|&i| HASH_LEN as u64 + u64::from(graph.size(i)))
+                .sum();
+        } else if !candidates.is_empty() {
+            self.sweep(&graph, &candidates, keep_after, &mut report, progress)?;
+        }
+        drop(running);
+        report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Ok(report)
+    }
+
+    /// Takes the GC lock and commits the `gc_epoch` marker.
+    fn start_gc(&self) -> Result<Running<'_>, GcError> {
+        let Some(lock) = self.backend().try_lock_gc()? else {
+            return Err(GcError::Busy {
+                store: self.location().to_owned(),
+            });
+        };
+        let epoch = self.write(|w| {
+            // Never behind a marker a dead collection left: writers may
+            // have stamped blobs with it.
+            let epoch = w.gc_epoch()?.map_or(w.now_ms(), |e| e.max(w.now_ms()));
+            w.tables_mut()
+                .put(Table::Meta, GC_EPOCH_KEY.as_bytes(), &epoch.to_be_bytes())?;
+            Ok::<_, StoreError>(epoch)
+        })?;
+        Ok(Running {
+            store: self,
+            epoch,
+            _lock: lock,
+        })
+    }
+
+    /// Every root hash, deduplicated and sorted.
+    fn gc_roots(&self) -> Result<Vec<Hash>, GcError> {
+        let mut roots = Vec::new();
+        for table in [Table::Threads, Table::History] {
+            self.scan_table::<GcError>(table, |_, key, value| {
+                let r = ThreadRecord::decode(value).map_err(|e| GcError::Corrupt {
+                    what: format!("the thread record under key {}", hex(key)),
+                    detail: e.to_string(),
+                })?;
+                roots.extend([r.head, r.start]);
+                roots.extend(r.staged_compact);
+                Ok(())
+            })?;
+        }
+        for (table, what) in [(Table::Workflows, "workflow"), (Table::Pins, "pin")] {
+            self.scan_table::<GcError>(table, |_, key, value| {
+                let bytes = if what == "pin" { key } else { value };
+                let h = Hash::from_slice(bytes).ok_or_else(|| GcError::Corrupt {
+                    what: format!("the {what} entry {}", hex(key)),
+                    detail: format!("{} bytes, not a hash", bytes.len()),
+                })?;
+                roots.push(h);
+                Ok(())
+            })?;
+        }
+        roots.sort_unstable();
+        roots.dedup();
+        Ok(roots)
+    }
+}
