@@ -20,6 +20,11 @@
 //!   ([`Backend::try_lock_claim`]) and the one-collector-at-a-time lock of
 //!   garbage collection ([`Backend::try_lock_gc`]).
 //!
+//! Two backends implement it: [`lmdb`] (the embedded default, a directory)
+//! and [`memory`] (tables in memory, owned rows: for tests and throwaway
+//! runs, and the proof that nothing above depends on LMDB's borrowed
+//! slices).
+//!
 //! What a backend must guarantee (`docs/design.md` §4b states it in full):
 //!
 //! - **Isolation**: write transactions are serializable with respect to
@@ -43,6 +48,7 @@
 //!   beyond retryable serialization failures.
 
 pub mod lmdb;
+pub mod memory;
 
 use std::borrow::Cow;
 use std::fmt;

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use super::{Durability, Store, StoreError, StoreInner, StoreOptions};
+use crate::backend::Backend;
 use crate::backend::lmdb::{LmdbBackend, LmdbOptions};
+use crate::backend::memory::MemoryBackend;
 
 /// LMDB stores open in this process, by canonical path. This is the one
 /// piece of process-wide state the crate keeps, and LMDB is why: it is the
@@ -79,6 +81,34 @@ impl Store {
         });
         open.insert(canonical, Arc::downgrade(&inner));
         Ok(Store { inner, group: None })
+    }
+}
+
+impl Store {
+    /// A store on any backend (see [`crate::backend`] for what a backend
+    /// must guarantee). Each call makes a new handle with its own engine
+    /// state; the backend should not be shared with another handle.
+    pub fn from_backend(backend: impl Backend + 'static) -> Store {
+        Store {
+            inner: Arc::new(StoreInner {
+                backend: Box::new(backend),
+                engine: crate::engine::state::EngineState::default(),
+            }),
+            group: None,
+        }
+    }
+
+    /// A new, empty store held in memory (no directory, not durable): for
+    /// tests and throwaway runs. It lives as long as its handles.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("hello", [])).unwrap();
+    /// assert!(store.contains(&hash).unwrap());
+    /// ```
+    pub fn memory() -> Store {
+        Store::from_backend(MemoryBackend::new())
     }
 }
 
