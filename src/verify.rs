@@ -134,7 +134,30 @@ pub struct VerifyProgress {
     pub total: u64,
 }
 
-/// Checks the whole store; `progress` is called after each batch.
+impl Store {
+    /// Checks the whole store (every hash against its bytes, every ref,
+    /// every index entry; `docs/design.md` §6) and reports every problem
+    /// found; `progress` is called after each batch. Reads in short
+    /// transactions, so writers keep going.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// store.put(&Blob::content("a reply", [])).unwrap();
+    /// let report = store.verify(|_| {}).unwrap();
+    /// assert!(report.is_ok());
+    /// assert_eq!(report.blobs_checked, 1);
+    /// ```
+    pub fn verify(
+        &self,
+        progress: impl FnMut(VerifyProgress),
+    ) -> Result<VerifyReport, StoreError> {
+        verify(self, progress)
+    }
+}
+
+/// Checks the whole store; `progress` is called after each batch (the
+/// same as [`Store::verify`]).
 pub fn verify(
     store: &Store,
     mut progress: impl FnMut(VerifyProgress),

@@ -182,6 +182,23 @@ impl Store {
     /// holds). `progress` is called between phases, after each key range
     /// of the scan (from worker threads) and after each sweep transaction,
     /// always outside any transaction.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use uwf_db::gc::GcOptions;
+    /// use uwf_db::{Blob, Store};
+    ///
+    /// let store = Store::memory();
+    /// let kept = store.put(&Blob::content("pinned", [])).unwrap();
+    /// store.pin(&kept).unwrap();
+    /// let lost = store.put(&Blob::content("unreachable", [])).unwrap();
+    ///
+    /// let options = GcOptions { grace: Duration::ZERO, ..GcOptions::default() };
+    /// let report = store.collect_garbage(&options, &|_| {}).unwrap();
+    /// assert_eq!(report.swept, 1);
+    /// assert!(store.contains(&kept).unwrap());
+    /// assert!(!store.contains(&lost).unwrap());
+    /// ```
     pub fn collect_garbage(
         &self,
         options: &GcOptions,
