@@ -1,6 +1,10 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod backend;
+#[cfg(feature = "cli")]
+pub mod cli;
+
 use std::collections::BTreeMap;
 
 use uwf_db::{Blob, Hash, StartNode, StateNode, Value, WorkflowNode};
@@ -117,20 +121,8 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+use uwf_db::Store;
 use uwf_db::thread::{After, NewThread, StepWrite, ThreadId, ThreadRecord};
-use uwf_db::{Store, StoreOptions};
-
-/// A store without fsync, for tests that commit many transactions.
-pub fn fast_store(dir: &std::path::Path) -> Store {
-    Store::open(
-        dir,
-        StoreOptions {
-            durability: uwf_db::Durability::None,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap()
-}
 
 /// Stores a placeholder workflow definition named `name`.
 pub fn workflow(store: &Store, name: &str) -> Hash {
