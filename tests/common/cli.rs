@@ -193,3 +193,29 @@ pub fn json_lines(o: &Output) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// One step of a `script:` agent scenario: `role` answers with frontmatter
+/// `front` (YAML lines) and `body`.
+pub fn scenario_step(role: &str, front: &str, body: &str) -> String {
+    format!(
+        "  - role: {role}\n    output: |\n      ---\n{}      ---\n      {body}\n",
+        front
+            .lines()
+            .map(|l| format!("      {l}\n"))
+            .collect::<String>()
+    )
+}
+
+/// A scenario of `(role, frontmatter)` steps, each answering "ROLE answered".
+pub fn review_scenario(steps: &[(&str, &str)]) -> String {
+    let mut s = String::from("steps:\n");
+    for (role, front) in steps {
+        s.push_str(&scenario_step(role, front, &format!("{role} answered")));
+    }
+    s
+}
+
+/// The developer's frontmatter in `examples/review.yaml`.
+pub const DEV: &str = "$status: review_needed";
+/// The reviewer's approval in `examples/review.yaml`.
+pub const OK: &str = "$status: approved";
