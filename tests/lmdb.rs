@@ -7,7 +7,7 @@
 //! CLI suites (`tests/cli_*.rs`).
 //!
 //! These open stores by directory; no other handle of a directory may be
-//! open in this process while `common::raw_env` has it.
+//! open in this process while `raw_env` has it.
 
 mod common;
 
@@ -39,6 +39,21 @@ fn fast_store(dir: &Path) -> Store {
     .unwrap()
 }
 
+/// Opens a store's LMDB environment directly, to damage it from outside.
+/// No store handle of that path may be open in this process meanwhile.
+fn raw_env(path: &std::path::Path) -> heed::Env {
+    // SAFETY (test): no other handle of this environment is open in this
+    // process while the raw one is.
+    #[allow(unsafe_code)]
+    unsafe {
+        heed::EnvOpenOptions::new()
+            .max_dbs(16)
+            .map_size(1 << 30)
+            .open(path)
+            .unwrap()
+    }
+}
+
 fn blob_count(store: &Store) -> u64 {
     store.stats().unwrap().blob_count
 }
@@ -60,7 +75,8 @@ fn end(code: u8) -> EndSpec {
         prompt: "Approved".into(),
     }
 }
-// Formerly in tests/store.rs.
+
+// ---- store: formerly in tests/store.rs
 
 #[test]
 fn opening_twice_in_one_process_shares_the_environment() {
@@ -161,7 +177,7 @@ fn unknown_format_versions_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path()));
     {
-        let env = common::raw_env(dir.path());
+        let env = raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let meta: heed::Database<heed::types::Str, Bytes> =
             env.open_database(&w, Some("meta")).unwrap().unwrap();
@@ -193,7 +209,7 @@ fn verify_finds_altered_bytes_and_removed_ref_targets() {
         (victim, target, holder, clean)
     };
     {
-        let env = common::raw_env(dir.path());
+        let env = raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let blobs: heed::Database<Bytes, Bytes> =
             env.open_database(&w, Some("blobs")).unwrap().unwrap();
@@ -230,7 +246,7 @@ fn verify_finds_altered_bytes_and_removed_ref_targets() {
     assert!(matches!(err, StoreError::MissingRef { .. }), "{err}");
 }
 
-// Formerly in tests/threads.rs.
+// ---- threads: formerly in tests/threads.rs
 
 #[test]
 fn verify_finds_damaged_thread_indexes() {
@@ -246,7 +262,7 @@ fn verify_finds_damaged_thread_indexes() {
         (a.id, b.id)
     };
     {
-        let env = common::raw_env(dir.path());
+        let env = raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let db = |name| -> heed::Database<Bytes, Bytes> {
             env.open_database(&w, Some(name)).unwrap().unwrap()
@@ -271,7 +287,7 @@ fn verify_finds_damaged_thread_indexes() {
     );
 }
 
-// Formerly in tests/gc.rs.
+// ---- gc: formerly in tests/gc.rs
 
 #[test]
 fn verify_reports_roots_that_name_missing_blobs() {
@@ -292,7 +308,7 @@ fn verify_reports_roots_that_name_missing_blobs() {
         (pinned, workflow)
     };
     {
-        let env = common::raw_env(dir.path());
+        let env = raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let blobs: heed::Database<Bytes, Bytes> =
             env.open_database(&w, Some("blobs")).unwrap().unwrap();
@@ -326,7 +342,7 @@ fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
         (victim, blob_count(&store))
     };
     {
-        let env = common::raw_env(dir.path());
+        let env = raw_env(dir.path());
         let mut w = env.write_txn().unwrap();
         let blobs: heed::Database<Bytes, Bytes> =
             env.open_database(&w, Some("blobs")).unwrap().unwrap();
@@ -355,7 +371,7 @@ fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
     );
 }
 
-// Formerly in tests/batch.rs.
+// ---- batch: formerly in tests/batch.rs
 
 #[test]
 fn a_full_map_fails_its_request_and_the_store_stays_usable() {
