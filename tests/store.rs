@@ -175,6 +175,39 @@ fn concurrent_writers_in_threads_all_land(b: TestBackend) {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
+/// Two handles opened on one store (in PostgreSQL terms, two connections)
+/// see each other's commits, and a head moved through one is a conflict for
+/// a stale write through the other.
+fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
+    let store = b.durable();
+    let other = store.open_again();
+    let h = store.put(&Blob::content("through the first", [])).unwrap();
+    assert!(other.contains(&h).unwrap());
+    let t = common::new_thread(&other, "shared");
+    assert_eq!(store.thread(t.id).unwrap().unwrap(), t);
+    store
+        .append_step(
+            t.id,
+            t.head,
+            common::step("dev", "ok", "first"),
+            common::next("dev"),
+        )
+        .unwrap();
+    let err = other
+        .append_step(
+            t.id,
+            t.head,
+            common::step("dev", "ok", "stale"),
+            common::next("dev"),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, uwf_db::thread::ThreadError::Conflict { .. }),
+        "{err}"
+    );
+    assert_eq!(other.thread(t.id).unwrap().unwrap().seq, 1);
+}
+
 conformance!(
     put_get_and_dedup,
     a_missing_ref_fails_naming_the_hash_and_writes_nothing,
@@ -183,4 +216,5 @@ conformance!(
     prefixes_resolve_and_ambiguity_is_reported,
     ambiguous_prefix_names_the_candidates,
     concurrent_writers_in_threads_all_land,
+    a_second_handle_sees_commits_and_conflicts,
 );
