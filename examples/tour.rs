@@ -1,10 +1,14 @@
-//! A tour of the storage core on the default store (`$UWF_STORE`, else
-//! `~/.uwf`): starts a thread, appends role steps (each one durable,
-//! compare-and-swap transaction), forks it, suspends the fork, ends the
-//! original (moving it to history), pages its log and verifies the store.
+//! A tour of the storage core: starts a thread, appends role steps (each one
+//! durable, compare-and-swap transaction), forks it, suspends the fork, ends
+//! the original (moving it to history), pages its log and verifies the store.
 //!
-//! Run: `cargo run --example tour`, then inspect with
-//! `cargo run -- thread list`, `thread show ID`, `thread log ID`.
+//! The store is a fresh temporary directory, removed at the end, so the tour
+//! never writes into your real store (`$UWF_STORE` or `~/.uwf`). To keep it
+//! and look around, name a directory:
+//!
+//! `cargo run --example tour -- /tmp/tour-store`, then
+//! `cargo run -- --store /tmp/tour-store thread list`, `thread show ID`,
+//! `thread log ID`.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -25,10 +29,13 @@ fn step(role: &str, status: &str, reply: &str, instruction: &str) -> StepWrite {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let path = std::env::var_os("UWF_STORE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".uwf")))
-        .ok_or("set UWF_STORE or HOME")?;
+    // Only an explicit argument names a lasting store; `UWF_STORE` is not
+    // read, since it may well point at the user's real one.
+    let mut temp = None;
+    let path = match std::env::args_os().nth(1) {
+        Some(dir) => PathBuf::from(dir),
+        None => temp.insert(tempfile::tempdir()?).path().join("store"),
+    };
     let store = Store::open(&path, StoreOptions::default())?;
     println!("store: {}", store.path().display());
 
@@ -165,9 +172,14 @@ fn main() -> Result<(), Box<dyn Error>> {
             format!("{} problems", report.problems.len())
         }
     );
-    println!(
-        "try: cargo run -- thread list; cargo run -- thread log {}",
-        &t.id.to_string()[..10]
-    );
+    if temp.is_some() {
+        println!("the store was temporary; pass a directory to keep it");
+    } else {
+        println!(
+            "try: cargo run -- --store {0} thread list; cargo run -- --store {0} thread log {1}",
+            path.display(),
+            &t.id.to_string()[..10]
+        );
+    }
     Ok(())
 }

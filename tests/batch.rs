@@ -5,13 +5,14 @@ mod common;
 
 use std::path::Path;
 
-use common::{fast_store, new_thread, next, step};
+use common::backend::TestBackend;
+use common::{new_thread, next, step};
 use uwf_db::engine::agent::{Agent, ScriptAgent};
 use uwf_db::engine::batch::BatchOptions;
 use uwf_db::thread::{ThreadError, ThreadStatus};
 use uwf_db::verify::verify;
 use uwf_db::workflow::parse_workflow;
-use uwf_db::{Blob, Hash, Store, StoreError, StoreOptions};
+use uwf_db::{Blob, Hash, Store, StoreError};
 
 fn review(store: &Store) -> Hash {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -27,10 +28,8 @@ fn agents(n: usize) -> Vec<Box<dyn Agent>> {
         .collect()
 }
 
-#[test]
-fn a_durable_batch_commits_every_step_in_groups() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+fn a_durable_batch_commits_every_step_in_groups(b: TestBackend) {
+    let store = b.durable();
     let wf = review(&store);
     let prompts: Vec<String> = (0..60).map(|i| format!("change {i}")).collect();
     let mut seen = Vec::new();
@@ -65,10 +64,8 @@ fn a_durable_batch_commits_every_step_in_groups() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn a_failing_request_is_rolled_back_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "t");
     let kept = Blob::content("kept", []);
     let rolled_back = Blob::content("rolled back", []);
@@ -130,52 +127,20 @@ fn a_failing_request_is_rolled_back_alone() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn a_full_map_fails_its_request_and_the_store_stays_usable() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        dir.path(),
-        StoreOptions {
-            max_map_size: Some(1 << 20),
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap();
-    let small = store.put(&Blob::content("before", [])).unwrap();
-    let ((), _) = store.group_commit(0, |g| {
-        let big = Blob::content("x".repeat(4 << 20), []);
-        let err = g.write_op(move |w| w.put_blob(&big)).unwrap_err();
-        assert!(matches!(err, StoreError::MapFull { .. }), "{err}");
-        g.write_op(|w| w.put_blob(&Blob::content("after", [])))
-            .unwrap();
-    });
-    assert!(store.contains(&small).unwrap());
-    assert!(
-        store
-            .contains(&Blob::content("after", []).encode().unwrap().hash())
-            .unwrap()
-    );
-    assert!(verify(&store, |_| {}).unwrap().is_ok());
-}
-
-#[test]
-fn without_a_group_write_op_is_a_plain_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn without_a_group_write_op_is_a_plain_write(b: TestBackend) {
+    let store = b.fast();
     let h = store
         .write_op(|w| w.put_blob(&Blob::content("plain", [])))
         .unwrap();
     assert!(store.contains(&h).unwrap());
 }
 
-#[test]
-fn a_step_failure_stops_its_thread_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_step_failure_stops_its_thread_only(b: TestBackend) {
+    let store = b.fast();
     let wf = review(&store);
     // Agents whose script has no answer for the reviewer: every thread
     // stops after its first step with the failure recorded.
-    let scenario = dir.path().join("short.yaml");
+    let scenario = store.scratch().join("short.yaml");
     std::fs::write(
         &scenario,
         "steps:\n  - role: developer\n    output: |\n      ---\n      $status: review_needed\n      ---\n      done\n",
@@ -200,10 +165,8 @@ fn a_step_failure_stops_its_thread_only() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn a_batch_without_agents_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_batch_without_agents_is_refused(b: TestBackend) {
+    let store = b.fast();
     let wf = review(&store);
     let err = store
         .run_batch(
@@ -227,3 +190,11 @@ fn a_batch_without_agents_is_refused() {
             .is_empty()
     );
 }
+
+conformance!(
+    a_durable_batch_commits_every_step_in_groups,
+    a_failing_request_is_rolled_back_alone,
+    without_a_group_write_op_is_a_plain_write,
+    a_step_failure_stops_its_thread_only,
+    a_batch_without_agents_is_refused,
+);

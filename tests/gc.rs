@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{append_n, fast_store, new_thread, next, step, try_new_thread};
+use common::backend::TestBackend;
+use common::{append_n, new_thread, next, step, try_new_thread};
 use uwf_db::gc::{GcError, GcOptions, GcProgress, GcReport};
 use uwf_db::thread::{ForkState, ThreadError, ThreadId};
 use uwf_db::verify::verify;
@@ -59,10 +60,8 @@ fn blob_count(store: &Store) -> u64 {
     store.stats().unwrap().blob_count
 }
 
-#[test]
-fn nothing_reachable_is_collected() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn nothing_reachable_is_collected(b: TestBackend) {
+    let store = b.fast();
     let a = new_thread(&store, "a");
     let a = append_n(&store, a.id, 25);
     let b = new_thread(&store, "b");
@@ -104,10 +103,8 @@ fn nothing_reachable_is_collected() {
     assert_verified(&store);
 }
 
-#[test]
-fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend) {
+    let store = b.fast();
     let a = new_thread(&store, "a");
     let at_10 = append_n(&store, a.id, 10);
     append_n(&store, a.id, 20);
@@ -156,10 +153,8 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays() {
     assert_eq!(gc(&store, 0).swept, 0);
 }
 
-#[test]
-fn the_grace_period_keeps_recent_garbage_with_what_it_reaches() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn the_grace_period_keeps_recent_garbage_with_what_it_reaches(b: TestBackend) {
+    let store = b.fast();
     let artifact = store.put(&Blob::content("artifact", [])).unwrap();
     let note = store.put(&Blob::content("note", [artifact])).unwrap();
     let report = gc(&store, 3_600_000);
@@ -172,10 +167,8 @@ fn the_grace_period_keeps_recent_garbage_with_what_it_reaches() {
     assert_verified(&store);
 }
 
-#[test]
-fn a_reput_restarts_the_grace_period() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_reput_restarts_the_grace_period(b: TestBackend) {
+    let store = b.fast();
     let blob = Blob::content("put twice", []);
     let h = store.put(&blob).unwrap();
     let first = store.get_stored(&h).unwrap().unwrap();
@@ -189,10 +182,8 @@ fn a_reput_restarts_the_grace_period() {
     assert_eq!((report.young, report.swept), (1, 0));
 }
 
-#[test]
-fn pins_are_roots() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn pins_are_roots(b: TestBackend) {
+    let store = b.fast();
     let artifact = store.put(&Blob::content("artifact", [])).unwrap();
     let note = store.put(&Blob::content("note", [artifact])).unwrap();
     assert!(store.pin(&note).unwrap());
@@ -210,10 +201,8 @@ fn pins_are_roots() {
 /// The race the barrier exists for: blobs unreachable when marking ends are
 /// re-linked by a writer before the sweep. They and everything they reach
 /// must survive.
-#[test]
-fn blobs_relinked_between_mark_and_sweep_are_rescued() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn blobs_relinked_between_mark_and_sweep_are_rescued(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "t");
     let t = append_n(&store, t.id, 3);
     let deep = store.put(&Blob::content("deep", [])).unwrap();
@@ -249,10 +238,8 @@ fn blobs_relinked_between_mark_and_sweep_are_rescued() {
     assert_eq!(log.len(), 4);
 }
 
-#[test]
-fn a_thread_removed_during_a_collection_is_freed_by_the_next() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_thread_removed_during_a_collection_is_freed_by_the_next(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "t");
     append_n(&store, t.id, 5);
     let report = gc_with(&store, 0, &|p| {
@@ -268,10 +255,8 @@ fn a_thread_removed_during_a_collection_is_freed_by_the_next() {
     assert_verified(&store);
 }
 
-#[test]
-fn one_collection_at_a_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn one_collection_at_a_time(b: TestBackend) {
+    let store = b.fast();
     new_thread(&store, "t");
     let checked = AtomicBool::new(false);
     gc_with(&store, 0, &|p| {
@@ -292,10 +277,8 @@ fn one_collection_at_a_time() {
     assert!(checked.load(Ordering::SeqCst));
 }
 
-#[test]
-fn worker_counts_give_the_same_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn worker_counts_give_the_same_result(b: TestBackend) {
+    let store = b.fast();
     for i in 0..6 {
         let t = new_thread(&store, &format!("w{i}"));
         append_n(&store, t.id, 40);
@@ -328,9 +311,8 @@ fn worker_counts_give_the_same_result() {
 /// Writers append, fork, remove and put blobs linking older blobs while
 /// collections with no grace period run back to back. Nothing reachable may
 /// go: `verify` finds every ref, and every live thread reads back whole.
-fn writers_during_collections(rounds: usize, writers: usize) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
+    let store = b.fast();
     let stop = AtomicBool::new(false);
     let collections = AtomicUsize::new(0);
     std::thread::scope(|s| {
@@ -430,65 +412,20 @@ fn writers_during_collections(rounds: usize, writers: usize) {
     assert_verified(&store);
 }
 
-#[test]
-fn collections_are_safe_while_writers_run() {
-    writers_during_collections(40, 2);
+fn collections_are_safe_while_writers_run(b: TestBackend) {
+    writers_during_collections(b, 40, 2);
 }
 
 /// The long version: `cargo test --release --test gc -- --ignored`.
-#[test]
-#[ignore]
-fn collections_are_safe_while_writers_run_long() {
-    writers_during_collections(300, 3);
-}
-
-#[test]
-fn verify_reports_roots_that_name_missing_blobs() {
-    use heed::types::Bytes;
-    use uwf_db::verify::Problem;
-    let dir = tempfile::tempdir().unwrap();
-    let (pinned, workflow) = {
-        let store = fast_store(dir.path());
-        let pinned = store.put(&Blob::content("pinned", [])).unwrap();
-        store.pin(&pinned).unwrap();
-        let yaml = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/review.yaml"),
-        )
-        .unwrap();
-        let wf = uwf_db::workflow::parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
-        let (workflow, _) = store.add_workflow(&wf).unwrap();
-        assert_verified(&store);
-        (pinned, workflow)
-    };
-    {
-        let env = common::raw_env(dir.path());
-        let mut w = env.write_txn().unwrap();
-        let blobs: heed::Database<Bytes, Bytes> =
-            env.open_database(&w, Some("blobs")).unwrap().unwrap();
-        assert!(blobs.delete(&mut w, pinned.as_bytes()).unwrap());
-        assert!(blobs.delete(&mut w, workflow.as_bytes()).unwrap());
-        w.commit().unwrap();
-    }
-    let store = fast_store(dir.path());
-    let report = verify(&store, |_| {}).unwrap();
-    let dbs: Vec<&str> = report
-        .problems
-        .iter()
-        .filter_map(|p| match p {
-            Problem::ThreadIndex { db, detail, .. } if detail.contains("not stored") => Some(*db),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(dbs, ["workflows", "pins"], "{:?}", report.problems);
+fn collections_are_safe_while_writers_run_long(b: TestBackend) {
+    writers_during_collections(b, 300, 3);
 }
 
 /// A batch (group commit) runs while collections with no grace period loop.
-#[test]
-fn collections_are_safe_during_a_batch() {
+fn collections_are_safe_during_a_batch(b: TestBackend) {
     use uwf_db::engine::agent::{Agent, ScriptAgent};
     use uwf_db::engine::batch::BatchOptions;
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+    let store = b.fast();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
     let wf = uwf_db::workflow::parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
@@ -538,52 +475,8 @@ fn collections_are_safe_during_a_batch() {
     }
 }
 
-#[test]
-fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
-    use heed::types::Bytes;
-    let dir = tempfile::tempdir().unwrap();
-    let (victim, before) = {
-        let store = fast_store(dir.path());
-        let t = new_thread(&store, "t");
-        append_n(&store, t.id, 3);
-        store.remove_thread(t.id).unwrap();
-        let victim = store.put(&Blob::content("victim", [])).unwrap();
-        (victim, blob_count(&store))
-    };
-    {
-        let env = common::raw_env(dir.path());
-        let mut w = env.write_txn().unwrap();
-        let blobs: heed::Database<Bytes, Bytes> =
-            env.open_database(&w, Some("blobs")).unwrap().unwrap();
-        // A header cut short: the refs can no longer be read.
-        blobs.put(&mut w, victim.as_bytes(), &[1, 2, 0]).unwrap();
-        w.commit().unwrap();
-    }
-    let store = fast_store(dir.path());
-    settle();
-    let err = store
-        .collect_garbage(
-            &GcOptions {
-                grace: Duration::ZERO,
-                ..GcOptions::default()
-            },
-            &|_| {},
-        )
-        .unwrap_err();
-    assert!(matches!(err, GcError::Corrupt { .. }), "{err}");
-    assert!(err.to_string().contains("uwf-db verify"), "{err}");
-    assert_eq!(blob_count(&store), before, "nothing was deleted");
-    assert_eq!(
-        store.stats().unwrap().gc_epoch,
-        None,
-        "the marker is cleared"
-    );
-}
-
-#[test]
-fn progress_reports_every_phase_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn progress_reports_every_phase_in_order(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "t");
     append_n(&store, t.id, 5);
     store.remove_thread(t.id).unwrap();
@@ -617,3 +510,20 @@ fn progress_reports_every_phase_in_order() {
         total: report.swept
     }));
 }
+
+conformance!(
+    nothing_reachable_is_collected,
+    a_removed_thread_is_freed_and_history_shared_with_a_fork_stays,
+    the_grace_period_keeps_recent_garbage_with_what_it_reaches,
+    a_reput_restarts_the_grace_period,
+    pins_are_roots,
+    blobs_relinked_between_mark_and_sweep_are_rescued,
+    a_thread_removed_during_a_collection_is_freed_by_the_next,
+    one_collection_at_a_time,
+    worker_counts_give_the_same_result,
+    collections_are_safe_while_writers_run,
+    #[ignore]
+    collections_are_safe_while_writers_run_long,
+    collections_are_safe_during_a_batch,
+    progress_reports_every_phase_in_order,
+);

@@ -1,27 +1,21 @@
-//! The LMDB store through the public API: integrity, dedup, prefixes,
-//! map limits, reopening, format versions, damage found by verify.
+//! The store through the public API, on every backend: integrity, dedup,
+//! prefixes, concurrent writers. (Map limits, reopening, format versions
+//! and damage found by verify are LMDB's: `tests/lmdb.rs`.)
 
 mod common;
 
 use std::collections::BTreeMap;
 
-use heed::types::Bytes;
-use uwf_db::store::{FORMAT_VERSION, FORMAT_VERSION_KEY};
-use uwf_db::verify::{Problem, verify};
-use uwf_db::{Blob, Durability, Hash, HashPrefix, StateNode, Store, StoreError, StoreOptions};
-
-fn open(dir: &std::path::Path) -> Store {
-    Store::open(dir, StoreOptions::default()).unwrap()
-}
+use common::backend::TestBackend;
+use uwf_db::verify::verify;
+use uwf_db::{Blob, Hash, HashPrefix, StateNode, Store, StoreError};
 
 fn blob_count(store: &Store) -> u64 {
     store.stats().unwrap().blob_count
 }
 
-#[test]
-fn put_get_and_dedup() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+fn put_get_and_dedup(b: TestBackend) {
+    let store = b.durable();
     let blob = Blob::content("hello", []);
     let h = store.put(&blob).unwrap();
     assert_eq!(h, blob.encode().unwrap().hash());
@@ -38,10 +32,8 @@ fn put_get_and_dedup() {
     assert!(store.get(&Hash::of(b"absent")).unwrap().is_none());
 }
 
-#[test]
-fn a_missing_ref_fails_naming_the_hash_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+fn a_missing_ref_fails_naming_the_hash_and_writes_nothing(b: TestBackend) {
+    let store = b.durable();
     let present = store.put(&Blob::content("present", [])).unwrap();
     let missing = Hash::of(b"never stored");
     let before = blob_count(&store);
@@ -62,10 +54,8 @@ fn a_missing_ref_fails_naming_the_hash_and_writes_nothing() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn refs_may_point_to_blobs_earlier_in_the_same_transaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+fn refs_may_point_to_blobs_earlier_in_the_same_transaction(b: TestBackend) {
+    let store = b.durable();
     let (a, b) = store
         .write(|w| {
             let a = w.put_blob(&Blob::content("artifact", []))?;
@@ -83,10 +73,8 @@ fn refs_may_point_to_blobs_earlier_in_the_same_transaction() {
     assert_eq!(seen, vec![b, a]);
 }
 
-#[test]
-fn a_state_node_checks_its_parent_not_every_ancestor() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+fn a_state_node_checks_its_parent_not_every_ancestor(b: TestBackend) {
+    let store = b.durable();
     let text = store.put(&Blob::content("t", [])).unwrap();
     let state = |ancestors: Vec<Hash>, seq| {
         Blob::State(StateNode {
@@ -114,10 +102,8 @@ fn a_state_node_checks_its_parent_not_every_ancestor() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn prefixes_resolve_and_ambiguity_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+fn prefixes_resolve_and_ambiguity_is_reported(b: TestBackend) {
+    let store = b.durable();
     let mut hashes = Vec::new();
     store
         .write(|w| {
@@ -138,13 +124,11 @@ fn prefixes_resolve_and_ambiguity_is_reported() {
     assert!(matches!(err, StoreError::UnknownHash { .. }), "{err}");
 }
 
-#[test]
-fn ambiguous_prefix_names_the_candidates() {
+fn ambiguous_prefix_names_the_candidates(b: TestBackend) {
     // Birthday search: among 20,000 hashes about 12 pairs share their first
     // 6 hex characters (16^6 = 16.7 M); the contents are fixed, so the
     // outcome is deterministic.
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+    let store = b.durable();
     let mut first: BTreeMap<String, Hash> = BTreeMap::new();
     let mut pair = None;
     store
@@ -171,178 +155,8 @@ fn ambiguous_prefix_names_the_candidates() {
     assert!(err.to_string().contains("ambiguous"));
 }
 
-#[test]
-fn opening_twice_in_one_process_shares_the_environment() {
-    let dir = tempfile::tempdir().unwrap();
-    let a = open(dir.path());
-    let b = open(dir.path());
-    let h = a.put(&Blob::content("shared", [])).unwrap();
-    assert!(b.contains(&h).unwrap());
-    // Different durability for an open store is a clear error.
-    let err = Store::open(
-        dir.path(),
-        StoreOptions {
-            durability: Durability::None,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap_err();
-    assert!(matches!(err, StoreError::OptionsConflict { .. }), "{err}");
-    // Handles work from other threads.
-    let c = a.clone();
-    std::thread::spawn(move || c.put(&Blob::content("from a thread", [])).unwrap())
-        .join()
-        .unwrap();
-    assert_eq!(b.stats().unwrap().blob_count, 2);
-}
-
-#[test]
-fn reading_a_missing_store_asks_for_init() {
-    let dir = tempfile::tempdir().unwrap();
-    let err = Store::open(
-        dir.path().join("nope"),
-        StoreOptions {
-            create: false,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap_err();
-    assert!(matches!(err, StoreError::NotInitialized { .. }));
-    assert!(err.to_string().contains("uwf-db init"));
-    assert!(!dir.path().join("nope").exists(), "a read creates nothing");
-}
-
-#[test]
-fn map_full_is_distinct_keeps_committed_data_and_a_larger_maximum_continues() {
-    let dir = tempfile::tempdir().unwrap();
-    let small = StoreOptions {
-        max_map_size: Some(1 << 20),
-        ..StoreOptions::default()
-    };
-    let mut committed = Vec::new();
-    {
-        let store = Store::open(dir.path(), small.clone()).unwrap();
-        let err = loop {
-            let i = committed.len();
-            let blob = Blob::content(format!("{i:04} {}", "x".repeat(2000)), []);
-            match store.put(&blob) {
-                Ok(h) => committed.push(h),
-                Err(e) => break e,
-            }
-            assert!(i < 10_000, "a 1 MiB map must fill up");
-        };
-        assert!(
-            matches!(err, StoreError::MapFull { map_size, .. } if map_size == 1 << 20),
-            "{err}"
-        );
-        assert!(err.to_string().contains("--max-map-size"));
-        assert!(committed.len() > 100);
-        for h in &committed {
-            assert!(store.contains(h).unwrap());
-        }
-    }
-    // Every handle is dropped: the environment closed. Reopen larger.
-    let store = Store::open(
-        dir.path(),
-        StoreOptions {
-            max_map_size: Some(64 << 20),
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap();
-    for h in &committed {
-        assert!(store.get(h).unwrap().is_some());
-    }
-    for i in 0..500 {
-        store
-            .put(&Blob::content(
-                format!("after {i} {}", "y".repeat(2000)),
-                [],
-            ))
-            .unwrap();
-    }
-    assert_eq!(blob_count(&store), committed.len() as u64 + 500);
-    assert!(verify(&store, |_| {}).unwrap().is_ok());
-}
-
-#[test]
-fn unknown_format_versions_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    drop(open(dir.path()));
-    {
-        let env = common::raw_env(dir.path());
-        let mut w = env.write_txn().unwrap();
-        let meta: heed::Database<heed::types::Str, Bytes> =
-            env.open_database(&w, Some("meta")).unwrap().unwrap();
-        meta.put(
-            &mut w,
-            FORMAT_VERSION_KEY,
-            &(FORMAT_VERSION + 1).to_be_bytes(),
-        )
-        .unwrap();
-        w.commit().unwrap();
-    }
-    let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
-    assert!(
-        matches!(err, StoreError::UnsupportedFormat { found, .. } if found == FORMAT_VERSION + 1),
-        "{err}"
-    );
-}
-
-#[test]
-fn verify_finds_altered_bytes_and_removed_ref_targets() {
-    let dir = tempfile::tempdir().unwrap();
-    let (victim, target, holder, clean) = {
-        let store = open(dir.path());
-        let victim = store.put(&Blob::content("original text", [])).unwrap();
-        let target = store.put(&Blob::content("artifact", [])).unwrap();
-        let holder = store.put(&Blob::content("points at it", [target])).unwrap();
-        let clean = store.put(&Blob::content("untouched", [])).unwrap();
-        assert!(verify(&store, |_| {}).unwrap().is_ok());
-        (victim, target, holder, clean)
-    };
-    {
-        let env = common::raw_env(dir.path());
-        let mut w = env.write_txn().unwrap();
-        let blobs: heed::Database<Bytes, Bytes> =
-            env.open_database(&w, Some("blobs")).unwrap().unwrap();
-        let mut value = blobs.get(&w, victim.as_bytes()).unwrap().unwrap().to_vec();
-        let last = value.len() - 2;
-        value[last] ^= 0x01; // flip a bit inside the text
-        blobs.put(&mut w, victim.as_bytes(), &value).unwrap();
-        assert!(blobs.delete(&mut w, target.as_bytes()).unwrap());
-        w.commit().unwrap();
-    }
-    let store = open(dir.path());
-    let report = verify(&store, |_| {}).unwrap();
-    assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
-    assert!(
-        report
-            .problems
-            .iter()
-            .any(|p| matches!(p, Problem::HashMismatch { hash, .. } if *hash == victim))
-    );
-    assert!(report.problems.contains(&Problem::MissingRef {
-        hash: holder,
-        missing: target
-    }));
-    assert!(
-        !report
-            .problems
-            .iter()
-            .any(|p| p.to_string().contains(&clean.to_string()))
-    );
-    // Reading the altered blob still works; reading through a missing ref is reported.
-    let err = store
-        .walk(&holder, |_| Ok::<_, StoreError>(()))
-        .unwrap_err();
-    assert!(matches!(err, StoreError::MissingRef { .. }), "{err}");
-}
-
-#[test]
-fn concurrent_writers_in_threads_all_land() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+fn concurrent_writers_in_threads_all_land(b: TestBackend) {
+    let store = b.durable();
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let s = store.clone();
@@ -360,3 +174,47 @@ fn concurrent_writers_in_threads_all_land() {
     assert_eq!(blob_count(&store), 800);
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
+
+/// Two handles opened on one store (in PostgreSQL terms, two connections)
+/// see each other's commits, and a head moved through one is a conflict for
+/// a stale write through the other.
+fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
+    let store = b.durable();
+    let other = store.open_again();
+    let h = store.put(&Blob::content("through the first", [])).unwrap();
+    assert!(other.contains(&h).unwrap());
+    let t = common::new_thread(&other, "shared");
+    assert_eq!(store.thread(t.id).unwrap().unwrap(), t);
+    store
+        .append_step(
+            t.id,
+            t.head,
+            common::step("dev", "ok", "first"),
+            common::next("dev"),
+        )
+        .unwrap();
+    let err = other
+        .append_step(
+            t.id,
+            t.head,
+            common::step("dev", "ok", "stale"),
+            common::next("dev"),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, uwf_db::thread::ThreadError::Conflict { .. }),
+        "{err}"
+    );
+    assert_eq!(other.thread(t.id).unwrap().unwrap().seq, 1);
+}
+
+conformance!(
+    put_get_and_dedup,
+    a_missing_ref_fails_naming_the_hash_and_writes_nothing,
+    refs_may_point_to_blobs_earlier_in_the_same_transaction,
+    a_state_node_checks_its_parent_not_every_ancestor,
+    prefixes_resolve_and_ambiguity_is_reported,
+    ambiguous_prefix_names_the_candidates,
+    concurrent_writers_in_threads_all_land,
+    a_second_handle_sees_commits_and_conflicts,
+);

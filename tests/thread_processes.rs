@@ -1,7 +1,8 @@
 //! Two processes append to one thread with the same expected head: exactly
 //! one commits, the other gets a conflict, and the chain has no lost or
 //! duplicated step. The child processes are this test binary running the
-//! ignored `child_appender` test.
+//! ignored `child_appender` test, told the backend and the store in
+//! `UWF_TEST_BACKEND` and `UWF_TEST_STORE`.
 
 mod common;
 
@@ -9,13 +10,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::backend::TestBackend;
+use uwf_db::Durability;
 use uwf_db::thread::{ThreadError, ThreadId};
-use uwf_db::{Store, StoreOptions};
 
 #[test]
 #[ignore = "helper: run by race_between_processes in a child process"]
 fn child_appender() {
-    let (Ok(store), Ok(thread), Ok(head), Ok(go)) = (
+    let (Ok(backend), Ok(store), Ok(thread), Ok(head), Ok(go)) = (
+        std::env::var("UWF_TEST_BACKEND"),
         std::env::var("UWF_TEST_STORE"),
         std::env::var("UWF_TEST_THREAD"),
         std::env::var("UWF_TEST_HEAD"),
@@ -23,7 +26,8 @@ fn child_appender() {
     ) else {
         return;
     };
-    let store = Store::open(&store, StoreOptions::default()).unwrap();
+    let backend = TestBackend::from_name(&backend).unwrap();
+    let store = backend.open_arg(&store, Durability::Sync);
     let id: ThreadId = thread.parse().unwrap();
     let head = head.parse().unwrap();
     // Wait for the starting gun so both processes race.
@@ -44,23 +48,24 @@ fn child_appender() {
     }
 }
 
-#[test]
-fn race_between_processes() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store");
+fn race_between_processes(b: TestBackend) {
+    let mut store = b.durable();
     let (id, mut head) = {
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
         let t = common::new_thread(&store, "race");
         (t.id, t.head)
     };
+    // Only the children hold the store while they race.
+    store.close();
+    let arg = store.location().arg_str();
     let rounds = 5;
     for round in 0..rounds {
-        let go = dir.path().join(format!("go-{round}"));
+        let go = store.scratch().join(format!("go-{round}"));
         let children: Vec<_> = (0..2)
             .map(|_| {
                 Command::new(std::env::current_exe().unwrap())
                     .args(["--ignored", "--exact", "child_appender", "--nocapture"])
-                    .env("UWF_TEST_STORE", &path)
+                    .env("UWF_TEST_BACKEND", b.name())
+                    .env("UWF_TEST_STORE", &arg)
                     .env("UWF_TEST_THREAD", id.to_string())
                     .env("UWF_TEST_HEAD", head.to_string())
                     .env("UWF_TEST_GO", &go)
@@ -81,11 +86,14 @@ fn race_between_processes() {
             .filter(|o| o.contains("RESULT:CONFLICT"))
             .count();
         assert_eq!((ok, conflict), (1, 1), "round {round}: {results:?}");
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        store.reopen();
         head = store.thread(id).unwrap().unwrap().head;
+        store.close();
     }
-    let store = Store::open(&path, StoreOptions::default()).unwrap();
+    store.reopen();
     let log = store.thread_log(id, 100, None).unwrap();
     assert_eq!(log.len(), rounds, "no lost or duplicated step");
     assert!(uwf_db::verify::verify(&store, |_| {}).unwrap().is_ok());
 }
+
+conformance!(race_between_processes);

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{append_n, fast_store, new_thread, next, step};
+use common::backend::TestBackend;
+use common::{append_n, new_thread, next, step};
 use uwf_db::thread::{
     After, EndSpec, ForkState, NewThread, ThreadError, ThreadQuery, ThreadStatus, utc_day,
 };
@@ -18,10 +19,8 @@ fn end(code: u8) -> EndSpec {
     }
 }
 
-#[test]
-fn steps_chain_with_seq_and_ancestors() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn steps_chain_with_seq_and_ancestors(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "review");
     assert_eq!(t.status, ThreadStatus::Idle);
     assert_eq!(t.next_role.as_deref(), Some("dev"));
@@ -42,10 +41,8 @@ fn steps_chain_with_seq_and_ancestors() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn a_moved_head_is_a_conflict_and_writes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn a_moved_head_is_a_conflict_and_writes_nothing(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "w");
     let first = store
         .append_step(t.id, t.head, step("dev", "ok", "one"), next("rev"))
@@ -67,10 +64,8 @@ fn a_moved_head_is_a_conflict_and_writes_nothing() {
     assert_eq!(store.thread(t.id).unwrap().unwrap(), first.record);
 }
 
-#[test]
-fn racing_writer_threads_commit_exactly_once_per_head() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn racing_writer_threads_commit_exactly_once_per_head(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "race");
     for round in 0..20 {
         let head = store.thread(t.id).unwrap().unwrap().head;
@@ -105,10 +100,8 @@ fn racing_writer_threads_commit_exactly_once_per_head() {
     assert_eq!(seqs, (1..=20).rev().collect::<Vec<_>>());
 }
 
-#[test]
-fn ending_moves_to_history_found_by_id_and_by_day() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "end");
     let w = store
         .append_step(
@@ -152,13 +145,11 @@ fn ending_moves_to_history_found_by_id_and_by_day() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn history_day_ranges_read_only_their_days() {
+fn history_day_ranges_read_only_their_days(b: TestBackend) {
     // Build records on three different days by ending threads and rewriting
     // their completion time through update_record (the record moves to the
     // matching partition).
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+    let store = b.fast();
     let day_ms = 86_400_000u64;
     let mut ids = Vec::new();
     for (i, day) in [100u64, 200, 200, 300].into_iter().enumerate() {
@@ -186,10 +177,8 @@ fn history_day_ranges_read_only_their_days() {
     }
 }
 
-#[test]
-fn log_pages_a_10000_step_thread() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn log_pages_a_10000_step_thread(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "long");
     append_n(&store, t.id, 10_000);
     let page = store.thread_log(t.id, 50, None).unwrap();
@@ -216,10 +205,8 @@ fn log_pages_a_10000_step_thread() {
     assert_eq!(total, 10_000);
 }
 
-#[test]
-fn fork_shares_history_and_never_changes_the_source() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "fork");
     let src = append_n(&store, t.id, 5);
     let log = store.thread_log(t.id, 10, None).unwrap();
@@ -268,10 +255,8 @@ fn fork_shares_history_and_never_changes_the_source() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn suspend_then_resume_and_resume_from_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "plan");
     let s = store
         .append_step(
@@ -329,10 +314,8 @@ fn suspend_then_resume_and_resume_from_history() {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-#[test]
-fn failures_are_recorded_listed_and_cleared_by_the_next_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn failures_are_recorded_listed_and_cleared_by_the_next_step(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "fail");
     let other = new_thread(&store, "fine");
     let r = store.record_failure(t.id, "agent exited with 3").unwrap();
@@ -363,10 +346,8 @@ fn failures_are_recorded_listed_and_cleared_by_the_next_step() {
     assert_eq!(store.thread(other.id).unwrap().unwrap().last_error, None);
 }
 
-#[test]
-fn listing_filters_and_pages_newest_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn listing_filters_and_pages_newest_first(b: TestBackend) {
+    let store = b.fast();
     let mut ids = Vec::new();
     for i in 0..30 {
         let t = new_thread(&store, if i % 3 == 0 { "alpha" } else { "beta" });
@@ -448,10 +429,8 @@ fn listing_filters_and_pages_newest_first() {
     }
 }
 
-#[test]
-fn call_stack_up_and_child_history_down() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn call_stack_up_and_child_history_down(b: TestBackend) {
+    let store = b.fast();
     let parent = new_thread(&store, "parent");
     let p1 = append_n(&store, parent.id, 2);
     let child_wf = common::workflow(&store, "child");
@@ -511,10 +490,8 @@ fn call_stack_up_and_child_history_down() {
     assert!(plog.iter().all(|e| e.node.start == parent.start));
 }
 
-#[test]
-fn compaction_is_used_at_once_and_written_on_the_next_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn compaction_is_used_at_once_and_written_on_the_next_node(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "compact");
     let r = append_n(&store, t.id, 4);
     let (summary, staged) = store
@@ -550,10 +527,8 @@ fn compaction_is_used_at_once_and_written_on_the_next_node() {
     );
 }
 
-#[test]
-fn rm_unlinks_and_keeps_blobs() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn rm_unlinks_and_keeps_blobs(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "rm");
     let r = append_n(&store, t.id, 2);
     store.remove_thread(t.id).unwrap();
@@ -572,53 +547,12 @@ fn rm_unlinks_and_keeps_blobs() {
     ));
 }
 
-#[test]
-fn verify_finds_damaged_thread_indexes() {
-    use heed::types::Bytes;
-    let dir = tempfile::tempdir().unwrap();
-    let (ended, active) = {
-        let store = fast_store(dir.path());
-        let a = new_thread(&store, "a");
-        store.end_thread(a.id, a.head, end(0)).unwrap();
-        let b = new_thread(&store, "b");
-        append_n(&store, b.id, 2);
-        assert!(verify(&store, |_| {}).unwrap().is_ok());
-        (a.id, b.id)
-    };
-    {
-        let env = common::raw_env(dir.path());
-        let mut w = env.write_txn().unwrap();
-        let db = |name| -> heed::Database<Bytes, Bytes> {
-            env.open_database(&w, Some(name)).unwrap().unwrap()
-        };
-        let (history_ids, threads) = (db("history_ids"), db("threads"));
-        assert!(history_ids.delete(&mut w, &ended.to_bytes()).unwrap());
-        threads.put(&mut w, &active.to_bytes(), b"garbage").unwrap();
-        w.commit().unwrap();
-    }
-    let store = fast_store(dir.path());
-    let report = verify(&store, |_| {}).unwrap();
-    let text: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
-    assert!(
-        text.iter()
-            .any(|p| p.contains("history") && p.contains(&ended.to_string())),
-        "{text:?}"
-    );
-    assert!(
-        text.iter()
-            .any(|p| p.contains("threads entry") && p.contains("does not decode")),
-        "{text:?}"
-    );
-}
-
 /// Regression: resuming from history used the reopened record (no
 /// completion time) as the "old" one, so the stale `activity` entry keyed by
 /// the completion time stayed behind whenever the end and the last update
 /// fell in different milliseconds.
-#[test]
-fn resume_from_history_replaces_the_activity_entry() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn resume_from_history_replaces_the_activity_entry(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "r");
     let ended = store.end_thread(t.id, t.head, end(0)).unwrap().record;
     std::thread::sleep(std::time::Duration::from_millis(5));
@@ -637,10 +571,8 @@ fn resume_from_history_replaces_the_activity_entry() {
 
 /// Regression: context assembly paged on from the wrong ancestor (11 back
 /// instead of the parent) and skipped steps on threads longer than a page.
-#[test]
-fn context_walks_long_threads_without_gaps() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = fast_store(dir.path());
+fn context_walks_long_threads_without_gaps(b: TestBackend) {
+    let store = b.fast();
     let t = new_thread(&store, "long-context");
     let r = append_n(&store, t.id, 150);
     let ctx = store.context(t.id, 140).unwrap();
@@ -655,3 +587,21 @@ fn context_walks_long_threads_without_gaps() {
     assert_eq!(ctx.steps.len(), 100);
     assert_eq!(ctx.steps[0].node.seq, 151);
 }
+
+conformance!(
+    steps_chain_with_seq_and_ancestors,
+    a_moved_head_is_a_conflict_and_writes_nothing,
+    racing_writer_threads_commit_exactly_once_per_head,
+    ending_moves_to_history_found_by_id_and_by_day,
+    history_day_ranges_read_only_their_days,
+    log_pages_a_10000_step_thread,
+    fork_shares_history_and_never_changes_the_source,
+    suspend_then_resume_and_resume_from_history,
+    failures_are_recorded_listed_and_cleared_by_the_next_step,
+    listing_filters_and_pages_newest_first,
+    call_stack_up_and_child_history_down,
+    compaction_is_used_at_once_and_written_on_the_next_node,
+    rm_unlinks_and_keeps_blobs,
+    resume_from_history_replaces_the_activity_entry,
+    context_walks_long_threads_without_gaps,
+);

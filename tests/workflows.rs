@@ -5,8 +5,9 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::backend::TestBackend;
+use uwf_db::Value;
 use uwf_db::workflow::{Route, WorkflowError, parse_workflow};
-use uwf_db::{Store, StoreOptions, Value};
 
 const REVIEW: &str = include_str!("../examples/review.yaml");
 const FIVE: &str = include_str!("fixtures/five-mistakes.yaml");
@@ -107,10 +108,8 @@ fn bad_yaml_and_name_mismatch() {
     );
 }
 
-#[test]
-fn registry_adds_idempotently_and_moves_names() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+fn registry_adds_idempotently_and_moves_names(b: TestBackend) {
+    let store = b.durable();
     let wf = parse_workflow(REVIEW, Some("review"), &|_| false).unwrap();
     let (h1, changed) = store.add_workflow(&wf).unwrap();
     assert!(changed);
@@ -139,3 +138,5 @@ fn registry_adds_idempotently_and_moves_names() {
     );
     assert!(store.workflow_by_name("nope").unwrap().is_none());
 }
+
+conformance!(registry_adds_idempotently_and_moves_names,);

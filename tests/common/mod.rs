@@ -1,5 +1,11 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: `backend` (the store harness
+//! behind the conformance suite), `cli` (running the real binary), and
+//! fixtures for blobs and threads built through the library.
 #![allow(dead_code)]
+
+pub mod backend;
+#[cfg(feature = "cli")]
+pub mod cli;
 
 use std::collections::BTreeMap;
 
@@ -117,20 +123,8 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+use uwf_db::Store;
 use uwf_db::thread::{After, NewThread, StepWrite, ThreadId, ThreadRecord};
-use uwf_db::{Store, StoreOptions};
-
-/// A store without fsync, for tests that commit many transactions.
-pub fn fast_store(dir: &std::path::Path) -> Store {
-    Store::open(
-        dir,
-        StoreOptions {
-            durability: uwf_db::Durability::None,
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap()
-}
 
 /// Stores a placeholder workflow definition named `name`.
 pub fn workflow(store: &Store, name: &str) -> Hash {
@@ -206,19 +200,4 @@ pub fn append_n(store: &Store, id: ThreadId, n: usize) -> ThreadRecord {
         rec = w.record;
     }
     rec
-}
-
-/// Opens a store's LMDB environment directly, to damage it from outside.
-/// No store handle of that path may be open in this process meanwhile.
-pub fn raw_env(path: &std::path::Path) -> heed::Env {
-    // SAFETY (test): no other handle of this environment is open in this
-    // process while the raw one is.
-    #[allow(unsafe_code)]
-    unsafe {
-        heed::EnvOpenOptions::new()
-            .max_dbs(16)
-            .map_size(1 << 30)
-            .open(path)
-            .unwrap()
-    }
 }

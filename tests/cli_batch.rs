@@ -1,0 +1,205 @@
+//! `uwf-db batch` through the real binary: prompt files (text and JSON
+//! Lines), streamed JSON Lines results, usage errors, and a batch killed
+//! mid-run that `batch --continue` finishes.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::backend::TestBackend;
+use common::cli::*;
+
+fn batch_runs_threads_from_a_prompt_file_and_streams_json_lines(b: TestBackend) {
+    let env = Cli::new(b);
+    let prompts: String = (0..12).map(|i| format!("change {i}\n\n")).collect();
+    let file = env.file("prompts.txt", &prompts);
+    let o = env.uwf(&[
+        "--json",
+        "batch",
+        "examples/review.yaml",
+        "--prompts",
+        &file,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+        "--jobs",
+        "4",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 13, "one line per thread, then the summary");
+    let summary = &lines[12]["summary"];
+    assert_eq!(summary["threads"], 12);
+    assert_eq!(summary["completed"], 12);
+    assert_eq!(summary["steps"], 48);
+    let mut indexes: Vec<u64> = lines[..12]
+        .iter()
+        .map(|l| l["index"].as_u64().unwrap())
+        .collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, (0..12).collect::<Vec<_>>());
+    for l in &lines[..12] {
+        assert_eq!(l["status"], "completed");
+        assert_eq!(l["result"]["done"], true);
+        let id = l["thread"].as_str().unwrap();
+        assert_eq!(env.log(id).len(), 5);
+        // The agent spec is stored, as for `run`.
+        assert_eq!(
+            env.show(id)["agent"],
+            "script:examples/review.scenario.yaml"
+        );
+    }
+    // Usage errors.
+    let o = env.uwf(&["batch", "examples/review.yaml", "--agent", "script:x.yaml"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("--prompts FILE"), "{}", stderr(&o));
+    let o = env.uwf(&["batch", "examples/review.yaml", "-n", "2", "-p", "x"]);
+    assert!(stderr(&o).contains("needs an agent"), "{}", stderr(&o));
+    let o = env.uwf(&["batch", "examples/review.yaml", "-n", "2"]);
+    assert_eq!(code(&o), Some(2), "-n needs -p");
+    let o = env.uwf(&["batch", "examples/review.yaml", "-n", "0", "-p", "x"]);
+    assert_eq!(code(&o), Some(2), "-n 0 is bad usage, not a crash");
+}
+
+fn a_batch_killed_mid_run_keeps_every_acknowledged_step(b: TestBackend) {
+    use std::io::{BufRead, BufReader};
+    let env = Cli::new(b);
+    let mut child = env
+        .std_cmd()
+        .args([
+            "--json",
+            "batch",
+            "examples/review.yaml",
+            "-n",
+            "100000",
+            "-p",
+            "work",
+            "--agent",
+            "script:examples/review.scenario.yaml",
+            "--jobs",
+            "8",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reported = Vec::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while reported.len() < 40 {
+        let line = lines.next().unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        reported.push(v["thread"].as_str().unwrap().to_owned());
+    }
+    // SIGKILL: no handler runs; open transactions die with the process.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for id in &reported {
+        let s = env.show(id);
+        assert_eq!(s["status"], "completed", "{s}");
+        assert_eq!(env.log(id).len(), 5, "thread {id}: every step is there");
+    }
+    // Threads caught mid-drive show a dead driver's claim; `batch
+    // --continue` takes them over and finishes every one.
+    let listed = env.json(&["thread", "list", "--limit", "100000"]);
+    let all = listed.as_array().unwrap().len();
+    assert!(all >= reported.len());
+    let o = env.uwf(&[
+        "--json",
+        "batch",
+        "examples/review.yaml",
+        "--continue",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let r: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let unfinished = all
+        - env
+            .json(&[
+                "thread",
+                "list",
+                "--status",
+                "completed",
+                "--limit",
+                "100000",
+            ])
+            .as_array()
+            .unwrap()
+            .len();
+    assert_eq!(unfinished, 0, "{r}");
+    assert_eq!(r["summary"]["errors"], 0, "{r}");
+    assert!(
+        r["summary"]["threads"].as_u64().unwrap() >= 1,
+        "the kill caught threads mid-drive: {r}"
+    );
+    // Nothing is left to continue.
+    let again = env.uwf(&[
+        "batch",
+        "examples/review.yaml",
+        "--continue",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&again), Some(0));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("no idle thread"));
+    // Drop runs `verify`.
+}
+
+fn batch_reads_multi_line_prompts_from_json_lines(b: TestBackend) {
+    let env = Cli::new(b);
+    let file = env.file(
+        "prompts.jsonl",
+        "\"first line\\nsecond line\"\n\n{\"prompt\": \"another\", \"id\": 7}\n",
+    );
+    let o = env.uwf(&[
+        "--json",
+        "batch",
+        "examples/review.yaml",
+        "--prompts",
+        &file,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let mut tasks = Vec::new();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let Some(id) = v["thread"].as_str() else {
+            continue;
+        };
+        let start = env.show(id)["start"].as_str().unwrap().to_owned();
+        let node = env.json(&["cas", "get", &start]);
+        let prompt = node["payload"]["prompt"].as_str().unwrap().to_owned();
+        tasks.push(
+            env.json(&["cas", "get", &prompt])["payload"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    tasks.sort();
+    assert_eq!(tasks, ["another", "first line\nsecond line"]);
+    let bad = env.file("bad.jsonl", "not json\n");
+    let o = env.uwf(&[
+        "batch",
+        "examples/review.yaml",
+        "--prompts",
+        &bad,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("bad.jsonl:1: not JSON"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+conformance!(
+    batch_runs_threads_from_a_prompt_file_and_streams_json_lines,
+    a_batch_killed_mid_run_keeps_every_acknowledged_step,
+    batch_reads_multi_line_prompts_from_json_lines,
+);

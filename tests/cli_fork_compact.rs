@@ -1,0 +1,130 @@
+//! `thread fork` (the state computed from the node and the workflow) and
+//! compaction (manual and automatic) through the real binary.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::backend::TestBackend;
+use common::cli::*;
+
+fn fork_computes_its_state_from_the_node_and_the_workflow(b: TestBackend) {
+    let env = Cli::new(b);
+    let r = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    let id = r["thread"].as_str().unwrap().to_owned();
+    let log = env.log(&id);
+    // At the rejected review: the developer runs next with the reason.
+    let rejected = log[3]["hash"].as_str().unwrap();
+    let f = env.json(&["thread", "fork", &id, "--at", &rejected[..10]]);
+    assert_eq!(f["status"], "idle");
+    assert_eq!(f["current_role"], "developer");
+    assert_eq!(f["forked_from"]["thread"], id.as_str());
+    assert_eq!(f["forked_from"]["node"], rejected);
+    let fid = f["thread"].as_str().unwrap();
+    assert_eq!(
+        env.show(fid)["next_instruction"],
+        "Fix this: the README does not mention --json"
+    );
+    // --from-role reviewer: at the parent of the latest review, so the reviewer runs again.
+    let f = env.json(&["thread", "fork", &id, "--from-role", "reviewer"]);
+    assert_eq!(f["current_role"], "reviewer");
+    assert_eq!(f["forked_from"]["node"], log[2]["hash"]);
+    // At the head of a completed thread: the end node is refused.
+    let o = env.uwf(&["thread", "fork", &id]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("resume the thread instead"),
+        "{}",
+        stderr(&o)
+    );
+    // At the approving step, which routed to $END: refused with a reason.
+    let o = env.uwf(&[
+        "thread",
+        "fork",
+        &id,
+        "--at",
+        log[1]["hash"].as_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("$END"), "{}", stderr(&o));
+    // A suspended planner forks as suspended with the same role and message.
+    let p = env.json(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/planner.scenario.yaml",
+    ]);
+    let pid = p["thread"].as_str().unwrap();
+    let f = env.json(&["thread", "fork", pid]);
+    assert_eq!(f["status"], "suspended");
+    let fs = env.show(f["thread"].as_str().unwrap());
+    assert_eq!(fs["suspended_role"], "planner");
+    assert_eq!(fs["suspend_message"], p["suspend_message"]);
+    // The source is unchanged by all of this.
+    assert_eq!(env.log(&id), log);
+}
+
+fn compaction_manual_and_automatic(b: TestBackend) {
+    let env = Cli::new(b);
+    let wf = env.file(
+        "compacting.yaml",
+        &std::fs::read_to_string("examples/review.yaml")
+            .unwrap()
+            .replace("name: review", "name: compacting")
+            .replace("maxRounds: 20", "maxRounds: 20\ncompact: { every: 2 }"),
+    );
+    let sc = env.file(
+        "c.yaml",
+        &format!(
+            "{}compact:\n  - Summary after two steps\n  - Summary after four steps\n",
+            std::fs::read_to_string("examples/review.scenario.yaml").unwrap()
+        ),
+    );
+    let t = env.json(&[
+        "thread",
+        "start",
+        &wf,
+        "-p",
+        "t",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    let id = t["thread"].as_str().unwrap().to_owned();
+    let r = env.json(&["thread", "step", &id, "--count", "2"]);
+    assert_eq!(r.as_array().unwrap().len(), 2);
+    let s = env.show(&id);
+    let staged = s["staged_compact"]
+        .as_str()
+        .expect("a summary is staged after two steps")
+        .to_owned();
+    assert_eq!(
+        env.json(&["cas", "get", &staged])["payload"],
+        "Summary after two steps"
+    );
+    env.json(&["thread", "step", &id]);
+    let log = env.log(&id);
+    let node = env.json(&["cas", "get", log[0]["hash"].as_str().unwrap()]);
+    assert_eq!(
+        node["payload"]["compact"],
+        staged.as_str(),
+        "written on the next node"
+    );
+    assert_eq!(log.len(), 3, "the summarising call is not a role step");
+    // Manual staging.
+    let o = env.json(&["thread", "compact", &id, "--summary", "By hand"]);
+    let by_hand = o["summary"].as_str().unwrap();
+    assert_eq!(env.show(&id)["staged_compact"], by_hand);
+}
+
+conformance!(
+    fork_computes_its_state_from_the_node_and_the_workflow,
+    compaction_manual_and_automatic,
+);

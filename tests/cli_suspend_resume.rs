@@ -1,0 +1,183 @@
+//! Suspend, resume and cancel through the real binary: what the human
+//! said is recorded, completed threads resume with the first role, a failed
+//! resume keeps the previous status, cancel ends with return code 2.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::backend::TestBackend;
+use common::cli::*;
+
+const PLANNER_TWICE: &str = r#"steps:
+  - role: planner
+    output: |
+      ---
+      $status: need_info
+      question: Which database?
+      ---
+      Unclear.
+  - role: planner
+    output: |
+      ---
+      $status: need_info
+      question: Which version?
+      ---
+      Still unclear.
+  - role: planner
+    output: |
+      ---
+      $status: planned
+      ---
+      Plan.
+  - role: developer
+    output: |
+      ---
+      $status: done
+      ---
+      Done.
+"#;
+
+fn suspend_resume_cycles_record_what_the_human_said(b: TestBackend) {
+    let env = Cli::new(b);
+    let sc = env.file("p.yaml", PLANNER_TWICE);
+    let r = env.json(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "Export",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(r["status"], "suspended");
+    assert_eq!(r["suspended_role"], "planner");
+    assert_eq!(r["suspend_message"], "The planner asks: Which database?");
+    let id = r["thread"].as_str().unwrap();
+    // Stepping a suspended thread is refused; resuming it works.
+    assert_eq!(code(&env.uwf(&["thread", "step", id])), Some(1));
+    let r = env.json(&["thread", "resume", id, "-p", "PostgreSQL"]);
+    assert_eq!(r["status"], "suspended");
+    assert_eq!(r["suspend_message"], "The planner asks: Which version?");
+    let r = env.json(&["thread", "resume", id, "--count", "5"]);
+    assert_eq!(r.as_array().unwrap().last().unwrap()["status"], "completed");
+    let log = env.log(id);
+    let inputs: Vec<&str> = log
+        .iter()
+        .rev()
+        .map(|e| e["input"].as_str().unwrap())
+        .collect();
+    assert_eq!(inputs[1], "The planner asks: Which database?\n\nPostgreSQL");
+    assert_eq!(inputs[2], "The planner asks: Which version?");
+}
+
+fn a_completed_thread_resumes_with_the_first_role(b: TestBackend) {
+    let env = Cli::new(b);
+    let sc = env.file(
+        "s.yaml",
+        &review_scenario(&[
+            ("developer", DEV),
+            ("reviewer", OK),
+            ("developer", DEV),
+            ("reviewer", OK),
+        ]),
+    );
+    let r = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(r["status"], "completed");
+    let id = r["thread"].as_str().unwrap();
+    let o = env.uwf(&["thread", "resume", id, "-p", "also add --yaml"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let s = env.show(id);
+    assert_eq!(s["status"], "idle");
+    assert_eq!(s["next_role"], "reviewer");
+    let log = env.log(id);
+    assert_eq!(log[0]["input"], "Implement the change\n\nalso add --yaml");
+    assert_eq!(log[0]["seq"], 4, "continues after the end node");
+    assert_eq!(log[1]["role"], "__end__");
+    let r = env.json(&["thread", "step", id]);
+    assert_eq!(r["status"], "completed");
+    // Idle and cancelled threads cannot be resumed.
+    let t = env.json(&["thread", "start", "review", "-p", "x"]);
+    let o = env.uwf(&[
+        "thread",
+        "resume",
+        t["thread"].as_str().unwrap(),
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("idle"), "{}", stderr(&o));
+}
+
+fn a_failed_resume_keeps_the_previous_status(b: TestBackend) {
+    let env = Cli::new(b);
+    let r = env.json(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/planner.scenario.yaml",
+    ]);
+    let id = r["thread"].as_str().unwrap().to_owned();
+    let o = env.uwf(&[
+        "thread",
+        "resume",
+        &id,
+        "-p",
+        "x",
+        "--agent",
+        "cmd:sh -c 'exit 4'",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    let s = env.show(&id);
+    assert_eq!(s["status"], "suspended", "still suspended");
+    assert!(s["last_error"].as_str().unwrap().contains("exit status: 4"));
+    // A completed thread whose resume fails stays in history, completed.
+    let done = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    let did = done["thread"].as_str().unwrap().to_owned();
+    let o = env.uwf(&["thread", "resume", &did, "--agent", "cmd:sh -c 'exit 5'"]);
+    assert_eq!(code(&o), Some(1));
+    let s = env.show(&did);
+    assert_eq!(s["status"], "completed");
+    assert!(s["completed_at"].is_u64());
+    assert!(s["last_error"].as_str().unwrap().contains("exit status: 5"));
+}
+
+fn cancel_ends_with_return_code_2(b: TestBackend) {
+    let env = Cli::new(b);
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let id = t["thread"].as_str().unwrap();
+    let r = env.json(&["thread", "cancel", id]);
+    assert_eq!(r["status"], "cancelled");
+    assert_eq!(env.log(id)[0]["meta"]["return_code"], 2);
+    assert_eq!(code(&env.uwf(&["thread", "cancel", id])), Some(1));
+    let o = env.uwf(&[
+        "thread",
+        "resume",
+        id,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("cancelled"));
+}
+
+conformance!(
+    suspend_resume_cycles_record_what_the_human_said,
+    a_completed_thread_resumes_with_the_first_role,
+    a_failed_resume_keeps_the_previous_status,
+    cancel_ends_with_return_code_2,
+);
