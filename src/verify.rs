@@ -148,10 +148,7 @@ impl Store {
     /// assert!(report.is_ok());
     /// assert_eq!(report.blobs_checked, 1);
     /// ```
-    pub fn verify(
-        &self,
-        progress: impl FnMut(VerifyProgress),
-    ) -> Result<VerifyReport, StoreError> {
+    pub fn verify(&self, progress: impl FnMut(VerifyProgress)) -> Result<VerifyReport, StoreError> {
         verify(self, progress)
     }
 }

@@ -107,7 +107,7 @@ fn no_agent_is_a_clear_error(b: TestBackend) {
     assert_eq!(env.show(id)["agent"], serde_json::Value::Null);
 }
 
-conformance!(
+process_conformance!(
     a_failing_agent_program_is_recorded_with_its_stderr,
     a_hanging_agent_is_killed_after_its_timeout,
     invalid_frontmatter_twice_then_valid_is_reasked,

@@ -198,7 +198,7 @@ fn batch_reads_multi_line_prompts_from_json_lines(b: TestBackend) {
     );
 }
 
-conformance!(
+process_conformance!(
     batch_runs_threads_from_a_prompt_file_and_streams_json_lines,
     a_batch_killed_mid_run_keeps_every_acknowledged_step,
     batch_reads_multi_line_prompts_from_json_lines,

@@ -121,7 +121,7 @@ fn cancelling_a_parent_cancels_its_suspended_child(b: TestBackend) {
     assert_eq!(env.show(&child)["status"], "cancelled");
 }
 
-conformance!(
+process_conformance!(
     a_child_workflow_links_both_ways,
     a_child_that_suspends_suspends_its_parent_and_resumes_through_it,
     cancelling_a_parent_cancels_its_suspended_child,

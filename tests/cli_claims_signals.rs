@@ -149,7 +149,7 @@ fn ctrl_c_stops_a_batch_kills_its_agents_and_leaves_threads_retryable(b: TestBac
     assert!(!marker.exists(), "every agent's process group was killed");
 }
 
-conformance!(
+process_conformance!(
     a_second_driver_is_refused_while_the_first_runs,
     a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over,
     ctrl_c_kills_the_agent_releases_the_claim_and_exits_130,

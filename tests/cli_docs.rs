@@ -97,4 +97,4 @@ fn the_readme_console_example_runs_as_shown(b: TestBackend) {
     assert_matches_transcript(&session, real_id.as_deref().unwrap());
 }
 
-conformance!(the_readme_console_example_runs_as_shown);
+process_conformance!(the_readme_console_example_runs_as_shown);

@@ -124,7 +124,7 @@ fn compaction_manual_and_automatic(b: TestBackend) {
     assert_eq!(env.show(&id)["staged_compact"], by_hand);
 }
 
-conformance!(
+process_conformance!(
     fork_computes_its_state_from_the_node_and_the_workflow,
     compaction_manual_and_automatic,
 );

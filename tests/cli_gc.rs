@@ -61,4 +61,4 @@ fn gc_frees_a_removed_thread_while_other_processes_drive_threads(b: TestBackend)
     // Drop runs `verify`.
 }
 
-conformance!(gc_frees_a_removed_thread_while_other_processes_drive_threads,);
+process_conformance!(gc_frees_a_removed_thread_while_other_processes_drive_threads,);

@@ -144,7 +144,7 @@ fn unknown_status_is_a_step_failure(b: TestBackend) {
     assert_eq!(s["seq"], 0, "nothing committed");
 }
 
-conformance!(
+process_conformance!(
     run_loops_and_templates_reach_the_next_prompt_exactly,
     count_returns_one_result_per_step,
     a_role_mismatch_commits_nothing_and_a_retry_works,

@@ -218,7 +218,7 @@ fn a_closed_pipe_is_not_an_error(b: TestBackend) {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-conformance!(
+process_conformance!(
     init_is_idempotent_and_read_commands_need_a_store,
     put_then_get_raw_hashes_to_the_hash,
     non_utf8_input_is_refused_and_nothing_is_stored,

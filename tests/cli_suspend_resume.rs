@@ -175,7 +175,7 @@ fn cancel_ends_with_return_code_2(b: TestBackend) {
     assert!(stderr(&o).contains("cancelled"));
 }
 
-conformance!(
+process_conformance!(
     suspend_resume_cycles_record_what_the_human_said,
     a_completed_thread_resumes_with_the_first_role,
     a_failed_resume_keeps_the_previous_status,

@@ -163,7 +163,7 @@ fn ids_errors_and_rm(b: TestBackend) {
     );
 }
 
-conformance!(
+process_conformance!(
     list_filters_and_shapes,
     show_log_and_tree,
     ids_errors_and_rm,

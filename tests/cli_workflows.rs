@@ -37,4 +37,4 @@ fn workflow_validate_reports_every_problem_with_its_location(b: TestBackend) {
     assert_eq!(o["hash"].as_str().unwrap().len(), 64);
 }
 
-conformance!(workflow_validate_reports_every_problem_with_its_location,);
+process_conformance!(workflow_validate_reports_every_problem_with_its_location,);

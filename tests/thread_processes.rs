@@ -96,4 +96,4 @@ fn race_between_processes(b: TestBackend) {
     assert!(uwf_db::verify::verify(&store, |_| {}).unwrap().is_ok());
 }
 
-conformance!(race_between_processes);
+process_conformance!(race_between_processes);

@@ -192,6 +192,8 @@ impl Store {
     /// let kept = store.put(&Blob::content("pinned", [])).unwrap();
     /// store.pin(&kept).unwrap();
     /// let lost = store.put(&Blob::content("unreachable", [])).unwrap();
+    /// // A blob touched at or after (start − grace) is young and kept.
+    /// std::thread::sleep(Duration::from_millis(5));
     ///
     /// let options = GcOptions { grace: Duration::ZERO, ..GcOptions::default() };
     /// let report = store.collect_garbage(&options, &|_| {}).unwrap();

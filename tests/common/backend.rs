@@ -33,6 +33,9 @@ use uwf_db::{Durability, Store, StoreOptions};
 pub enum TestBackend {
     /// LMDB in a fresh temporary directory per store.
     Lmdb,
+    /// The in-memory backend (`Store::memory`): owned rows, as a server
+    /// backend returns them. In-process only: no CLI, no second process.
+    Memory,
 }
 
 impl TestBackend {
@@ -41,12 +44,14 @@ impl TestBackend {
     pub fn name(self) -> &'static str {
         match self {
             TestBackend::Lmdb => "lmdb",
+            TestBackend::Memory => "memory",
         }
     }
 
     pub fn from_name(name: &str) -> Option<TestBackend> {
         match name {
             "lmdb" => Some(TestBackend::Lmdb),
+            "memory" => Some(TestBackend::Memory),
             _ => None,
         }
     }
@@ -59,6 +64,11 @@ impl TestBackend {
             TestBackend::Lmdb => Location {
                 backend: self,
                 place: Place::Dir(scratch.path().join("store")),
+                scratch,
+            },
+            TestBackend::Memory => Location {
+                backend: self,
+                place: Place::Memory(Store::memory()),
                 scratch,
             },
         }
@@ -80,6 +90,9 @@ impl TestBackend {
     pub fn open_arg(self, arg: &str, durability: Durability) -> Store {
         match self {
             TestBackend::Lmdb => Store::open(Path::new(arg), options(durability)).unwrap(),
+            TestBackend::Memory => {
+                panic!("the memory backend cannot be opened by name ({arg}): it is in-process only")
+            }
         }
     }
 }
@@ -102,6 +115,9 @@ pub struct Location {
 enum Place {
     /// A directory inside the scratch directory.
     Dir(PathBuf),
+    /// An in-memory store: every handle opened on this location is a clone
+    /// of this one.
+    Memory(Store),
 }
 
 impl Location {
@@ -113,6 +129,7 @@ impl Location {
     pub fn arg(&self) -> OsString {
         match &self.place {
             Place::Dir(p) => p.clone().into_os_string(),
+            Place::Memory(_) => panic!("the memory backend has no --store value"),
         }
     }
 
@@ -125,6 +142,7 @@ impl Location {
     pub fn exists(&self) -> bool {
         match &self.place {
             Place::Dir(p) => p.exists(),
+            Place::Memory(_) => true,
         }
     }
 
@@ -135,7 +153,10 @@ impl Location {
 
     /// Opens (creating if needed) a handle on this store.
     pub fn open(&self, durability: Durability) -> Store {
-        self.backend.open_arg(&self.arg_str(), durability)
+        match &self.place {
+            Place::Memory(store) => store.clone(),
+            Place::Dir(_) => self.backend.open_arg(&self.arg_str(), durability),
+        }
     }
 
     /// The LMDB directory, for the tests in `tests/lmdb.rs` that open the
@@ -143,6 +164,7 @@ impl Location {
     pub fn lmdb_dir(&self) -> &Path {
         match &self.place {
             Place::Dir(p) => p,
+            Place::Memory(_) => panic!("the memory backend has no LMDB directory"),
         }
     }
 
@@ -215,7 +237,7 @@ impl std::ops::Deref for TestStore {
 }
 
 /// Turns each listed semantic test `fn name(b: &TestBackend)` into one
-/// `#[test]` per backend: `lmdb::name`, and so on. Attributes before a name
+/// `#[test]` per backend: `lmdb::name`, `memory::name`, and so on. Attributes before a name
 /// (`#[ignore]`, `#[ignore = "why"]`) go onto every backend's test.
 ///
 /// ```ignore
@@ -226,6 +248,7 @@ macro_rules! conformance {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         // The backend list: one line per backend.
         $crate::conformance!(@backend lmdb, Lmdb; $($(#[$attr])* $name),*);
+        $crate::conformance!(@backend memory, Memory; $($(#[$attr])* $name),*);
     };
     (@backend $module:ident, $variant:ident; $($(#[$attr:meta])* $name:ident),*) => {
         mod $module {
@@ -237,5 +260,16 @@ macro_rules! conformance {
                 }
             )*
         }
+    };
+}
+
+/// [`conformance!`] for tests that name the store to another process (the
+/// CLI, a second process racing the first): only backends that a separate
+/// process can open by `--store` value. The in-memory backend is not one.
+#[macro_export]
+macro_rules! process_conformance {
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        // The backend list: one line per backend another process can reach.
+        $crate::conformance!(@backend lmdb, Lmdb; $($(#[$attr])* $name),*);
     };
 }
