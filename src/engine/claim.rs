@@ -10,9 +10,8 @@
 //! Within one process the held claims are tracked so nested calls reuse the
 //! outer claim (OFD locks of one open file never conflict with each other).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use nix::fcntl::{FcntlArg, fcntl};
@@ -21,10 +20,6 @@ use nix::libc;
 use super::EngineError;
 use crate::store::{Store, StoreError};
 use crate::thread::{ThreadId, ThreadStatus};
-
-/// Claims held by this process: (store path, thread).
-static HELD: LazyLock<Mutex<HashSet<(PathBuf, ThreadId)>>> =
-    LazyLock::new(|| Mutex::new(HashSet::new()));
 
 /// Agent process groups running now, killed by [`interrupt`].
 static AGENTS: LazyLock<Mutex<HashSet<u32>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
@@ -50,23 +45,35 @@ pub struct Claim {
     lock: Option<Arc<File>>,
 }
 
-/// The store's lock file, opened once per process.
-fn lock_file(store: &Store) -> std::io::Result<Arc<File>> {
-    static FILES: LazyLock<Mutex<HashMap<PathBuf, Arc<File>>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
-    let mut files = FILES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = files.get(store.path()) {
+// The locking primitive: one byte of `<store>/claims.lock` per thread,
+// behind these few functions so it can move behind the storage backend.
+
+/// The store's lock file, opened once per store handle and kept in its
+/// engine state.
+fn lock_file(store: &Store) -> Result<Arc<File>, EngineError> {
+    let mut slot = store
+        .engine_state()
+        .claims
+        .lock_file
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = slot.as_ref() {
         return Ok(Arc::clone(f));
     }
-    let f = Arc::new(
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(store.path().join("claims.lock"))?,
-    );
-    files.insert(store.path().to_path_buf(), Arc::clone(&f));
+    let path = store.path().join("claims.lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| StoreError::Io {
+            op: "open the claim lock file",
+            path,
+            source,
+        })?;
+    let f = Arc::new(f);
+    *slot = Some(Arc::clone(&f));
     Ok(f)
 }
 
@@ -82,25 +89,64 @@ fn lock_range(id: ThreadId, kind: libc::c_short) -> libc::flock {
     }
 }
 
-/// Whether a live driver (another process, or a claim of this process)
-/// holds the thread.
-pub fn is_held(store: &Store, id: ThreadId) -> bool {
-    let key = (store.path().to_path_buf(), id);
-    if HELD
+/// Takes the thread's lock byte: `Ok(Some(file))` when taken (the file
+/// holds it until [`unlock`]), `Ok(None)` when another open lock file (a
+/// live driver in another process, or another store handle) holds it.
+fn try_lock(store: &Store, id: ThreadId) -> Result<Option<Arc<File>>, EngineError> {
+    let file = lock_file(store)?;
+    let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
+    match fcntl(&*file, FcntlArg::F_OFD_SETLK(&lock)) {
+        Ok(_) => Ok(Some(file)),
+        Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => Ok(None),
+        Err(e) => Err(StoreError::Io {
+            op: "lock the claim lock file",
+            path: store.path().join("claims.lock"),
+            source: std::io::Error::from(e),
+        }
+        .into()),
+    }
+}
+
+/// Whether another open lock file holds the thread's lock byte.
+fn is_locked(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
+    let file = lock_file(store)?;
+    let mut probe = lock_range(id, libc::F_WRLCK as libc::c_short);
+    fcntl(&*file, FcntlArg::F_OFD_GETLK(&mut probe)).map_err(|e| StoreError::Io {
+        op: "probe the claim lock file",
+        path: store.path().join("claims.lock"),
+        source: std::io::Error::from(e),
+    })?;
+    Ok(probe.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Gives the thread's lock byte back. Unlocking a byte this file holds
+/// cannot fail in a way that leaves it held short of the file closing, so
+/// an error is ignored: the lock dies with the file at the latest.
+fn unlock(file: &File, id: ThreadId) {
+    let _ = fcntl(
+        file,
+        FcntlArg::F_OFD_SETLK(&lock_range(id, libc::F_UNLCK as libc::c_short)),
+    );
+}
+
+/// The threads this store handle holds claims on.
+fn held(store: &Store) -> std::sync::MutexGuard<'_, HashSet<ThreadId>> {
+    store
+        .engine_state()
+        .claims
+        .held
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .contains(&key)
-    {
-        return true;
+}
+
+/// Whether a live driver (another process, or a claim of this store
+/// handle) holds the thread. A lock file that cannot be read is an error,
+/// not "not held".
+pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
+    if held(store).contains(&id) {
+        return Ok(true);
     }
-    let Ok(file) = lock_file(store) else {
-        return false;
-    };
-    let mut probe = lock_range(id, libc::F_WRLCK as libc::c_short);
-    match fcntl(&*file, FcntlArg::F_OFD_GETLK(&mut probe)) {
-        Ok(_) => probe.l_type != libc::F_UNLCK as libc::c_short,
-        Err(_) => false,
-    }
+    is_locked(store, id)
 }
 
 impl Store {
@@ -121,49 +167,28 @@ impl Store {
         if interrupted() {
             return Err(EngineError::Interrupted);
         }
-        let key = (self.path().to_path_buf(), id);
-        {
-            let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
-            if held.contains(&key) {
-                return Ok(Claim {
-                    store: self.clone(),
-                    id,
-                    lock: None,
-                });
-            }
-            held.insert(key.clone());
+        if !held(self).insert(id) {
+            // Nested: the outer claim of this store handle covers it.
+            return Ok(Claim {
+                store: self.clone(),
+                id,
+                lock: None,
+            });
         }
         let unhold = || {
-            HELD.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            held(self).remove(&id);
         };
-        let path = self.path().join("claims.lock");
-        let file = match lock_file(self) {
-            Ok(f) => f,
-            Err(e) => {
-                unhold();
-                return Err(EngineError::Store(StoreError::Io {
-                    op: "open the claim lock file",
-                    path,
-                    source: e,
-                }));
-            }
-        };
-        let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
-        match fcntl(&*file, FcntlArg::F_OFD_SETLK(&lock)) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => {
+        let file = match try_lock(self, id) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
                 unhold();
                 return Err(EngineError::Claimed { thread: id });
             }
             Err(e) => {
                 unhold();
-                return Err(EngineError::Store(StoreError::Io {
-                    op: "lock the claim lock file",
-                    path,
-                    source: std::io::Error::from(e),
-                }));
+                return Err(e);
             }
-        }
+        };
         let marked = if !mark {
             Ok(())
         } else {
@@ -196,13 +221,6 @@ impl Store {
             lock: Some(file),
         })
     }
-}
-
-fn unlock(file: &File, id: ThreadId) {
-    let _ = fcntl(
-        file,
-        FcntlArg::F_OFD_SETLK(&lock_range(id, libc::F_UNLCK as libc::c_short)),
-    );
 }
 
 fn release(store: &Store, id: ThreadId) {
@@ -239,9 +257,7 @@ impl Claim {
 
 /// Forgets a claim this process held, without touching the record.
 fn forget(store: &Store, id: ThreadId) {
-    HELD.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(store.path().to_path_buf(), id));
+    held(store).remove(&id);
     CLAIMED
         .lock()
         .unwrap_or_else(|p| p.into_inner())

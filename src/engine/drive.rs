@@ -1,14 +1,13 @@
 //! Stepping threads: one role step at a time, routed before it is
 //! committed; failures are recorded, never committed.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
-use super::extract::{extract, extract_keyed};
+use super::extract::{extract, extract_with};
 use super::prompt::{RECENT_STEPS, assemble, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
 use crate::node::Blob;
@@ -151,7 +150,7 @@ impl Store {
             }
             ThreadStatus::Completed | ThreadStatus::Failed => {
                 let wf = self.load_workflow(record.workflow_hash)?;
-                let (role, start_prompt) = wf.first()?;
+                let (role, start_prompt) = wf.first_in(Some(&self.engine_state().templates))?;
                 let instruction = with_text(&start_prompt);
                 self.run_step(&record, &role, &instruction, Mode::ResumeEnded, agent)
             }
@@ -198,7 +197,7 @@ impl Store {
     /// Cancels an active thread: end node with return code 2, into history;
     /// its suspended children are cancelled too.
     pub fn cancel_thread(&self, id: ThreadId, force: bool) -> Result<StepResult, EngineError> {
-        if !force && super::claim::is_held(self, id) {
+        if !force && super::claim::is_held(self, id)? {
             return Err(EngineError::Claimed { thread: id });
         }
         let record = self.need_thread(id)?;
@@ -240,21 +239,16 @@ impl Store {
     }
 
     /// A thread's task prompt and `max_rounds`, from its start node. Start
-    /// nodes are immutable, so they are cached by hash.
+    /// nodes are immutable, so they are cached by hash (per store).
     fn task_of(&self, start: Hash, default_rounds: u32) -> Result<(Arc<str>, u32), EngineError> {
-        type Tasks = HashMap<Hash, (Arc<str>, u32)>;
-        static TASKS: LazyLock<Mutex<Tasks>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-        if let Some(hit) = TASKS.lock().unwrap_or_else(|p| p.into_inner()).get(&start) {
-            return Ok(hit.clone());
+        let cache = &self.engine_state().tasks;
+        if let Some(hit) = cache.get(&start) {
+            return Ok(hit);
         }
         let found = match self.get(&start)? {
             Some(Blob::Start(s)) => (Arc::from(self.text(&s.prompt)), s.max_rounds),
             _ => (Arc::from(""), default_rounds),
         };
-        let mut cache = TASKS.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= 65_536 {
-            cache.clear();
-        }
         cache.insert(start, found.clone());
         Ok(found)
     }
@@ -313,7 +307,7 @@ impl Store {
         }
         let (task, max_rounds) = self.task_of(record.start, wf.max_rounds)?;
         let context = self.context_of(record, RECENT_STEPS + 1)?;
-        let header = role_header_of(record.workflow_hash, role, role_def);
+        let header = self.role_header_of(record.workflow_hash, role, role_def);
         let prompt = assemble_with_header(
             &header,
             role,
@@ -348,7 +342,12 @@ impl Store {
                 Err(_) if super::claim::interrupted() => return Err(EngineError::Interrupted),
                 Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
             };
-            match extract_keyed(Some((record.workflow_hash, role)), role_def, &reply.output) {
+            match extract_with(
+                &self.engine_state().validators,
+                Some((record.workflow_hash, role)),
+                role_def,
+                &reply.output,
+            ) {
                 Ok(x) => break x,
                 Err(e) if attempts < agent.reasks() => {
                     attempts += 1;
@@ -361,7 +360,7 @@ impl Store {
                 }
             }
         };
-        let route = match wf.route(role, &extracted.meta) {
+        let route = match wf.route_in(Some(&self.engine_state().templates), role, &extracted.meta) {
             Ok(r) => r,
             Err(e) => return Err(self.fail(id, e.to_string())),
         };
@@ -508,7 +507,8 @@ impl Store {
                         ),
                     ));
                 };
-                let (first_role, first_instruction) = child_wf.first()?;
+                let (first_role, first_instruction) =
+                    child_wf.first_in(Some(&self.engine_state().templates))?;
                 let c = self.start_thread(NewThread {
                     workflow: child_wf.name.clone(),
                     workflow_hash: hash,
@@ -594,7 +594,7 @@ impl Store {
                     "$status".to_owned(),
                     crate::node::Value::Str(status.into()),
                 )]);
-                let route = match wf.route(role, &meta) {
+                let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta) {
                     Ok(r) => r,
                     Err(e) => return Err(self.fail(id, e.to_string())),
                 };
@@ -624,30 +624,30 @@ impl Store {
     }
 }
 
-/// The role-only part of a stored workflow's role prompt (see
-/// [`role_header`]), cached by workflow hash and role: stored workflows never
-/// change.
-fn role_header_of(workflow: Hash, role_name: &str, role: &crate::workflow::Role) -> Arc<str> {
-    type Headers = HashMap<Hash, HashMap<String, Arc<str>>>;
-    static HEADERS: LazyLock<Mutex<Headers>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-    if let Some(h) = HEADERS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&workflow)
-        .and_then(|m| m.get(role_name))
-    {
-        return Arc::clone(h);
+impl Store {
+    /// The role-only part of a stored workflow's role prompt (see
+    /// [`role_header`]), cached per store by workflow hash and role: stored
+    /// workflows never change.
+    fn role_header_of(
+        &self,
+        workflow: Hash,
+        role_name: &str,
+        role: &crate::workflow::Role,
+    ) -> Arc<str> {
+        let cache = &self.engine_state().headers;
+        if let Some(h) = cache.lock().get(&workflow).and_then(|m| m.get(role_name)) {
+            return Arc::clone(h);
+        }
+        let h: Arc<str> = Arc::from(role_header(role_name, role, &output_format(role)));
+        let mut map = cache.lock();
+        if map.len() >= cache.capacity() {
+            map.clear();
+        }
+        map.entry(workflow)
+            .or_default()
+            .insert(role_name.to_owned(), Arc::clone(&h));
+        h
     }
-    let h: Arc<str> = Arc::from(role_header(role_name, role, &output_format(role)));
-    let mut cache = HEADERS.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= 4096 {
-        cache.clear();
-    }
-    cache
-        .entry(workflow)
-        .or_default()
-        .insert(role_name.to_owned(), Arc::clone(&h));
-    h
 }
 
 /// What follows a routed step, with `maxRounds` applied: the step that

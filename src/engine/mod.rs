@@ -167,7 +167,7 @@ impl Store {
         max_rounds: Option<u32>,
     ) -> Result<NewThread, EngineError> {
         let wf = self.load_workflow(workflow)?;
-        let (role, instruction) = wf.first()?;
+        let (role, instruction) = wf.first_in(Some(&self.engine_state().templates))?;
         Ok(NewThread {
             workflow: wf.name.clone(),
             workflow_hash: workflow,
@@ -228,7 +228,7 @@ fn fork_state(
     node: Hash,
 ) -> Result<ForkState, EngineError> {
     if node == record.start {
-        let (role, instruction) = wf.first()?;
+        let (role, instruction) = wf.first_in(Some(&store.engine_state().templates))?;
         return Ok(ForkState::Idle { role, instruction });
     }
     let state = match store.get(&node)? {
@@ -249,7 +249,11 @@ fn fork_state(
         }
         .into());
     }
-    match wf.route(&state.role, &state.meta)? {
+    match wf.route_in(
+        Some(&store.engine_state().templates),
+        &state.role,
+        &state.meta,
+    )? {
         Route::Next { role, instruction } => Ok(ForkState::Idle { role, instruction }),
         Route::Suspend { role, message } => Ok(ForkState::Suspended { role, message }),
         Route::End { .. } => Err(EngineError::ForkAfterEnd {

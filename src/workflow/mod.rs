@@ -5,8 +5,8 @@ pub mod model;
 mod parse;
 pub mod template;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use model::{Compact, Edge, Role, Workflow};
 pub use parse::{Problem, parse_workflow};
@@ -14,7 +14,7 @@ pub use parse::{Problem, parse_workflow};
 use crate::hash::Hash;
 use crate::node::{Blob, Value, WorkflowNode};
 use crate::store::{Store, StoreError};
-use template::TemplateError;
+use template::{TemplateError, Templates};
 
 /// What went wrong with a workflow.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +111,16 @@ impl Workflow {
         role: &str,
         meta: &BTreeMap<String, Value>,
     ) -> Result<Route, WorkflowError> {
+        self.route_in(None, role, meta)
+    }
+
+    /// [`Workflow::route`] rendering with a store's compiled templates.
+    pub(crate) fn route_in(
+        &self,
+        templates: Option<&Templates>,
+        role: &str,
+        meta: &BTreeMap<String, Value>,
+    ) -> Result<Route, WorkflowError> {
         let edges = self
             .graph
             .get(role)
@@ -124,7 +134,7 @@ impl Workflow {
                 allowed: edges.keys().cloned().collect(),
             })?;
         let text =
-            template::render(&edge.prompt, meta).map_err(|source| WorkflowError::Template {
+            render_in(templates, &edge.prompt, meta).map_err(|source| WorkflowError::Template {
                 role: role.to_owned(),
                 target: edge.role.clone(),
                 source,
@@ -144,16 +154,25 @@ impl Workflow {
 
     /// The first role and its instruction (the `$START` edge).
     pub fn first(&self) -> Result<(String, String), WorkflowError> {
+        self.first_in(None)
+    }
+
+    /// [`Workflow::first`] rendering with a store's compiled templates.
+    pub(crate) fn first_in(
+        &self,
+        templates: Option<&Templates>,
+    ) -> Result<(String, String), WorkflowError> {
         let edge = self
             .start_edge()
             .ok_or_else(|| WorkflowError::UnknownRole(model::START.to_owned()))?;
-        let text = template::render(&edge.prompt, &serde_json::json!({})).map_err(|source| {
-            WorkflowError::Template {
-                role: model::START.into(),
-                target: edge.role.clone(),
-                source,
-            }
-        })?;
+        let text =
+            render_in(templates, &edge.prompt, &serde_json::json!({})).map_err(|source| {
+                WorkflowError::Template {
+                    role: model::START.into(),
+                    target: edge.role.clone(),
+                    source,
+                }
+            })?;
         Ok((edge.role.clone(), text))
     }
 
@@ -177,6 +196,18 @@ impl Workflow {
             }
             other => Err(corrupt(format!("it is a {} blob", other.kind()))),
         }
+    }
+}
+
+/// Renders with `templates` when given, else compiles for this one call.
+fn render_in(
+    templates: Option<&Templates>,
+    template: &str,
+    data: &impl serde::Serialize,
+) -> Result<String, TemplateError> {
+    match templates {
+        Some(t) => t.render(template, data),
+        None => template::render(template, data),
     }
 }
 
@@ -227,21 +258,16 @@ impl Store {
     /// A stored workflow by hash.
     ///
     /// Workflows are content-addressed and immutable, so decoded ones are
-    /// cached per hash for the life of the process.
+    /// cached per hash in this store's engine state.
     pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
-        static LOADED: LazyLock<Mutex<HashMap<Hash, Arc<Workflow>>>> =
-            LazyLock::new(|| Mutex::new(HashMap::new()));
-        if let Some(wf) = LOADED.lock().unwrap_or_else(|p| p.into_inner()).get(&hash) {
-            return Ok(Arc::clone(wf));
+        let cache = &self.engine_state().workflows;
+        if let Some(wf) = cache.get(&hash) {
+            return Ok(wf);
         }
         let blob = self
             .get(&hash)?
             .ok_or_else(|| WorkflowError::Unknown(hash.to_string()))?;
         let wf = Arc::new(Workflow::from_blob(hash, &blob)?);
-        let mut cache = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= 4096 {
-            cache.clear();
-        }
         cache.insert(hash, Arc::clone(&wf));
         Ok(wf)
     }

@@ -29,13 +29,14 @@ fn continuable(store: &Store, workflow: &str) -> Result<Vec<ThreadId>, CliError>
         limit: usize::MAX,
         ..ThreadQuery::default()
     };
-    let mut ids: Vec<ThreadId> = store
-        .list_threads(&query)?
-        .into_iter()
-        .filter(|r| !uwf_db::engine::claim::is_held(store, r.id))
-        .filter(|r| r.underlying_status() == ThreadStatus::Idle)
-        .map(|r| r.id)
-        .collect();
+    let mut ids: Vec<ThreadId> = Vec::new();
+    for r in store.list_threads(&query)? {
+        if r.underlying_status() == ThreadStatus::Idle
+            && !uwf_db::engine::claim::is_held(store, r.id)?
+        {
+            ids.push(r.id);
+        }
+    }
     // Oldest first.
     ids.sort();
     Ok(ids)

@@ -285,7 +285,7 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
             let tree = store.thread_tree(id)?;
-            let driver_alive = uwf_db::engine::claim::is_held(&store, id);
+            let driver_alive = uwf_db::engine::claim::is_held(&store, id)?;
             show(&tree, driver_alive, out)
         }
         ThreadCommand::Log { id, limit, before } => {
@@ -317,7 +317,7 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
         ThreadCommand::Rm { id } => {
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
-            if uwf_db::engine::claim::is_held(&store, id) {
+            if uwf_db::engine::claim::is_held(&store, id)? {
                 return Err(CliError::Failed(format!(
                     "thread {id} is being driven by another process; stop that driver first"
                 )));
