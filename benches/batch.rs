@@ -190,7 +190,12 @@ fn engine_bench(threads: usize) -> Comparison {
             let d = time(|| {
                 for i in 0..sequential {
                     let (_, out) = store
-                        .run_workflow(hash, &format!("change {i}"), None, None, a.as_mut())
+                        .run_workflow(
+                            hash,
+                            &format!("change {i}"),
+                            &Default::default(),
+                            a.as_mut(),
+                        )
                         .unwrap();
                     assert!(out.error.is_none());
                 }

@@ -125,7 +125,12 @@ fn main() {
                 time(|| {
                     for i in 0..threads {
                         let (_, out) = store
-                            .run_workflow(hash, &format!("task {i}"), None, None, &mut agent)
+                            .run_workflow(
+                                hash,
+                                &format!("task {i}"),
+                                &Default::default(),
+                                &mut agent,
+                            )
                             .unwrap();
                         assert!(out.error.is_none(), "{:?}", out.error);
                         assert_eq!(out.results.len(), 4);

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
+use super::cancel::Cancel;
 use super::extract::{extract, extract_with};
 use super::prompt::{RECENT_STEPS, assemble, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
@@ -60,13 +61,50 @@ impl StepResult {
     }
 }
 
-/// What a run of several steps did.
+/// What a drive did: the steps it committed, and the failure that stopped
+/// it early, if any (the steps before it stay committed).
 #[derive(Debug)]
-pub struct RunOutcome {
-    /// One result per committed step.
+#[must_use = "a drive may have stopped with an error"]
+pub struct DriveReport {
+    /// One result per committed step, in order.
     pub results: Vec<StepResult>,
-    /// The failure that stopped the run, if any.
+    /// The failure that stopped the drive, if any.
     pub error: Option<EngineError>,
+}
+
+impl DriveReport {
+    /// The results, or the error when the drive stopped with one.
+    pub fn into_result(self) -> Result<Vec<StepResult>, EngineError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.results),
+        }
+    }
+
+    /// Whether the last step left the thread not idle (ended or suspended).
+    fn stopped(&self) -> bool {
+        self.results
+            .last()
+            .is_some_and(|r| r.current_role.is_none())
+    }
+}
+
+/// How to drive a thread ([`Store::drive`]).
+#[derive(Debug, Clone, Default)]
+pub struct DriveOptions {
+    /// Most steps to run (the resumed step counts); `None`: until the
+    /// thread ends or suspends.
+    pub max_steps: Option<usize>,
+    /// Resume the thread first (a suspended, completed or failed one)
+    /// instead of stepping an idle one.
+    pub resume: bool,
+    /// With `resume`: text appended to the resume instruction.
+    pub resume_text: Option<String>,
+    /// An agent spec to store on the thread (so later drives reuse it),
+    /// written under the claim before the first step.
+    pub agent_spec: Option<String>,
+    /// The token the drive runs under.
+    pub cancel: Cancel,
 }
 
 /// Which kind of step to run.
@@ -80,13 +118,80 @@ enum Mode {
 }
 
 impl Store {
+    /// Drives a thread with `agent`: claims it for the whole drive (a second
+    /// driver is refused), stores the agent spec if one is given, resumes
+    /// it if asked, then steps it until it ends or suspends or
+    /// `max_steps` steps ran. A step that fails records its error on the
+    /// thread and stops the drive.
+    pub fn drive(
+        &self,
+        id: ThreadId,
+        options: &DriveOptions,
+        agent: &mut dyn Agent,
+    ) -> DriveReport {
+        let mut report = DriveReport {
+            results: Vec::new(),
+            error: None,
+        };
+        let max_steps = options.max_steps.unwrap_or(usize::MAX);
+        let cancel = &options.cancel;
+        // Hold the thread for the whole drive, not per step.
+        let claim = match self.claim(id, cancel) {
+            Ok(c) => c,
+            Err(e) => {
+                report.error = Some(e);
+                return report;
+            }
+        };
+        if let Some(spec) = &options.agent_spec
+            && let Err(e) = self.store_agent_spec(id, spec)
+        {
+            report.error = Some(e);
+            return report;
+        }
+        if options.resume && max_steps > 0 {
+            match self.resume_thread(id, options.resume_text.as_deref(), agent, cancel) {
+                Ok(r) => report.results.push(r),
+                Err(e) => {
+                    report.error = Some(e);
+                    return report;
+                }
+            }
+        }
+        if report.results.len() < max_steps && !report.stopped() {
+            let more = self.run_thread(id, max_steps - report.results.len(), agent, cancel);
+            report.results.extend(more.results);
+            report.error = more.error;
+        }
+        if report.error.is_none()
+            && let Err(e) = claim.release()
+        {
+            report.error = Some(e);
+        }
+        report
+    }
+
+    /// Stores `spec` as the thread's agent, unless it is already.
+    fn store_agent_spec(&self, id: ThreadId, spec: &str) -> Result<(), EngineError> {
+        if self.need_thread(id)?.agent.as_deref() == Some(spec) {
+            return Ok(());
+        }
+        let spec = spec.to_owned();
+        self.update_record(id, move |r| {
+            r.agent = Some(spec.clone());
+            Ok(())
+        })?;
+        Ok(())
+    }
+
     /// Runs one role step of an idle thread with `agent`.
-    pub fn step_thread(
+    pub(crate) fn step_thread(
         &self,
         id: ThreadId,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
-        let _claim = self.claim(id)?;
+        let _claim = self.claim(id, cancel)?;
         let record = self.need_thread(id)?;
         let status = record.underlying_status();
         if status != ThreadStatus::Idle {
@@ -94,7 +199,7 @@ impl Store {
         }
         let role = record.next_role.clone().unwrap_or_default();
         let instruction = record.next_instruction.clone().unwrap_or_default();
-        self.run_step(&record, &role, &instruction, Mode::Next, agent)
+        self.run_step(&record, &role, &instruction, Mode::Next, agent, cancel)
     }
 
     /// Resumes a suspended thread (its suspended role runs again with the
@@ -102,11 +207,12 @@ impl Store {
     /// one (completed or failed: the first role runs after the end node,
     /// with the `$START` prompt, plus `"\n\n"` and `text`). If the step
     /// fails the thread keeps its status, with the error recorded.
-    pub fn resume_thread(
+    pub(crate) fn resume_thread(
         &self,
         id: ThreadId,
         text: Option<&str>,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
         if let Some(record) = self.thread(id)?
             && let Some(parent) = record.parent_thread
@@ -116,7 +222,7 @@ impl Store {
         {
             return Err(EngineError::ResumeThroughParent { thread: id, parent });
         }
-        self.resume_inner(id, text, agent)
+        self.resume_inner(id, text, agent, cancel)
     }
 
     /// `resume_thread` without the refusal for children of suspended parents.
@@ -125,8 +231,9 @@ impl Store {
         id: ThreadId,
         text: Option<&str>,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
-        let _claim = self.claim(id)?;
+        let _claim = self.claim(id, cancel)?;
         let record = self.need_thread(id)?;
         let with_text = |base: &str| match text {
             Some(t) => format!("{base}\n\n{t}"),
@@ -141,18 +248,40 @@ impl Store {
                 let role = record.next_role.clone().unwrap_or_default();
                 let instruction = record.next_instruction.clone().unwrap_or_default();
                 let wf = self.load_workflow(record.workflow_hash)?;
-                self.finish_child(&record, &role, &instruction, child, &wf, agent, Some(text))
+                self.finish_child(
+                    &record,
+                    &role,
+                    &instruction,
+                    child,
+                    &wf,
+                    (agent, cancel),
+                    Some(text),
+                )
             }
             ThreadStatus::Suspended => {
                 let role = record.suspended_role.clone().unwrap_or_default();
                 let instruction = with_text(record.suspend_message.as_deref().unwrap_or_default());
-                self.run_step(&record, &role, &instruction, Mode::ResumeSuspended, agent)
+                self.run_step(
+                    &record,
+                    &role,
+                    &instruction,
+                    Mode::ResumeSuspended,
+                    agent,
+                    cancel,
+                )
             }
             ThreadStatus::Completed | ThreadStatus::Failed => {
                 let wf = self.load_workflow(record.workflow_hash)?;
                 let (role, start_prompt) = wf.first_in(Some(&self.engine_state().templates))?;
                 let instruction = with_text(&start_prompt);
-                self.run_step(&record, &role, &instruction, Mode::ResumeEnded, agent)
+                self.run_step(
+                    &record,
+                    &role,
+                    &instruction,
+                    Mode::ResumeEnded,
+                    agent,
+                    cancel,
+                )
             }
             status => Err(EngineError::NotResumable { thread: id, status }),
         }
@@ -160,19 +289,25 @@ impl Store {
 
     /// Steps until the thread ends or suspends, or `max_steps` steps ran,
     /// or a step fails (the steps before it stay committed).
-    pub fn run_thread(&self, id: ThreadId, max_steps: usize, agent: &mut dyn Agent) -> RunOutcome {
+    pub(crate) fn run_thread(
+        &self,
+        id: ThreadId,
+        max_steps: usize,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> DriveReport {
         let mut results = Vec::new();
-        let _claim = match self.claim(id) {
+        let _claim = match self.claim(id, cancel) {
             Ok(c) => c,
             Err(e) => {
-                return RunOutcome {
+                return DriveReport {
                     results,
                     error: Some(e),
                 };
             }
         };
         while results.len() < max_steps {
-            match self.step_thread(id, agent) {
+            match self.step_thread(id, agent, cancel) {
                 Ok(r) => {
                     let stop = r.status != ThreadStatus::Idle;
                     results.push(r);
@@ -181,14 +316,14 @@ impl Store {
                     }
                 }
                 Err(e) => {
-                    return RunOutcome {
+                    return DriveReport {
                         results,
                         error: Some(e),
                     };
                 }
             }
         }
-        RunOutcome {
+        DriveReport {
             results,
             error: None,
         }
@@ -285,6 +420,7 @@ impl Store {
         instruction: &str,
         mode: Mode,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
         let wf = self.load_workflow(record.workflow_hash)?;
@@ -302,7 +438,7 @@ impl Store {
                 child_workflow,
                 &wf,
                 mode,
-                agent,
+                (agent, cancel),
             );
         }
         let (task, max_rounds) = self.task_of(record.start, wf.max_rounds)?;
@@ -334,12 +470,13 @@ impl Store {
                 prompt: &ask,
                 answered_steps: answered,
                 summary_index: None,
+                cancel,
             };
             let reply = match agent.call(&request) {
                 Ok(r) => r,
                 // Killed by Ctrl-C: not the agent's failure; nothing is
                 // recorded and the thread stays retryable.
-                Err(_) if super::claim::interrupted() => return Err(EngineError::Interrupted),
+                Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
                 Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
             };
             match extract_with(
@@ -393,7 +530,7 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        if self.maybe_compact(&wf, &written.record, agent) {
+        if self.maybe_compact(&wf, &written.record, agent, cancel) {
             let latest = self.thread(id)?.unwrap_or(written.record);
             return Ok(StepResult::of(&latest));
         }
@@ -404,7 +541,13 @@ impl Store {
     /// for a summary (not a role step) and stage it. A failed summary is
     /// recorded as the thread's last error; the step stands.
     /// Returns whether it changed the record.
-    fn maybe_compact(&self, wf: &Workflow, record: &ThreadRecord, agent: &mut dyn Agent) -> bool {
+    fn maybe_compact(
+        &self,
+        wf: &Workflow,
+        record: &ThreadRecord,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> bool {
         let Some(c) = &wf.compact else { return false };
         let rounds = record.rounds();
         if record.status.is_done() || rounds == 0 || !rounds.is_multiple_of(u64::from(c.every)) {
@@ -437,6 +580,7 @@ impl Store {
             prompt: &prompt,
             answered_steps: 0,
             summary_index: Some(summaries),
+            cancel,
         };
         let outcome = agent
             .call(&request)
@@ -468,6 +612,9 @@ impl Store {
     }
 }
 
+/// The agent and the token a drive runs with.
+type Driver<'a> = (&'a mut dyn Agent, &'a Cancel);
+
 /// Deepest child-workflow nesting (a top-level thread has depth 0).
 pub const MAX_DEPTH: u32 = 3;
 
@@ -483,7 +630,7 @@ impl Store {
         child_workflow: &str,
         wf: &Workflow,
         mode: Mode,
-        agent: &mut dyn Agent,
+        driver: Driver<'_>,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
         if matches!(mode, Mode::ResumeEnded) {
@@ -530,7 +677,7 @@ impl Store {
             }
         };
         let latest = self.need_thread(id)?;
-        self.finish_child(&latest, role, instruction, child, wf, agent, None)
+        self.finish_child(&latest, role, instruction, child, wf, driver, None)
     }
 
     /// Drives the child (resuming it first when `resume` is given) until it
@@ -546,19 +693,19 @@ impl Store {
         instruction: &str,
         child: ThreadId,
         wf: &Workflow,
-        agent: &mut dyn Agent,
+        (agent, cancel): Driver<'_>,
         resume: Option<Option<&str>>,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
         let child_failed =
             |e: EngineError| self.fail(id, format!("child workflow thread {child}: {e}"));
         if let Some(text) = resume
-            && let Err(e) = self.resume_inner(child, text, agent)
+            && let Err(e) = self.resume_inner(child, text, agent, cancel)
         {
             return Err(child_failed(e));
         }
         if self.need_thread(child)?.underlying_status() == ThreadStatus::Idle {
-            let outcome = self.run_thread(child, usize::MAX, agent);
+            let outcome = self.run_thread(child, usize::MAX, agent, cancel);
             if let Some(e) = outcome.error {
                 return Err(child_failed(e));
             }
@@ -613,7 +760,7 @@ impl Store {
                 };
                 let latest = self.need_thread(id)?;
                 let w = self.append_step(id, latest.head, step, after)?;
-                self.maybe_compact(wf, &w.record, agent);
+                self.maybe_compact(wf, &w.record, agent, cancel);
                 Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
             }
             other => Err(self.fail(
