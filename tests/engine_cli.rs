@@ -1195,3 +1195,64 @@ fn batch_reads_multi_line_prompts_from_json_lines() {
         stderr(&o)
     );
 }
+
+#[test]
+fn batch_json_stops_starting_threads_when_its_reader_is_gone() {
+    use std::io::{BufRead, BufReader};
+    let env = Env::new();
+    let wf = env.file(
+        "one.yaml",
+        "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n",
+    );
+    // 100 threads of 0.1 s each, two at a time: about 5 s to drive them all.
+    let mut child = Command::new(BIN)
+        .arg("--store")
+        .arg(env.store())
+        .args([
+            "--json",
+            "batch",
+            &wf,
+            "-n",
+            "100",
+            "-p",
+            "t",
+            "--agent",
+            "cmd:sh -c 'sleep 0.1; echo done'",
+            "--jobs",
+            "2",
+        ])
+        .env_remove("UWF_STORE")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    // `| head -1`: read one line, then close the pipe.
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let item: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(item["status"], "completed", "{first}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a closed pipe is not a failure: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "stopped soon after the reader left: {:?}",
+        started.elapsed()
+    );
+    let listed = env.json(&["thread", "list", "--limit", "1000"]);
+    let threads = listed.as_array().unwrap();
+    assert!(
+        threads.len() < 20,
+        "far fewer than 100 threads were started: {}",
+        threads.len()
+    );
+    // Drop runs `verify`.
+}
