@@ -107,6 +107,13 @@ pub struct DriveOptions {
     pub cancel: Cancel,
 }
 
+/// How to cancel a thread ([`Store::cancel_thread`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CancelOptions {
+    /// Cancel even while a live driver holds the thread.
+    pub force: bool,
+}
+
 /// Which kind of step to run.
 enum Mode {
     /// The next role of an idle thread.
@@ -330,8 +337,14 @@ impl Store {
     }
 
     /// Cancels an active thread: end node with return code 2, into history;
-    /// its suspended children are cancelled too.
-    pub fn cancel_thread(&self, id: ThreadId, force: bool) -> Result<StepResult, EngineError> {
+    /// its suspended children are cancelled too. Refused while a live
+    /// driver holds it, unless [`CancelOptions::force`].
+    pub fn cancel_thread(
+        &self,
+        id: ThreadId,
+        options: &CancelOptions,
+    ) -> Result<StepResult, EngineError> {
+        let force = options.force;
         if !force && super::claim::is_held(self, id)? {
             return Err(EngineError::Claimed { thread: id });
         }
@@ -344,7 +357,7 @@ impl Store {
         }
         for child in self.thread_tree(id)?.children {
             if child.thread.status == ThreadStatus::Suspended {
-                self.cancel_thread(child.thread.id, force)?;
+                self.cancel_thread(child.thread.id, options)?;
             }
         }
         let end = EndSpec {
@@ -364,10 +377,21 @@ impl Store {
 
     /// Records a failed attempt and returns the error for it.
     fn fail(&self, id: ThreadId, message: String) -> EngineError {
+        self.fail_with(id, message, None)
+    }
+
+    /// [`Self::fail`] keeping the cause as the error's source.
+    fn fail_with(
+        &self,
+        id: ThreadId,
+        message: String,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> EngineError {
         match self.record_failure(id, &message) {
             Ok(_) => EngineError::StepFailed {
                 thread: id,
                 message,
+                source,
             },
             Err(e) => e.into(),
         }
@@ -375,23 +399,42 @@ impl Store {
 
     /// A thread's task prompt and `max_rounds`, from its start node. Start
     /// nodes are immutable, so they are cached by hash (per store).
-    fn task_of(&self, start: Hash, default_rounds: u32) -> Result<(Arc<str>, u32), EngineError> {
+    fn task_of(&self, start: Hash) -> Result<(Arc<str>, u32), EngineError> {
         let cache = &self.engine_state().tasks;
         if let Some(hit) = cache.get(&start) {
             return Ok(hit);
         }
-        let found = match self.get(&start)? {
-            Some(Blob::Start(s)) => (Arc::from(self.text(&s.prompt)), s.max_rounds),
-            _ => (Arc::from(""), default_rounds),
-        };
+        let s = self.start_node(start)?;
+        let found = (Arc::from(self.text(&s.prompt)?), s.max_rounds);
         cache.insert(start, found.clone());
         Ok(found)
     }
 
-    fn text(&self, h: &Hash) -> String {
-        match self.get(h) {
-            Ok(Some(Blob::Content(c))) => c.text,
-            _ => String::new(),
+    /// A thread's start node; a blob that is missing or not a start node is
+    /// an error.
+    fn start_node(&self, start: Hash) -> Result<crate::node::StartNode, EngineError> {
+        match self.get(&start)? {
+            Some(Blob::Start(s)) => Ok(s),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: start,
+                expected: "start",
+            }
+            .into()),
+            None => Err(ThreadError::MissingNode { hash: start }.into()),
+        }
+    }
+
+    /// The text of a content blob; a blob that is missing or not content
+    /// is an error, never an empty text.
+    fn text(&self, h: &Hash) -> Result<String, EngineError> {
+        match self.get(h)? {
+            Some(Blob::Content(c)) => Ok(c.text),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: *h,
+                expected: "content",
+            }
+            .into()),
+            None => Err(ThreadError::MissingNode { hash: *h }.into()),
         }
     }
 
@@ -441,7 +484,7 @@ impl Store {
                 (agent, cancel),
             );
         }
-        let (task, max_rounds) = self.task_of(record.start, wf.max_rounds)?;
+        let (task, max_rounds) = self.task_of(record.start)?;
         let context = self.context_of(record, RECENT_STEPS + 1)?;
         let header = self.role_header_of(record.workflow_hash, role, role_def);
         let prompt = assemble_with_header(
@@ -451,7 +494,7 @@ impl Store {
             &context,
             &|h| self.text(h),
             instruction,
-        );
+        )?;
         let answered = match (agent.needs_step_count(), record.agent_steps) {
             (false, _) => 0,
             (true, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -477,7 +520,10 @@ impl Store {
                 // Killed by Ctrl-C: not the agent's failure; nothing is
                 // recorded and the thread stays retryable.
                 Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
-                Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
+                Err(e) => {
+                    let message = format!("agent failed on role '{role}': {e}");
+                    return Err(self.fail_with(id, message, Some(Box::new(e))));
+                }
             };
             match extract_with(
                 &self.engine_state().validators,
@@ -493,13 +539,14 @@ impl Store {
                     );
                 }
                 Err(e) => {
-                    return Err(self.fail(id, format!("invalid reply from role '{role}': {e}")));
+                    let message = format!("invalid reply from role '{role}': {e}");
+                    return Err(self.fail_with(id, message, Some(Box::new(e))));
                 }
             }
         };
         let route = match wf.route_in(Some(&self.engine_state().templates), role, &extracted.meta) {
             Ok(r) => r,
-            Err(e) => return Err(self.fail(id, e.to_string())),
+            Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
         };
         let rounds = match mode {
             Mode::ResumeEnded => 1,
@@ -530,7 +577,7 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        if self.maybe_compact(&wf, &written.record, agent, cancel) {
+        if self.maybe_compact(&wf, &written.record, agent, cancel)? {
             let latest = self.thread(id)?.unwrap_or(written.record);
             return Ok(StepResult::of(&latest));
         }
@@ -538,39 +585,54 @@ impl Store {
     }
 
     /// Automatic compaction: after every `every` role steps, ask the agent
-    /// for a summary (not a role step) and stage it. A failed summary is
-    /// recorded as the thread's last error; the step stands.
-    /// Returns whether it changed the record.
+    /// for a summary (not a role step) and stage it. A summary that fails
+    /// (a read error included) is recorded as the thread's last error; the
+    /// step stands. Returns whether it changed the record; failing to record
+    /// the failure is an error.
     fn maybe_compact(
         &self,
         wf: &Workflow,
         record: &ThreadRecord,
         agent: &mut dyn Agent,
         cancel: &Cancel,
-    ) -> bool {
-        let Some(c) = &wf.compact else { return false };
+    ) -> Result<bool, EngineError> {
+        let Some(c) = &wf.compact else {
+            return Ok(false);
+        };
         let rounds = record.rounds();
         if record.status.is_done() || rounds == 0 || !rounds.is_multiple_of(u64::from(c.every)) {
-            return false;
+            return Ok(false);
         }
-        let summaries = self.summaries_so_far(record).unwrap_or(0);
+        if let Err(e) = self.compact_now(wf, c, record, agent, cancel) {
+            self.record_failure(record.id, &format!("automatic compaction failed: {e}"))?;
+        }
+        Ok(true)
+    }
+
+    /// Asks the agent for a summary of the thread and stages it.
+    fn compact_now(
+        &self,
+        wf: &Workflow,
+        c: &crate::workflow::Compact,
+        record: &ThreadRecord,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> Result<(), EngineError> {
+        let summaries = self.summaries_so_far(record)?;
         let instruction = c.prompt.clone().unwrap_or_else(|| {
             "Summarise everything that has happened in this thread so far, so that the next steps can rely on your summary instead of the full history.".into()
         });
-        let context = self.context(record.id, RECENT_STEPS * 4).ok();
+        let context = self.context(record.id, RECENT_STEPS * 4)?;
         let role_def = crate::workflow::Role::default();
-        let prompt = match &context {
-            Some(ctx) => assemble(
-                "summariser",
-                &role_def,
-                &output_format(&role_def),
-                "",
-                ctx,
-                &|h| self.text(h),
-                &instruction,
-            ),
-            None => instruction.clone(),
-        };
+        let prompt = assemble(
+            "summariser",
+            &role_def,
+            &output_format(&role_def),
+            "",
+            &context,
+            &|h| self.text(h),
+            &instruction,
+        )?;
         let request = AgentRequest {
             thread: record.id,
             workflow: &wf.name,
@@ -582,20 +644,13 @@ impl Store {
             summary_index: Some(summaries),
             cancel,
         };
-        let outcome = agent
-            .call(&request)
-            .map_err(|e| e.to_string())
-            .and_then(|reply| {
-                let body = extract(&role_def, &reply.output)
-                    .map(|x| x.body)
-                    .unwrap_or(reply.output);
-                self.stage_compact(record.id, record.head, &body)
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = outcome {
-            let _ = self.record_failure(record.id, &format!("automatic compaction failed: {e}"));
-        }
-        true
+        let reply = agent.call(&request)?;
+        // A summary is plain text; frontmatter, if any, is dropped.
+        let body = extract(&role_def, &reply.output)
+            .map(|x| x.body)
+            .unwrap_or(reply.output);
+        self.stage_compact(record.id, record.head, &body)?;
+        Ok(())
     }
 
     fn summaries_so_far(&self, record: &ThreadRecord) -> Result<usize, EngineError> {
@@ -639,10 +694,7 @@ impl Store {
         let child = match record.active_child {
             Some(c) => c,
             None => {
-                let depth = match self.get(&record.start)? {
-                    Some(Blob::Start(s)) => s.depth + 1,
-                    _ => 1,
-                };
+                let depth = self.start_node(record.start)?.depth + 1;
                 if depth > MAX_DEPTH {
                     return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
                 }
@@ -697,8 +749,10 @@ impl Store {
         resume: Option<Option<&str>>,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
-        let child_failed =
-            |e: EngineError| self.fail(id, format!("child workflow thread {child}: {e}"));
+        let child_failed = |e: EngineError| {
+            let message = format!("child workflow thread {child}: {e}");
+            self.fail_with(id, message, Some(Box::new(e)))
+        };
         if let Some(text) = resume
             && let Err(e) = self.resume_inner(child, text, agent, cancel)
         {
@@ -734,7 +788,7 @@ impl Store {
                     "failed"
                 };
                 let summary = match self.get(&c.head)? {
-                    Some(Blob::State(s)) => self.text(&s.content),
+                    Some(Blob::State(s)) => self.text(&s.content)?,
                     _ => String::new(),
                 };
                 let meta = std::collections::BTreeMap::from([(
@@ -743,12 +797,9 @@ impl Store {
                 )]);
                 let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta) {
                     Ok(r) => r,
-                    Err(e) => return Err(self.fail(id, e.to_string())),
+                    Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
                 };
-                let max_rounds = match self.get(&record.start)? {
-                    Some(Blob::Start(s)) => s.max_rounds,
-                    _ => wf.max_rounds,
-                };
+                let (_, max_rounds) = self.task_of(record.start)?;
                 let after = after_route(route, record.rounds() + 1, max_rounds);
                 let step = StepWrite {
                     role: role.to_owned(),
@@ -760,7 +811,7 @@ impl Store {
                 };
                 let latest = self.need_thread(id)?;
                 let w = self.append_step(id, latest.head, step, after)?;
-                self.maybe_compact(wf, &w.record, agent, cancel);
+                self.maybe_compact(wf, &w.record, agent, cancel)?;
                 Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
             }
             other => Err(self.fail(

@@ -13,7 +13,7 @@ pub mod prompt;
 pub(crate) mod state;
 
 pub use cancel::Cancel;
-pub use drive::{DriveOptions, DriveReport, StepResult};
+pub use drive::{CancelOptions, DriveOptions, DriveReport, StepResult};
 
 use crate::hash::Hash;
 use crate::node::Blob;
@@ -50,8 +50,13 @@ pub enum EngineError {
     StepFailed {
         /// The thread.
         thread: ThreadId,
-        /// What went wrong.
+        /// What went wrong (as recorded in `last_error`).
         message: String,
+        /// The cause (an [`agent::AgentError`], an
+        /// [`extract::ExtractError`], a [`WorkflowError`], or a child
+        /// thread's [`EngineError`]), when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The thread cannot take a step in its status.
     #[error(

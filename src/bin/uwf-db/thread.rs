@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 use serde_json::{Value as Json, json};
-use uwf_db::engine::{Cancel, ForkAt, StartOptions};
+use uwf_db::engine::{Cancel, CancelOptions, ForkAt, StartOptions};
 use uwf_db::thread::{
     IdPrefix, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
 };
@@ -210,7 +210,7 @@ pub fn run(
         ThreadCommand::Cancel { id, force } => {
             let store = cli.open(true)?;
             let id = store.resolve_thread(id)?;
-            let r = store.cancel_thread(id, *force)?;
+            let r = store.cancel_thread(id, &CancelOptions { force: *force })?;
             crate::drive::report(out, &[r], false, None)
         }
         ThreadCommand::Compact { id, summary } => {
