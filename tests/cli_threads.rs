@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{append_n, new_thread, next, step};
-use uwf_db::thread::{After, EndSpec, ThreadId};
+use uwf_db::thread::{EndSpec, Next, ThreadId};
 use uwf_db::{Store, StoreOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_uwf-db");
@@ -41,7 +41,7 @@ fn fixture(dir: &Path) -> (ThreadId, ThreadId, ThreadId) {
             done.id,
             r.head,
             step("rev", "approved", "Looks good\nsecond line"),
-            After::End(EndSpec {
+            Next::End(EndSpec {
                 return_code: 0,
                 summary: "Approved".into(),
                 prompt: "Approved and tested".into(),
@@ -60,7 +60,7 @@ fn fixture(dir: &Path) -> (ThreadId, ThreadId, ThreadId) {
         .fork_thread(
             done.id,
             log[2].hash,
-            uwf_db::thread::ForkState::Idle {
+            uwf_db::thread::Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
             },

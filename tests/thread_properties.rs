@@ -7,7 +7,7 @@ mod common;
 
 use common::{fast_store, new_thread, next, step};
 use proptest::prelude::*;
-use uwf_db::thread::{After, EndSpec, ForkState, ThreadError, ThreadId, ThreadStatus};
+use uwf_db::thread::{EndSpec, Next, ThreadError, ThreadId, ThreadStatus};
 use uwf_db::verify::verify;
 use uwf_db::{Blob, Hash};
 
@@ -69,8 +69,8 @@ proptest! {
                     let m = &mut models[t % len];
                     let head = *m.chain.last().unwrap_or(&m.start);
                     let after = match op {
-                        Op::Suspend(_) => After::Suspend { role: "dev".into(), message: "ask".into() },
-                        Op::End(_, code) => After::End(end_spec(code)),
+                        Op::Suspend(_) => Next::Suspend { role: "dev".into(), message: "ask".into() },
+                        Op::End(_, code) => Next::End(end_spec(code)),
                         _ => next("dev"),
                     };
                     let r = store.append_step(m.id, head, step("dev", "s", &format!("op {n}")), after);
@@ -111,7 +111,7 @@ proptest! {
                     let r = store.fork_thread(
                         m.id,
                         node,
-                        ForkState::Idle { role: "dev".into(), instruction: "go".into() },
+                        Next::Role { role: "dev".into(), instruction: "go".into() },
                     );
                     prop_assert_eq!(store.thread(m.id).unwrap().unwrap(), before);
                     if pos > 0 && m.ends[pos - 1] {

@@ -4,9 +4,7 @@
 mod common;
 
 use common::{append_n, fast_store, new_thread, next, step};
-use uwf_db::thread::{
-    After, EndSpec, ForkState, NewThread, ThreadError, ThreadQuery, ThreadStatus, utc_day,
-};
+use uwf_db::thread::{EndSpec, NewThread, Next, ThreadError, ThreadQuery, ThreadStatus, utc_day};
 use uwf_db::verify::verify;
 use uwf_db::{Blob, Hash, Value};
 
@@ -115,7 +113,7 @@ fn ending_moves_to_history_found_by_id_and_by_day() {
             t.id,
             t.head,
             step("rev", "approved", "fine"),
-            After::End(end(0)),
+            Next::End(end(0)),
         )
         .unwrap();
     let rec = &w.record;
@@ -224,7 +222,7 @@ fn fork_shares_history_and_never_changes_the_source() {
     let src = append_n(&store, t.id, 5);
     let log = store.thread_log(t.id, 10, None).unwrap();
     let blobs = store.stats().unwrap().blob_count;
-    let idle = ForkState::Idle {
+    let idle = Next::Role {
         role: "dev".into(),
         instruction: "again".into(),
     };
@@ -278,7 +276,7 @@ fn suspend_then_resume_and_resume_from_history() {
             t.id,
             t.head,
             step("planner", "need_info", "which db?"),
-            After::Suspend {
+            Next::Suspend {
                 role: "planner".into(),
                 message: "Which database?".into(),
             },
@@ -291,7 +289,7 @@ fn suspend_then_resume_and_resume_from_history() {
     let mut resumed = step("planner", "done", "using LMDB");
     resumed.instruction = "Which database?\n\nLMDB".into();
     let r = store
-        .append_step(t.id, s.head, resumed, After::End(end(0)))
+        .append_step(t.id, s.head, resumed, Next::End(end(0)))
         .unwrap()
         .record;
     assert_eq!(r.status, ThreadStatus::Completed);
@@ -474,7 +472,7 @@ fn call_stack_up_and_child_history_down() {
             child.id,
             child.head,
             step("tester", "passed", "all green"),
-            After::End(end(0)),
+            Next::End(end(0)),
         )
         .unwrap();
     let child_end = c.end.unwrap();

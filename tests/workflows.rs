@@ -5,7 +5,8 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use uwf_db::workflow::{Route, WorkflowError, parse_workflow};
+use uwf_db::thread::{EndSpec, Next};
+use uwf_db::workflow::{WorkflowError, parse_workflow};
 use uwf_db::{Store, StoreOptions, Value};
 
 const REVIEW: &str = include_str!("../examples/review.yaml");
@@ -29,7 +30,7 @@ fn the_review_example_parses_and_routes() {
     assert_eq!(
         wf.route("developer", &meta(&[("$status", "review_needed")]))
             .unwrap(),
-        Route::Next {
+        Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into()
         }
@@ -40,7 +41,7 @@ fn the_review_example_parses_and_routes() {
             &meta(&[("$status", "rejected"), ("reason", "no <tests> & docs")])
         )
         .unwrap(),
-        Route::Next {
+        Next::Role {
             role: "developer".into(),
             instruction: "Fix this: no <tests> & docs".into()
         }
@@ -48,9 +49,11 @@ fn the_review_example_parses_and_routes() {
     assert_eq!(
         wf.route("reviewer", &meta(&[("$status", "approved")]))
             .unwrap(),
-        Route::End {
+        Next::End(EndSpec {
+            return_code: 0,
+            summary: "Approved".into(),
             prompt: "Approved".into()
-        }
+        })
     );
     let err = wf
         .route("reviewer", &meta(&[("$status", "maybe")]))

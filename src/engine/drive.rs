@@ -14,10 +14,10 @@ use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::Store;
 use crate::thread::{
-    After, END_ROLE, EndSpec, NewThread, StepWrite, ThreadError, ThreadId, ThreadRecord,
+    END_ROLE, EndSpec, NewThread, Next, StepWrite, ThreadError, ThreadId, ThreadRecord,
     ThreadStatus,
 };
-use crate::workflow::{Route, Workflow};
+use crate::workflow::Workflow;
 
 /// What a step left (SPEC §7's step result).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -552,7 +552,7 @@ impl Store {
             Mode::ResumeEnded => 1,
             _ => record.rounds() + 1,
         };
-        let after = after_route(route, rounds, max_rounds);
+        let after = with_max_rounds(route, rounds, max_rounds);
         let step = StepWrite {
             role: role.to_owned(),
             meta: extracted.meta,
@@ -800,7 +800,7 @@ impl Store {
                     Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
                 };
                 let (_, max_rounds) = self.task_of(record.start)?;
-                let after = after_route(route, record.rounds() + 1, max_rounds);
+                let after = with_max_rounds(route, record.rounds() + 1, max_rounds);
                 let step = StepWrite {
                     role: role.to_owned(),
                     meta,
@@ -851,19 +851,13 @@ impl Store {
 /// What follows a routed step, with `maxRounds` applied: the step that
 /// reaches the limit is committed; `$END` or `$SUSPEND` wins, otherwise the
 /// same transaction ends the thread with return code 1.
-fn after_route(route: Route, rounds: u64, max_rounds: u32) -> After {
-    match route {
-        Route::End { prompt } => After::End(EndSpec {
-            return_code: 0,
-            summary: prompt.clone(),
-            prompt,
-        }),
-        Route::Suspend { role, message } => After::Suspend { role, message },
-        Route::Next { .. } if rounds >= u64::from(max_rounds) => After::End(EndSpec {
+fn with_max_rounds(next: Next, rounds: u64, max_rounds: u32) -> Next {
+    match next {
+        Next::Role { .. } if rounds >= u64::from(max_rounds) => Next::End(EndSpec {
             return_code: 1,
             summary: format!("maxRounds ({max_rounds}) reached"),
             prompt: format!("Stopped: maxRounds ({max_rounds}) reached"),
         }),
-        Route::Next { role, instruction } => After::Next { role, instruction },
+        other => other,
     }
 }

@@ -18,8 +18,8 @@ pub use drive::{CancelOptions, DriveOptions, DriveReport, StepResult};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::{Store, StoreError};
-use crate::thread::{END_ROLE, ForkState, NewThread, ThreadError, ThreadId, ThreadRecord};
-use crate::workflow::{Route, Workflow, WorkflowError};
+use crate::thread::{END_ROLE, NewThread, Next, ThreadError, ThreadId, ThreadRecord};
+use crate::workflow::{Workflow, WorkflowError};
 
 /// What went wrong while driving a thread.
 #[derive(Debug, thiserror::Error)]
@@ -295,10 +295,10 @@ fn fork_state(
     wf: &Workflow,
     record: &ThreadRecord,
     node: Hash,
-) -> Result<ForkState, EngineError> {
+) -> Result<Next, EngineError> {
     if node == record.start {
         let (role, instruction) = wf.first_in(Some(&store.engine_state().templates))?;
-        return Ok(ForkState::Idle { role, instruction });
+        return Ok(Next::Role { role, instruction });
     }
     let state = match store.get(&node)? {
         Some(Blob::State(s)) => s,
@@ -323,11 +323,10 @@ fn fork_state(
         &state.role,
         &state.meta,
     )? {
-        Route::Next { role, instruction } => Ok(ForkState::Idle { role, instruction }),
-        Route::Suspend { role, message } => Ok(ForkState::Suspended { role, message }),
-        Route::End { .. } => Err(EngineError::ForkAfterEnd {
+        Next::End(_) => Err(EngineError::ForkAfterEnd {
             thread: record.id,
             node,
         }),
+        next => Ok(next),
     }
 }

@@ -14,6 +14,7 @@ pub use parse::{Problem, parse_workflow};
 use crate::hash::Hash;
 use crate::node::{Blob, Value, WorkflowNode};
 use crate::store::{Store, StoreError};
+use crate::thread::{EndSpec, Next};
 use template::{TemplateError, Templates};
 
 /// What went wrong with a workflow.
@@ -69,30 +70,6 @@ pub enum WorkflowError {
     },
 }
 
-/// Where a step leads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
-    /// Run `role` next with `instruction`.
-    Next {
-        /// The next role.
-        role: String,
-        /// The rendered edge prompt.
-        instruction: String,
-    },
-    /// Suspend; `role` (the one that answered) runs again on resume.
-    Suspend {
-        /// The role that produced the status.
-        role: String,
-        /// The rendered edge prompt.
-        message: String,
-    },
-    /// End the thread (return code 0).
-    End {
-        /// The rendered `$END` prompt.
-        prompt: String,
-    },
-}
-
 /// The status a step's frontmatter selects: `$status`, or `_` when absent.
 pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
     match meta.get("$status") {
@@ -104,13 +81,11 @@ pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
 
 impl Workflow {
     /// Where a step of `role` with frontmatter `meta` leads, with the edge
-    /// prompt rendered from `meta`. An unknown status is an error (the step
-    /// must not be committed).
-    pub fn route(
-        &self,
-        role: &str,
-        meta: &BTreeMap<String, Value>,
-    ) -> Result<Route, WorkflowError> {
+    /// prompt rendered from `meta`: a role, a suspend (the answering role
+    /// runs again on resume), or an end with return code 0 whose summary and
+    /// prompt are the rendered `$END` prompt. An unknown status is an error
+    /// (the step must not be committed).
+    pub fn route(&self, role: &str, meta: &BTreeMap<String, Value>) -> Result<Next, WorkflowError> {
         self.route_in(None, role, meta)
     }
 
@@ -120,7 +95,7 @@ impl Workflow {
         templates: Option<&Templates>,
         role: &str,
         meta: &BTreeMap<String, Value>,
-    ) -> Result<Route, WorkflowError> {
+    ) -> Result<Next, WorkflowError> {
         let edges = self
             .graph
             .get(role)
@@ -140,12 +115,16 @@ impl Workflow {
                 source,
             })?;
         Ok(match edge.role.as_str() {
-            model::END => Route::End { prompt: text },
-            model::SUSPEND => Route::Suspend {
+            model::END => Next::End(EndSpec {
+                return_code: 0,
+                summary: text.clone(),
+                prompt: text,
+            }),
+            model::SUSPEND => Next::Suspend {
                 role: role.to_owned(),
                 message: text,
             },
-            next => Route::Next {
+            next => Next::Role {
                 role: next.to_owned(),
                 instruction: text,
             },

@@ -117,7 +117,7 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-use uwf_db::thread::{After, NewThread, StepWrite, ThreadId, ThreadRecord};
+use uwf_db::thread::{NewThread, Next, StepWrite, ThreadId, ThreadRecord};
 use uwf_db::{Store, StoreOptions};
 
 /// A store without fsync, for tests that commit many transactions.
@@ -184,8 +184,8 @@ pub fn step(role: &str, status: &str, reply: &str) -> StepWrite {
 }
 
 /// Continue with role `next`.
-pub fn next(role: &str) -> After {
-    After::Next {
+pub fn next(role: &str) -> Next {
+    Next::Role {
         role: role.into(),
         instruction: format!("your turn, {role}"),
     }
