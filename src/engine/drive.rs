@@ -41,7 +41,6 @@ pub struct StepResult {
 }
 
 impl StepResult {
-    /// The result for a record.
     /// The result for a record: the status the step left, never the
     /// driver's own claim.
     pub fn of(r: &ThreadRecord) -> Self {

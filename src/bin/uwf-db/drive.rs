@@ -153,13 +153,12 @@ pub fn run(
     out: &mut Output,
 ) -> Result<(), CliError> {
     let store = cli.open(true)?;
-    if agent.agent.is_none() {
+    let Some(spec) = agent.agent.clone() else {
         return Err(CliError::Failed(
             "run needs an agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'".into(),
         ));
-    }
+    };
     let (hash, _) = crate::workflow::resolve(&store, workflow)?;
-    let spec = agent.agent.clone().unwrap_or_default();
     let mut a = agent.build(&store, &spec)?;
     let options = StartOptions {
         agent_spec: Some(spec),
