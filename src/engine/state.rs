@@ -109,3 +109,31 @@ impl Default for EngineState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_cache_starts_over() {
+        let cache: Bounded<u32, u32> = Bounded::new(2);
+        cache.insert(1, 10);
+        cache.insert(2, 20);
+        assert_eq!((cache.get(&1), cache.get(&2)), (Some(10), Some(20)));
+        cache.insert(3, 30);
+        assert_eq!((cache.get(&1), cache.get(&2)), (None, None));
+        assert_eq!(cache.get(&3), Some(30));
+    }
+
+    #[test]
+    fn two_stores_share_no_state() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let open =
+            |p: &std::path::Path| crate::Store::open(p, crate::StoreOptions::default()).unwrap();
+        let (sa, sb, sa2) = (open(a.path()), open(b.path()), open(a.path()));
+        let state = |s: &crate::Store| std::ptr::from_ref(s.engine_state());
+        assert_ne!(state(&sa), state(&sb));
+        // Two handles of one directory share one engine state.
+        assert_eq!(state(&sa), state(&sa2));
+    }
+}
