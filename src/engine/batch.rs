@@ -3,6 +3,7 @@
 //! group-commit writer, so durable throughput is not one fsync per step.
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -52,7 +53,7 @@ impl ItemFlow for ControlFlow<()> {
 }
 
 /// One thread of a batch, when its drive ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct BatchItem {
     /// The prompt's position in the batch.
     pub index: usize,
@@ -64,8 +65,20 @@ pub struct BatchItem {
     pub result: Option<StepResult>,
     /// Steps committed.
     pub steps: usize,
-    /// Why the drive stopped early (recorded on the thread as for `run`).
-    pub error: Option<String>,
+    /// Why the drive stopped early (recorded on the thread as for `run`);
+    /// in JSON, its message.
+    #[serde(serialize_with = "error_message")]
+    pub error: Option<Arc<EngineError>>,
+}
+
+fn error_message<S: serde::Serializer>(
+    error: &Option<Arc<EngineError>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match error {
+        Some(e) => s.serialize_some(&e.to_string()),
+        None => s.serialize_none(),
+    }
 }
 
 /// What a batch did.
@@ -110,13 +123,12 @@ impl Store {
         // Fails early on an unknown or invalid workflow.
         self.load_workflow(workflow)?;
         self.drive_pool(
-            prompts.len(),
+            prompts,
             options,
             agents,
             on_item,
-            &|store, index, agent| match prompts.get(index) {
-                Some(prompt) => drive_one(store, workflow, index, prompt, options, agent),
-                None => BatchItem::failed(index, "no such prompt".into()),
+            &|store, index, prompt, agent| {
+                drive_one(store, workflow, index, prompt, options, agent)
             },
         )
     }
@@ -139,21 +151,18 @@ impl Store {
             ..DriveOptions::default()
         };
         self.drive_pool(
-            threads.len(),
+            threads,
             options,
             agents,
             on_item,
-            &|store, index, agent| {
-                let Some(&id) = threads.get(index) else {
-                    return BatchItem::failed(index, "no such thread".into());
-                };
+            &|store, index, &id, agent| {
                 let outcome = store.drive(id, &drive, agent);
                 let after = match store.thread(id) {
                     Ok(r) => r.map(|r| r.underlying_status()),
                     Err(e) => {
                         return BatchItem {
                             thread: Some(id),
-                            ..BatchItem::failed(index, e.to_string())
+                            ..BatchItem::failed(index, e.into())
                         };
                     }
                 };
@@ -182,19 +191,19 @@ impl Store {
         Ok(ids)
     }
 
-    /// `items` pieces of work, one driver thread per agent, over one
+    /// The pieces of work in `items`, one driver thread per agent, over one
     /// group-commit handle; `work` does piece `index` with the driver's
     /// agent.
-    fn drive_pool<R: ItemFlow>(
+    fn drive_pool<T: Sync, R: ItemFlow>(
         &self,
-        items: usize,
+        items: &[T],
         options: &BatchOptions,
         agents: Vec<Box<dyn Agent>>,
         on_item: &mut dyn FnMut(&BatchItem) -> R,
-        work: &(dyn Fn(&Store, usize, &mut dyn Agent) -> BatchItem + Sync),
+        work: &(dyn Fn(&Store, usize, &T, &mut dyn Agent) -> BatchItem + Sync),
     ) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
-        if agents.is_empty() && items > 0 {
+        if agents.is_empty() && !items.is_empty() {
             return Err(EngineError::NoAgents);
         }
         let next = AtomicUsize::new(0);
@@ -213,10 +222,10 @@ impl Store {
                                 break;
                             }
                             let index = next.fetch_add(1, Ordering::Relaxed);
-                            if index >= items {
+                            let Some(item) = items.get(index) else {
                                 break;
-                            }
-                            if tx.send(work(store, index, &mut *agent)).is_err() {
+                            };
+                            if tx.send(work(store, index, item, &mut *agent)).is_err() {
                                 break;
                             }
                         }
@@ -255,20 +264,20 @@ fn drive_one(
         Ok((record, outcome)) => {
             BatchItem::of(index, record.id, Some(record.underlying_status()), outcome)
         }
-        Err(e) => BatchItem::failed(index, e.to_string()),
+        Err(e) => BatchItem::failed(index, e),
     }
 }
 
 impl BatchItem {
     /// An item whose thread could not be started or read.
-    fn failed(index: usize, error: String) -> BatchItem {
+    fn failed(index: usize, error: EngineError) -> BatchItem {
         BatchItem {
             index,
             thread: None,
             status: None,
             result: None,
             steps: 0,
-            error: Some(error),
+            error: Some(Arc::new(error)),
         }
     }
 
@@ -287,7 +296,7 @@ impl BatchItem {
             status: last.map(|r| r.status).or(unstepped),
             result: last.cloned(),
             steps: outcome.results.len(),
-            error: outcome.error.map(|e| e.to_string()),
+            error: outcome.error.map(Arc::new),
         }
     }
 }
