@@ -436,3 +436,20 @@ impl Agent for CmdAgent {
             .map_err(|_| AgentError::NotUtf8)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cmd_agent_needs_a_program() {
+        let e = CmdAgent::new(Vec::new(), &AgentOptions::default()).unwrap_err();
+        assert!(matches!(e, AgentError::NoProgram), "{e}");
+        assert!(matches!(
+            AgentSpec::parse("cmd:  "),
+            Err(AgentError::BadSpec(_))
+        ));
+        let a = CmdAgent::new(vec!["echo".into(), "hi".into()], &AgentOptions::default());
+        assert!(a.is_ok());
+    }
+}

@@ -129,6 +129,36 @@ impl Store {
     /// it if asked, then steps it until it ends or suspends or
     /// `max_steps` steps ran. A step that fails records its error on the
     /// thread and stops the drive.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::{Cancel, DriveOptions, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    /// use uwf_db::workflow::parse_workflow;
+    /// use uwf_db::{Store, StoreOptions};
+    ///
+    /// /// Answers every role with plain text (the default status `_`).
+    /// struct Echo;
+    /// impl Agent for Echo {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         Ok(format!("did: {}", req.instruction).into())
+    ///     }
+    /// }
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path(), StoreOptions::default())?;
+    /// let yaml = "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n";
+    /// let parsed = parse_workflow(yaml, None, &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// let (workflow, _) = store.add_workflow(&parsed)?;
+    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    ///
+    /// // The caller owns the token: another thread may `cancel()` it.
+    /// let options = DriveOptions { cancel: Cancel::new(), ..DriveOptions::default() };
+    /// let results = store.drive(thread.id, &options, &mut Echo).into_result()?;
+    /// assert_eq!(results.len(), 1);
+    /// assert_eq!(results[0].status, ThreadStatus::Completed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn drive(
         &self,
         id: ThreadId,
