@@ -8,16 +8,14 @@ use serde::Serialize;
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
 use super::cancel::Cancel;
-use super::extract::{extract, extract_with};
-use super::prompt::{RECENT_STEPS, assemble, assemble_with_header, output_format, role_header};
+use super::extract::extract_with;
+use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::Store;
 use crate::thread::{
-    END_ROLE, EndSpec, NewThread, Next, StepWrite, ThreadError, ThreadId, ThreadRecord,
-    ThreadStatus,
+    END_ROLE, EndSpec, Next, StepWrite, ThreadError, ThreadId, ThreadRecord, ThreadStatus,
 };
-use crate::workflow::Workflow;
 
 /// What a step left (SPEC §7's step result).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -114,7 +112,7 @@ pub struct CancelOptions {
 }
 
 /// Which kind of step to run.
-enum Mode {
+pub(super) enum Mode {
     /// The next role of an idle thread.
     Next,
     /// The suspended role, with the resume instruction.
@@ -262,7 +260,7 @@ impl Store {
     }
 
     /// `resume_thread` without the refusal for children of suspended parents.
-    fn resume_inner(
+    pub(super) fn resume_inner(
         &self,
         id: ThreadId,
         text: Option<&str>,
@@ -398,19 +396,19 @@ impl Store {
         Ok(StepResult::of(&w.record))
     }
 
-    fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
+    pub(super) fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
         Ok(self
             .thread(id)?
             .ok_or_else(|| ThreadError::Unknown(id.to_string()))?)
     }
 
     /// Records a failed attempt and returns the error for it.
-    fn fail(&self, id: ThreadId, message: String) -> EngineError {
+    pub(super) fn fail(&self, id: ThreadId, message: String) -> EngineError {
         self.fail_with(id, message, None)
     }
 
     /// [`Self::fail`] keeping the cause as the error's source.
-    fn fail_with(
+    pub(super) fn fail_with(
         &self,
         id: ThreadId,
         message: String,
@@ -428,7 +426,7 @@ impl Store {
 
     /// A thread's task prompt and `max_rounds`, from its start node. Start
     /// nodes are immutable, so they are cached by hash (per store).
-    fn task_of(&self, start: Hash) -> Result<(Arc<str>, u32), EngineError> {
+    pub(super) fn task_of(&self, start: Hash) -> Result<(Arc<str>, u32), EngineError> {
         let cache = &self.engine_state().tasks;
         if let Some(hit) = cache.get(&start) {
             return Ok(hit);
@@ -441,7 +439,7 @@ impl Store {
 
     /// A thread's start node; a blob that is missing or not a start node is
     /// an error.
-    fn start_node(&self, start: Hash) -> Result<crate::node::StartNode, EngineError> {
+    pub(super) fn start_node(&self, start: Hash) -> Result<crate::node::StartNode, EngineError> {
         match self.get(&start)? {
             Some(Blob::Start(s)) => Ok(s),
             Some(_) => Err(ThreadError::WrongKind {
@@ -455,7 +453,7 @@ impl Store {
 
     /// The text of a content blob; a blob that is missing or not content
     /// is an error, never an empty text.
-    fn text(&self, h: &Hash) -> Result<String, EngineError> {
+    pub(super) fn text(&self, h: &Hash) -> Result<String, EngineError> {
         match self.get(h)? {
             Some(Blob::Content(c)) => Ok(c.text),
             Some(_) => Err(ThreadError::WrongKind {
@@ -612,244 +610,10 @@ impl Store {
         }
         Ok(StepResult::of(&written.record))
     }
-
-    /// Automatic compaction: after every `every` role steps, ask the agent
-    /// for a summary (not a role step) and stage it. A summary that fails
-    /// (a read error included) is recorded as the thread's last error; the
-    /// step stands. Returns whether it changed the record; failing to record
-    /// the failure is an error.
-    fn maybe_compact(
-        &self,
-        wf: &Workflow,
-        record: &ThreadRecord,
-        agent: &mut dyn Agent,
-        cancel: &Cancel,
-    ) -> Result<bool, EngineError> {
-        let Some(c) = &wf.compact else {
-            return Ok(false);
-        };
-        let rounds = record.rounds();
-        if record.status.is_done() || rounds == 0 || !rounds.is_multiple_of(u64::from(c.every)) {
-            return Ok(false);
-        }
-        if let Err(e) = self.compact_now(wf, c, record, agent, cancel) {
-            self.record_failure(record.id, &format!("automatic compaction failed: {e}"))?;
-        }
-        Ok(true)
-    }
-
-    /// Asks the agent for a summary of the thread and stages it.
-    fn compact_now(
-        &self,
-        wf: &Workflow,
-        c: &crate::workflow::Compact,
-        record: &ThreadRecord,
-        agent: &mut dyn Agent,
-        cancel: &Cancel,
-    ) -> Result<(), EngineError> {
-        let summaries = self.summaries_so_far(record)?;
-        let instruction = c.prompt.clone().unwrap_or_else(|| {
-            "Summarise everything that has happened in this thread so far, so that the next steps can rely on your summary instead of the full history.".into()
-        });
-        let context = self.context(record.id, RECENT_STEPS * 4)?;
-        let role_def = crate::workflow::Role::default();
-        let prompt = assemble(
-            "summariser",
-            &role_def,
-            &output_format(&role_def),
-            "",
-            &context,
-            &|h| self.text(h),
-            &instruction,
-        )?;
-        let request = AgentRequest {
-            thread: record.id,
-            workflow: &wf.name,
-            role_name: "summariser",
-            role: &role_def,
-            instruction: &instruction,
-            prompt: &prompt,
-            answered_steps: 0,
-            summary_index: Some(summaries),
-            cancel,
-        };
-        let reply = agent.call(&request)?;
-        // A summary is plain text; frontmatter, if any, is dropped.
-        let body = extract(&role_def, &reply.output)
-            .map(|x| x.body)
-            .unwrap_or(reply.output);
-        self.stage_compact(record.id, record.head, &body)?;
-        Ok(())
-    }
-
-    fn summaries_so_far(&self, record: &ThreadRecord) -> Result<usize, EngineError> {
-        let mut n = usize::from(record.staged_compact.is_some());
-        let mut before = None;
-        loop {
-            let page = self.thread_log(record.id, 1024, before)?;
-            n += page.iter().filter(|e| e.node.compact.is_some()).count();
-            match page.last() {
-                Some(last) if page.len() == 1024 => before = Some(last.hash),
-                _ => return Ok(n),
-            }
-        }
-    }
 }
 
 /// The agent and the token a drive runs with.
-type Driver<'a> = (&'a mut dyn Agent, &'a Cancel);
-
-/// Deepest child-workflow nesting (a top-level thread has depth 0).
-pub const MAX_DEPTH: u32 = 3;
-
-impl Store {
-    /// A step of a `workflow:` role: runs (or continues) the child thread
-    /// with the same agent; the parent's step is written when it ends.
-    #[allow(clippy::too_many_arguments)]
-    fn run_child_step(
-        &self,
-        record: &ThreadRecord,
-        role: &str,
-        instruction: &str,
-        child_workflow: &str,
-        wf: &Workflow,
-        mode: Mode,
-        driver: Driver<'_>,
-    ) -> Result<StepResult, EngineError> {
-        let id = record.id;
-        if matches!(mode, Mode::ResumeEnded) {
-            return Err(self.fail(id, format!("role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread")));
-        }
-        let child = match record.active_child {
-            Some(c) => c,
-            None => {
-                let depth = self.start_node(record.start)?.depth + 1;
-                if depth > MAX_DEPTH {
-                    return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
-                }
-                let Some((hash, child_wf)) = self.workflow_by_name(child_workflow)? else {
-                    return Err(self.fail(
-                        id,
-                        format!(
-                            "child workflow '{child_workflow}' of role '{role}' is not registered"
-                        ),
-                    ));
-                };
-                let (first_role, first_instruction) =
-                    child_wf.first_in(Some(&self.engine_state().templates))?;
-                let c = self.start_thread(NewThread {
-                    workflow: child_wf.name.clone(),
-                    workflow_hash: hash,
-                    prompt: instruction.to_owned(),
-                    max_rounds: child_wf.max_rounds,
-                    depth,
-                    parent_state: Some(record.head),
-                    parent_thread: Some(id),
-                    next_role: first_role,
-                    next_instruction: first_instruction,
-                    agent: record.agent.clone(),
-                })?;
-                let child = c.id;
-                self.update_record(id, move |r| {
-                    r.active_child = Some(child);
-                    Ok(())
-                })?;
-                c.id
-            }
-        };
-        let latest = self.need_thread(id)?;
-        self.finish_child(&latest, role, instruction, child, wf, driver, None)
-    }
-
-    /// Drives the child (resuming it first when `resume` is given) until it
-    /// ends or suspends. Ended: the parent's step is written (`done` when the
-    /// child completed, else `failed`; the child's end summary; its end node
-    /// as `child_thread`). Suspended: the parent is suspended too, with the
-    /// child's message, and no parent step is written.
-    #[allow(clippy::too_many_arguments)]
-    fn finish_child(
-        &self,
-        record: &ThreadRecord,
-        role: &str,
-        instruction: &str,
-        child: ThreadId,
-        wf: &Workflow,
-        (agent, cancel): Driver<'_>,
-        resume: Option<Option<&str>>,
-    ) -> Result<StepResult, EngineError> {
-        let id = record.id;
-        let child_failed = |e: EngineError| {
-            let message = format!("child workflow thread {child}: {e}");
-            self.fail_with(id, message, Some(Box::new(e)))
-        };
-        if let Some(text) = resume
-            && let Err(e) = self.resume_inner(child, text, agent, cancel)
-        {
-            return Err(child_failed(e));
-        }
-        if self.need_thread(child)?.underlying_status() == ThreadStatus::Idle {
-            let outcome = self.run_thread(child, usize::MAX, agent, cancel);
-            if let Some(e) = outcome.error {
-                return Err(child_failed(e));
-            }
-        }
-        let c = self.need_thread(child)?;
-        match c.underlying_status() {
-            ThreadStatus::Suspended => {
-                let message = c.suspend_message.clone().unwrap_or_default();
-                let role = role.to_owned();
-                let r = self.update_record(id, move |r| {
-                    // A suspend ends the drive: release the claim in this
-                    // same commit, as a suspending step does.
-                    r.status = ThreadStatus::Suspended;
-                    r.claimed_status = None;
-                    r.suspended_role = Some(role.clone());
-                    r.suspend_message = Some(message.clone());
-                    r.active_child = Some(child);
-                    Ok(())
-                })?;
-                Ok(StepResult::of(&r))
-            }
-            done if done.is_done() => {
-                let status = if done == ThreadStatus::Completed {
-                    "done"
-                } else {
-                    "failed"
-                };
-                let summary = match self.get(&c.head)? {
-                    Some(Blob::State(s)) => self.text(&s.content)?,
-                    _ => String::new(),
-                };
-                let meta = std::collections::BTreeMap::from([(
-                    "$status".to_owned(),
-                    crate::node::Value::Str(status.into()),
-                )]);
-                let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta) {
-                    Ok(r) => r,
-                    Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
-                };
-                let (_, max_rounds) = self.task_of(record.start)?;
-                let after = with_max_rounds(route, record.rounds() + 1, max_rounds);
-                let step = StepWrite {
-                    role: role.to_owned(),
-                    meta,
-                    reply: summary,
-                    artifacts: Vec::new(),
-                    instruction: instruction.to_owned(),
-                    child_thread: Some(c.head),
-                };
-                let latest = self.need_thread(id)?;
-                let w = self.append_step(id, latest.head, step, after)?;
-                self.maybe_compact(wf, &w.record, agent, cancel)?;
-                Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
-            }
-            other => Err(self.fail(
-                id,
-                format!("child workflow thread {child} stopped while {other}"),
-            )),
-        }
-    }
-}
+pub(super) type Driver<'a> = (&'a mut dyn Agent, &'a Cancel);
 
 impl Store {
     /// The role-only part of a stored workflow's role prompt (see
@@ -880,7 +644,7 @@ impl Store {
 /// What follows a routed step, with `maxRounds` applied: the step that
 /// reaches the limit is committed; `$END` or `$SUSPEND` wins, otherwise the
 /// same transaction ends the thread with return code 1.
-fn with_max_rounds(next: Next, rounds: u64, max_rounds: u32) -> Next {
+pub(super) fn with_max_rounds(next: Next, rounds: u64, max_rounds: u32) -> Next {
     match next {
         Next::Role { .. } if rounds >= u64::from(max_rounds) => Next::End(EndSpec {
             return_code: 1,

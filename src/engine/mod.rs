@@ -6,7 +6,9 @@
 pub mod agent;
 pub mod batch;
 mod cancel;
+mod child;
 pub mod claim;
+mod compact;
 mod drive;
 pub mod extract;
 pub mod prompt;
