@@ -23,7 +23,7 @@ use heed::types::Bytes;
 use uwf_db::engine::agent::{Agent, ScriptAgent};
 use uwf_db::engine::batch::BatchOptions;
 use uwf_db::store::GroupStats;
-use uwf_db::thread::{After, StepWrite};
+use uwf_db::thread::{Next, StepWrite};
 use uwf_db::workflow::parse_workflow;
 use uwf_db::{Durability, Hash, Store, StoreOptions, Value};
 
@@ -82,7 +82,7 @@ fn group_commit_bench(per_writer: usize) -> Comparison {
                         scope.spawn(move || {
                             let mut head = t.head;
                             for i in 0..per_writer {
-                                let next = After::Next {
+                                let next = Next::Role {
                                     role: "developer".into(),
                                     instruction: "Implement the change".into(),
                                 };
@@ -190,7 +190,12 @@ fn engine_bench(threads: usize) -> Comparison {
             let d = time(|| {
                 for i in 0..sequential {
                     let (_, out) = store
-                        .run_workflow(hash, &format!("change {i}"), None, None, a.as_mut())
+                        .run_workflow(
+                            hash,
+                            &format!("change {i}"),
+                            &Default::default(),
+                            a.as_mut(),
+                        )
                         .unwrap();
                     assert!(out.error.is_none());
                 }

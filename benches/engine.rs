@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::{Comparison, report, scratch_dir, time};
 use uwf_db::engine::agent::ScriptAgent;
-use uwf_db::thread::{After, EndSpec, NewThread, StepWrite};
+use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite};
 use uwf_db::workflow::parse_workflow;
 use uwf_db::{Durability, Store, StoreOptions, Value};
 
@@ -44,7 +44,7 @@ fn main() {
     let scenario = root.join("examples/review.scenario.yaml");
 
     // The four steps of the scenario as the engine commits them.
-    let steps: Vec<(StepWrite, After)> = vec![
+    let steps: Vec<(StepWrite, Next)> = vec![
         (
             StepWrite {
                 role: "developer".into(),
@@ -54,7 +54,7 @@ fn main() {
                 instruction: "Implement the change".into(),
                 child_thread: None,
             },
-            After::Next {
+            Next::Role {
                 role: "reviewer".into(),
                 instruction: "Review the change".into(),
             },
@@ -68,7 +68,7 @@ fn main() {
                 instruction: "Review the change".into(),
                 child_thread: None,
             },
-            After::Next {
+            Next::Role {
                 role: "developer".into(),
                 instruction: "Fix this: the README does not mention --json".into(),
             },
@@ -82,7 +82,7 @@ fn main() {
                 instruction: "Fix this: the README does not mention --json".into(),
                 child_thread: None,
             },
-            After::Next {
+            Next::Role {
                 role: "reviewer".into(),
                 instruction: "Review the change".into(),
             },
@@ -96,7 +96,7 @@ fn main() {
                 instruction: "Review the change".into(),
                 child_thread: None,
             },
-            After::End(EndSpec {
+            Next::End(EndSpec {
                 return_code: 0,
                 summary: "Approved".into(),
                 prompt: "Approved".into(),
@@ -125,7 +125,12 @@ fn main() {
                 time(|| {
                     for i in 0..threads {
                         let (_, out) = store
-                            .run_workflow(hash, &format!("task {i}"), None, None, &mut agent)
+                            .run_workflow(
+                                hash,
+                                &format!("task {i}"),
+                                &Default::default(),
+                                &mut agent,
+                            )
                             .unwrap();
                         assert!(out.error.is_none(), "{:?}", out.error);
                         assert_eq!(out.results.len(), 4);

@@ -18,7 +18,7 @@ use common::{
 };
 use heed::types::Bytes;
 use uwf_db::gc::{GcOptions, GcReport};
-use uwf_db::thread::{After, StepWrite, ThreadId};
+use uwf_db::thread::{Next, StepWrite, ThreadId};
 use uwf_db::{Durability, Store, StoreOptions, Value};
 
 const THREADS: usize = 1000;
@@ -41,7 +41,7 @@ fn build(store: &Store, threads: usize) -> Vec<ThreadId> {
                 instruction: "Implement the change".into(),
                 child_thread: None,
             };
-            let next = After::Next {
+            let next = Next::Role {
                 role: "dev".into(),
                 instruction: "Implement the change".into(),
             };

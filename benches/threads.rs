@@ -19,7 +19,7 @@ use common::{
     time,
 };
 use heed::types::Bytes;
-use uwf_db::thread::{After, ForkState, NewThread, StepWrite, ThreadId, ThreadQuery};
+use uwf_db::thread::{NewThread, Next, StepWrite, ThreadId, ThreadQuery};
 use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
 
 fn open(dir: &std::path::Path, durability: Durability) -> Store {
@@ -57,8 +57,8 @@ fn step(i: usize) -> StepWrite {
     }
 }
 
-fn next() -> After {
-    After::Next {
+fn next() -> Next {
+    Next::Role {
         role: "reviewer".into(),
         instruction: "Review the change".into(),
     }
@@ -234,7 +234,7 @@ fn main() {
     let long = start(&fstore, "long");
     let long_head = grow(&fstore, long.id, long.head, scale(100_000, 10));
     let forks = 2000;
-    let fork_state = || ForkState::Idle {
+    let fork_state = || Next::Role {
         role: "developer".into(),
         instruction: "again".into(),
     };

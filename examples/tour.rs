@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::error::Error;
 use std::path::PathBuf;
 
-use uwf_db::thread::{After, EndSpec, ForkState, NewThread, StepWrite};
+use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite};
 use uwf_db::{Blob, Store, StoreOptions, Value, WorkflowNode};
 
 fn step(role: &str, status: &str, reply: &str, instruction: &str) -> StepWrite {
@@ -68,7 +68,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "Added the flag and tests.",
             "Implement the change",
         ),
-        After::Next {
+        Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into(),
         },
@@ -82,7 +82,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "The flag is not documented.",
             "Review the change",
         ),
-        After::Next {
+        Next::Role {
             role: "developer".into(),
             instruction: "Fix this: document the flag".into(),
         },
@@ -92,7 +92,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         t.id,
         dev.record.head,
         step("reviewer", "approved", "LGTM", "Review the change"),
-        After::Next {
+        Next::Role {
             role: "tester".into(),
             instruction: "Run the tests".into(),
         },
@@ -107,7 +107,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let fork = store.fork_thread(
         t.id,
         dev.record.head,
-        ForkState::Idle {
+        Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into(),
         },
@@ -121,7 +121,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "Which output format?",
             "Review the change",
         ),
-        After::Suspend {
+        Next::Suspend {
             role: "reviewer".into(),
             message: "Which JSON shape do you want?".into(),
         },
@@ -140,7 +140,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "Documented the flag.",
             "Fix this: document the flag",
         ),
-        After::Next {
+        Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into(),
         },
@@ -149,7 +149,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         t.id,
         fixed.record.head,
         step("reviewer", "approved", "Approved.", "Review the change"),
-        After::End(EndSpec {
+        Next::End(EndSpec {
             return_code: 0,
             summary: "Approved".into(),
             prompt: "Approved and merged".into(),

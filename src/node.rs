@@ -17,6 +17,7 @@ use crate::hash::Hash;
 
 /// The kind of a blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Kind {
     /// A thread's start node.
     Start,

@@ -4,10 +4,12 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::backend::TestBackend;
 use common::{new_thread, next, step};
-use uwf_db::engine::agent::{Agent, ScriptAgent};
+use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest, ScriptAgent};
 use uwf_db::engine::batch::BatchOptions;
 use uwf_db::thread::{ThreadError, ThreadStatus};
 use uwf_db::verify::verify;
@@ -191,10 +193,137 @@ fn a_batch_without_agents_is_refused(b: TestBackend) {
     );
 }
 
+/// A workflow named `twin` whose end prompt says which store it was
+/// registered in: two stores hold different content under one name.
+fn twin(store: &Store, version: &str) -> Hash {
+    let yaml = format!(
+        "name: twin\nroles:\n  worker:\n    goal: Work\n    output: Say done\ngraph:\n  $START:\n    _: {{ role: worker, prompt: 'Work ({version})' }}\n  worker:\n    _: {{ role: $END, prompt: 'Done by version {version}' }}\n"
+    );
+    let wf = parse_workflow(&yaml, Some("twin"), &|_| false).unwrap();
+    store.add_workflow(&wf).unwrap().0
+}
+
+/// The text of a content blob.
+fn text(store: &Store, hash: &Hash) -> String {
+    match store.get(hash).unwrap() {
+        Some(Blob::Content(c)) => c.text,
+        other => panic!("{hash} is not a content blob: {other:?}"),
+    }
+}
+
+/// Answers at once.
+struct Quick;
+
+impl Agent for Quick {
+    fn call(&mut self, _: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        Ok("worked".to_owned().into())
+    }
+}
+
+/// Answers only when the drive's token is cancelled, and then with an
+/// error (as a killed agent would).
+struct UntilCancelled(Arc<AtomicUsize>);
+
+impl Agent for UntilCancelled {
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        while !req.cancel.is_cancelled() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Err(AgentError::Other("stopped by the token".into()))
+    }
+}
+
+fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
+    backend: TestBackend,
+) {
+    let (a, b) = (backend.fast(), backend.fast());
+    let (wf_a, wf_b) = (twin(&a, "A"), twin(&b, "B"));
+    assert_ne!(wf_a, wf_b);
+    let prompts: Vec<String> = (0..20).map(|i| format!("task {i}")).collect();
+    let options_a = BatchOptions::default();
+    let options_b = BatchOptions::default();
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let (report_a, report_b) = std::thread::scope(|s| {
+        let batch_a = s.spawn(|| {
+            let agents: Vec<Box<dyn Agent>> = (0..2)
+                .map(|_| Box::new(UntilCancelled(Arc::clone(&waiting))) as Box<dyn Agent>)
+                .collect();
+            a.run_batch(wf_a, &prompts, &options_a, agents, &mut |_| {})
+                .unwrap()
+        });
+        // Both of A's drivers are inside an agent call.
+        while waiting.load(Ordering::SeqCst) < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut first = true;
+        let report_b = b
+            .run_batch(
+                wf_b,
+                &prompts,
+                &options_b,
+                (0..2).map(|_| Box::new(Quick) as Box<dyn Agent>).collect(),
+                &mut |_| {
+                    // Cancel A's batch while B's is under way.
+                    if std::mem::take(&mut first) {
+                        options_a.cancel.cancel();
+                    }
+                },
+            )
+            .unwrap();
+        (batch_a.join().unwrap(), report_b)
+    });
+    assert!(options_a.cancel.is_cancelled());
+    assert!(!options_b.cancel.is_cancelled());
+    // B finished every thread, with its own version of `twin`.
+    assert_eq!((report_b.threads, report_b.completed), (20, 20));
+    assert_eq!(report_b.errors, 0);
+    let all = uwf_db::thread::ThreadQuery::default();
+    let threads_b = b.list_threads(&all).unwrap();
+    assert_eq!(threads_b.len(), 20);
+    for t in &threads_b {
+        assert_eq!(t.status, ThreadStatus::Completed);
+        assert_eq!(t.workflow_hash, wf_b);
+        let end = &b.thread_log(t.id, 1, None).unwrap()[0];
+        assert_eq!(text(&b, &end.node.input), "Done by version B");
+    }
+    // A stopped: the two threads under way were interrupted, none
+    // completed, no new one started; they are idle and retryable, with no
+    // failure recorded (an interrupt is not the agent's failure).
+    assert_eq!(report_a.completed, 0);
+    assert_eq!(report_a.threads, 2, "{report_a:?}");
+    assert_eq!(report_a.errors, 2);
+    let threads_a = a.list_threads(&all).unwrap();
+    assert_eq!(threads_a.len(), 2);
+    for t in &threads_a {
+        assert_eq!(t.status, ThreadStatus::Idle);
+        assert_eq!(t.claimed_status, None);
+        assert_eq!(t.last_error, None);
+        assert_eq!(t.workflow_hash, wf_a);
+    }
+    // A fresh token drives them on, with A's version.
+    let ids: Vec<_> = threads_a.iter().map(|t| t.id).collect();
+    let report = a
+        .continue_threads(
+            &ids,
+            &BatchOptions::default(),
+            vec![Box::new(Quick)],
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(report.completed, 2);
+    for id in ids {
+        let end = &a.thread_log(id, 1, None).unwrap()[0];
+        assert_eq!(text(&a, &end.node.input), "Done by version A");
+    }
+}
+
 conformance!(
     a_durable_batch_commits_every_step_in_groups,
     a_failing_request_is_rolled_back_alone,
     without_a_group_write_op_is_a_plain_write,
     a_step_failure_stops_its_thread_only,
     a_batch_without_agents_is_refused,
+    two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart,
 );

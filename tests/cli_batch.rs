@@ -198,8 +198,67 @@ fn batch_reads_multi_line_prompts_from_json_lines(b: TestBackend) {
     );
 }
 
+fn batch_json_stops_starting_threads_when_its_reader_is_gone(b: TestBackend) {
+    use std::io::{BufRead, BufReader};
+    let env = Cli::new(b);
+    let wf = env.file(
+        "one.yaml",
+        "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n",
+    );
+    // 200 threads of 0.1 s each, two at a time: at least 10 s to drive them
+    // all.
+    let mut child = env
+        .std_cmd()
+        .args([
+            "--json",
+            "batch",
+            &wf,
+            "-n",
+            "200",
+            "-p",
+            "t",
+            "--agent",
+            "cmd:sh -c 'sleep 0.1; echo done'",
+            "--jobs",
+            "2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    // `| head -1`: read one line, then close the pipe.
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let item: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(item["status"], "completed", "{first}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a closed pipe is not a failure: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(6),
+        "stopped soon after the reader left: {:?}",
+        started.elapsed()
+    );
+    let listed = env.json(&["thread", "list", "--limit", "1000"]);
+    let threads = listed.as_array().unwrap();
+    assert!(
+        threads.len() < 40,
+        "far fewer than 200 threads were started: {}",
+        threads.len()
+    );
+    // Drop runs `verify`.
+}
+
 process_conformance!(
     batch_runs_threads_from_a_prompt_file_and_streams_json_lines,
     a_batch_killed_mid_run_keeps_every_acknowledged_step,
     batch_reads_multi_line_prompts_from_json_lines,
+    batch_json_stops_starting_threads_when_its_reader_is_gone,
 );

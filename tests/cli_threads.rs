@@ -7,7 +7,7 @@ mod common;
 use common::backend::TestBackend;
 use common::cli::*;
 use common::{append_n, new_thread, next, step};
-use uwf_db::thread::{After, EndSpec, ThreadId};
+use uwf_db::thread::{EndSpec, Next, ThreadId};
 
 /// A store with a completed thread of 3 steps, an idle one and a fork.
 fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
@@ -19,7 +19,7 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
             done.id,
             r.head,
             step("rev", "approved", "Looks good\nsecond line"),
-            After::End(EndSpec {
+            Next::End(EndSpec {
                 return_code: 0,
                 summary: "Approved".into(),
                 prompt: "Approved and tested".into(),
@@ -38,7 +38,7 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
         .fork_thread(
             done.id,
             log[2].hash,
-            uwf_db::thread::ForkState::Idle {
+            uwf_db::thread::Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
             },

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::backend::TestBackend;
 use common::{append_n, new_thread, next, step, try_new_thread};
 use uwf_db::gc::{GcError, GcOptions, GcProgress, GcReport};
-use uwf_db::thread::{ForkState, ThreadError, ThreadId};
+use uwf_db::thread::{Next, ThreadError, ThreadId};
 use uwf_db::verify::verify;
 use uwf_db::{Blob, Hash, Store};
 
@@ -81,7 +81,7 @@ fn nothing_reachable_is_collected(b: TestBackend) {
         .fork_thread(
             a.id,
             a.head,
-            ForkState::Idle {
+            Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
             },
@@ -112,7 +112,7 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
         .fork_thread(
             a.id,
             at_10.head,
-            ForkState::Idle {
+            Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
             },
@@ -360,7 +360,7 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                                     .fork_thread(
                                         id,
                                         e.hash,
-                                        ForkState::Idle {
+                                        Next::Role {
                                             role: "dev".into(),
                                             instruction: "again".into(),
                                         },

@@ -8,7 +8,7 @@ mod common;
 use common::backend::TestBackend;
 use common::{new_thread, next, step};
 use proptest::prelude::*;
-use uwf_db::thread::{After, EndSpec, ForkState, ThreadError, ThreadId, ThreadStatus};
+use uwf_db::thread::{EndSpec, Next, ThreadError, ThreadId, ThreadStatus};
 use uwf_db::verify::verify;
 use uwf_db::{Blob, Hash};
 
@@ -83,11 +83,11 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let m = &mut models[t % len];
                 let head = *m.chain.last().unwrap_or(&m.start);
                 let after = match op {
-                    Op::Suspend(_) => After::Suspend {
+                    Op::Suspend(_) => Next::Suspend {
                         role: "dev".into(),
                         message: "ask".into(),
                     },
-                    Op::End(_, code) => After::End(end_spec(code)),
+                    Op::End(_, code) => Next::End(end_spec(code)),
                     _ => next("dev"),
                 };
                 let r = store.append_step(m.id, head, step("dev", "s", &format!("op {n}")), after);
@@ -133,7 +133,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let r = store.fork_thread(
                     m.id,
                     node,
-                    ForkState::Idle {
+                    Next::Role {
                         role: "dev".into(),
                         instruction: "go".into(),
                     },

@@ -5,9 +5,7 @@ mod common;
 
 use common::backend::TestBackend;
 use common::{append_n, new_thread, next, step};
-use uwf_db::thread::{
-    After, EndSpec, ForkState, NewThread, ThreadError, ThreadQuery, ThreadStatus, utc_day,
-};
+use uwf_db::thread::{EndSpec, NewThread, Next, ThreadError, ThreadQuery, ThreadStatus, utc_day};
 use uwf_db::verify::verify;
 use uwf_db::{Blob, Hash, Value};
 
@@ -108,7 +106,7 @@ fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
             t.id,
             t.head,
             step("rev", "approved", "fine"),
-            After::End(end(0)),
+            Next::End(end(0)),
         )
         .unwrap();
     let rec = &w.record;
@@ -211,7 +209,7 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
     let src = append_n(&store, t.id, 5);
     let log = store.thread_log(t.id, 10, None).unwrap();
     let blobs = store.stats().unwrap().blob_count;
-    let idle = ForkState::Idle {
+    let idle = Next::Role {
         role: "dev".into(),
         instruction: "again".into(),
     };
@@ -263,7 +261,7 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
             t.id,
             t.head,
             step("planner", "need_info", "which db?"),
-            After::Suspend {
+            Next::Suspend {
                 role: "planner".into(),
                 message: "Which database?".into(),
             },
@@ -276,7 +274,7 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     let mut resumed = step("planner", "done", "using LMDB");
     resumed.instruction = "Which database?\n\nLMDB".into();
     let r = store
-        .append_step(t.id, s.head, resumed, After::End(end(0)))
+        .append_step(t.id, s.head, resumed, Next::End(end(0)))
         .unwrap()
         .record;
     assert_eq!(r.status, ThreadStatus::Completed);
@@ -453,7 +451,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
             child.id,
             child.head,
             step("tester", "passed", "all green"),
-            After::End(end(0)),
+            Next::End(end(0)),
         )
         .unwrap();
     let child_end = c.end.unwrap();

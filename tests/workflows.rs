@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use common::backend::TestBackend;
 use uwf_db::Value;
-use uwf_db::workflow::{Route, WorkflowError, parse_workflow};
+use uwf_db::thread::{EndSpec, Next};
+use uwf_db::workflow::{WorkflowError, parse_workflow};
 
 const REVIEW: &str = include_str!("../examples/review.yaml");
 const FIVE: &str = include_str!("fixtures/five-mistakes.yaml");
@@ -30,7 +31,7 @@ fn the_review_example_parses_and_routes() {
     assert_eq!(
         wf.route("developer", &meta(&[("$status", "review_needed")]))
             .unwrap(),
-        Route::Next {
+        Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into()
         }
@@ -41,7 +42,7 @@ fn the_review_example_parses_and_routes() {
             &meta(&[("$status", "rejected"), ("reason", "no <tests> & docs")])
         )
         .unwrap(),
-        Route::Next {
+        Next::Role {
             role: "developer".into(),
             instruction: "Fix this: no <tests> & docs".into()
         }
@@ -49,9 +50,11 @@ fn the_review_example_parses_and_routes() {
     assert_eq!(
         wf.route("reviewer", &meta(&[("$status", "approved")]))
             .unwrap(),
-        Route::End {
+        Next::End(EndSpec {
+            return_code: 0,
+            summary: "Approved".into(),
             prompt: "Approved".into()
-        }
+        })
     );
     let err = wf
         .route("reviewer", &meta(&[("$status", "maybe")]))

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::cancel::Cancel;
 use crate::hash::Hash;
 use crate::thread::ThreadId;
 use crate::workflow::Role;
@@ -36,6 +37,10 @@ pub struct AgentRequest<'a> {
     pub answered_steps: usize,
     /// For a summarising call: how many summaries the thread already has.
     pub summary_index: Option<usize>,
+    /// The token the drive runs under: an agent that starts processes
+    /// registers them with it (see [`Cancel::agent_started`]) or checks it
+    /// while it waits, so that cancelling stops it.
+    pub cancel: &'a Cancel,
 }
 
 /// An agent's answer: text, plus the final state of a child thread when the
@@ -58,7 +63,7 @@ impl From<String> for AgentReply {
 }
 
 /// Why an agent gave no answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
     /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
@@ -93,12 +98,12 @@ pub enum AgentError {
         actual: String,
     },
     /// The program could not be started.
-    #[error("cannot run agent program '{program}': {detail}")]
+    #[error("cannot run agent program '{program}': {source}")]
     Spawn {
         /// The program.
         program: String,
         /// The OS error.
-        detail: String,
+        source: std::io::Error,
     },
     /// The program exited with an error.
     #[error("agent program exited with {status}: {stderr}")]
@@ -114,6 +119,12 @@ pub enum AgentError {
     /// The program's output is not UTF-8.
     #[error("agent output is not UTF-8")]
     NotUtf8,
+    /// A `cmd:` agent needs a program to run.
+    #[error("a cmd: agent needs a program to run (cmd:PROGRAM ARGS)")]
+    NoProgram,
+    /// An embedder's agent failed; the cause is kept as the source.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Something that answers role steps.
@@ -263,26 +274,68 @@ impl Agent for ScriptAgent {
     }
 }
 
+/// How built-in agents run ([`AgentSpec::build`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentOptions {
+    /// The store directory, given to `cmd:` programs as `UWF_STORE`
+    /// ([`Store::build_agent`](crate::Store::build_agent) fills it in).
+    pub store: PathBuf,
+    /// How long a `cmd:` program may take before its process group is
+    /// killed.
+    pub timeout: Duration,
+    /// How many times a `cmd:` agent is re-asked after an invalid reply.
+    pub reasks: usize,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            store: PathBuf::new(),
+            timeout: DEFAULT_TIMEOUT,
+            reasks: DEFAULT_REASKS,
+        }
+    }
+}
+
+/// Default re-asks of a `cmd:` agent after an invalid reply.
+pub const DEFAULT_REASKS: usize = 2;
+
+impl AgentSpec {
+    /// The agent this spec names: a loaded scenario, or a command agent.
+    pub fn build(&self, options: &AgentOptions) -> Result<Box<dyn Agent>, AgentError> {
+        Ok(match self {
+            AgentSpec::Script(file) => Box::new(ScriptAgent::load(file)?),
+            AgentSpec::Cmd(argv) => Box::new(CmdAgent::new(argv.clone(), options)?),
+        })
+    }
+}
+
 /// `cmd:PROGRAM ARGS`: the prompt on stdin, `UWF_THREAD`, `UWF_ROLE`,
 /// `UWF_STORE` in the environment, stdout is the reply. The program runs in
-/// its own process group, killed whole on timeout.
+/// its own process group, killed whole on timeout or when the drive's
+/// [`Cancel`] token is cancelled.
 #[derive(Debug, Clone)]
 pub struct CmdAgent {
-    argv: Vec<String>,
+    program: String,
+    args: Vec<String>,
     store: PathBuf,
     timeout: Duration,
     reasks: usize,
 }
 
 impl CmdAgent {
-    /// A command agent.
-    pub fn new(argv: Vec<String>, store: PathBuf, timeout: Duration, reasks: usize) -> Self {
-        CmdAgent {
-            argv,
-            store,
-            timeout,
-            reasks,
-        }
+    /// A command agent running `argv` (program, then arguments); an empty
+    /// `argv` is [`AgentError::NoProgram`].
+    pub fn new(argv: Vec<String>, options: &AgentOptions) -> Result<Self, AgentError> {
+        let mut words = argv.into_iter();
+        let program = words.next().ok_or(AgentError::NoProgram)?;
+        Ok(CmdAgent {
+            program,
+            args: words.collect(),
+            store: options.store.clone(),
+            timeout: options.timeout,
+            reasks: options.reasks,
+        })
     }
 }
 
@@ -302,9 +355,9 @@ impl Agent for CmdAgent {
 
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
         use std::os::unix::process::CommandExt;
-        let program = self.argv[0].clone();
+        let program = self.program.clone();
         let mut child = Command::new(&program)
-            .args(&self.argv[1..])
+            .args(&self.args)
             .env("UWF_THREAD", req.thread.to_string())
             .env("UWF_ROLE", req.role_name)
             .env("UWF_STORE", &self.store)
@@ -313,12 +366,12 @@ impl Agent for CmdAgent {
             .stderr(Stdio::piped())
             .process_group(0)
             .spawn()
-            .map_err(|e| AgentError::Spawn {
+            .map_err(|source| AgentError::Spawn {
                 program: program.clone(),
-                detail: e.to_string(),
+                source,
             })?;
         let pid = child.id();
-        super::claim::agent_started(pid);
+        req.cancel.agent_started(pid);
         let stdin = child.stdin.take();
         let prompt = req.prompt.to_owned();
         // Feed stdin and drain stdout/stderr on threads so no pipe fills up.
@@ -354,23 +407,21 @@ impl Agent for CmdAgent {
                 Ok(Some(status)) => break status,
                 Ok(None) if started.elapsed() >= self.timeout => {
                     kill_group(pid);
-                    super::claim::agent_finished(pid);
+                    req.cancel.agent_finished(pid);
                     let _ = child.wait();
                     return Err(AgentError::Timeout(self.timeout));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => {
+                Err(source) => {
                     kill_group(pid);
-                    return Err(AgentError::Spawn {
-                        program,
-                        detail: e.to_string(),
-                    });
+                    req.cancel.agent_finished(pid);
+                    return Err(AgentError::Spawn { program, source });
                 }
             }
         };
         // The program may have left children holding the pipes: end them.
         kill_group(pid);
-        super::claim::agent_finished(pid);
+        req.cancel.agent_finished(pid);
         let _ = writer.join();
         let stdout = out.join().unwrap_or_default();
         let stderr = err.join().unwrap_or_default();
@@ -383,5 +434,22 @@ impl Agent for CmdAgent {
         String::from_utf8(stdout)
             .map(AgentReply::from)
             .map_err(|_| AgentError::NotUtf8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cmd_agent_needs_a_program() {
+        let e = CmdAgent::new(Vec::new(), &AgentOptions::default()).unwrap_err();
+        assert!(matches!(e, AgentError::NoProgram), "{e}");
+        assert!(matches!(
+            AgentSpec::parse("cmd:  "),
+            Err(AgentError::BadSpec(_))
+        ));
+        let a = CmdAgent::new(vec!["echo".into(), "hi".into()], &AgentOptions::default());
+        assert!(a.is_ok());
     }
 }

@@ -2,20 +2,24 @@
 //! several driver threads at once, every step committed through one
 //! group-commit writer, so durable throughput is not one fsync per step.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::EngineError;
 use super::agent::Agent;
-use super::drive::StepResult;
+use super::cancel::Cancel;
+use super::drive::{DriveOptions, DriveReport, StepResult};
+use super::{StartOptions, claim};
 use crate::hash::Hash;
 use crate::store::Store;
-use crate::thread::{ThreadId, ThreadStatus};
+use crate::thread::{ThreadId, ThreadQuery, ThreadStatus};
 
 /// How to run a batch.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct BatchOptions {
     /// Most steps in one commit group (`0`: the default).
     pub max_group: usize,
@@ -23,10 +27,33 @@ pub struct BatchOptions {
     pub agent_spec: Option<String>,
     /// Loop protection for every thread (default: the workflow's).
     pub max_rounds: Option<u32>,
+    /// The token the batch runs under: cancelling it starts no new thread,
+    /// kills the agents running and leaves their threads retryable.
+    pub cancel: Cancel,
+}
+
+/// What a batch's per-item callback answers: go on, or start no new
+/// thread (the drives under way finish). A callback returning `()` always
+/// goes on.
+pub trait ItemFlow {
+    /// Whether to start no new thread.
+    fn stop(self) -> bool;
+}
+
+impl ItemFlow for () {
+    fn stop(self) -> bool {
+        false
+    }
+}
+
+impl ItemFlow for ControlFlow<()> {
+    fn stop(self) -> bool {
+        self.is_break()
+    }
 }
 
 /// One thread of a batch, when its drive ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct BatchItem {
     /// The prompt's position in the batch.
     pub index: usize,
@@ -38,8 +65,20 @@ pub struct BatchItem {
     pub result: Option<StepResult>,
     /// Steps committed.
     pub steps: usize,
-    /// Why the drive stopped early (recorded on the thread as for `run`).
-    pub error: Option<String>,
+    /// Why the drive stopped early (recorded on the thread as for `run`);
+    /// in JSON, its message.
+    #[serde(serialize_with = "error_message")]
+    pub error: Option<Arc<EngineError>>,
+}
+
+fn error_message<S: serde::Serializer>(
+    error: &Option<Arc<EngineError>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match error {
+        Some(e) => s.serialize_some(&e.to_string()),
+        None => s.serialize_none(),
+    }
 }
 
 /// What a batch did.
@@ -70,24 +109,26 @@ impl Store {
     /// Drives one new thread of `workflow` per prompt, one driver thread per
     /// agent in `agents` (so their number is the parallelism), committing
     /// through one group-commit writer. `on_item` sees each thread as its
-    /// drive ends, on the calling thread.
-    pub fn run_batch(
+    /// drive ends, on the calling thread; returning
+    /// [`ControlFlow::Break`] starts no new thread (for a reader that went
+    /// away), and the drives under way finish.
+    pub fn run_batch<R: ItemFlow>(
         &self,
         workflow: Hash,
         prompts: &[String],
         options: &BatchOptions,
         agents: Vec<Box<dyn Agent>>,
-        on_item: &mut dyn FnMut(&BatchItem),
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
     ) -> Result<BatchReport, EngineError> {
         // Fails early on an unknown or invalid workflow.
         self.load_workflow(workflow)?;
         self.drive_pool(
-            prompts.len(),
+            prompts,
             options,
             agents,
             on_item,
-            &|store, index, agent| {
-                drive_one(store, workflow, index, &prompts[index], options, agent)
+            &|store, index, prompt, agent| {
+                drive_one(store, workflow, index, prompt, options, agent)
             },
         )
     }
@@ -95,61 +136,96 @@ impl Store {
     /// Drives existing threads on, as a batch: each runs until it ends or
     /// suspends (a thread left `running` by a driver that died is taken
     /// over; one a live driver holds is reported as an error). For
-    /// finishing what an interrupted batch left.
-    pub fn continue_threads(
+    /// finishing what an interrupted batch left; see
+    /// [`Store::continuable_threads`] for which threads.
+    pub fn continue_threads<R: ItemFlow>(
         &self,
         threads: &[ThreadId],
         options: &BatchOptions,
         agents: Vec<Box<dyn Agent>>,
-        on_item: &mut dyn FnMut(&BatchItem),
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
     ) -> Result<BatchReport, EngineError> {
+        let drive = DriveOptions {
+            agent_spec: options.agent_spec.clone(),
+            cancel: options.cancel.clone(),
+            ..DriveOptions::default()
+        };
         self.drive_pool(
-            threads.len(),
+            threads,
             options,
             agents,
             on_item,
-            &|store, index, agent| {
-                let id = threads[index];
-                let outcome = store.run_thread(id, usize::MAX, agent);
-                let after = store.thread(id).ok().flatten();
-                BatchItem::of(index, id, after.map(|r| r.underlying_status()), outcome)
+            &|store, index, &id, agent| {
+                let outcome = store.drive(id, &drive, agent);
+                let after = match store.thread(id) {
+                    Ok(r) => r.map(|r| r.underlying_status()),
+                    Err(e) => {
+                        return BatchItem {
+                            thread: Some(id),
+                            ..BatchItem::failed(index, e.into())
+                        };
+                    }
+                };
+                BatchItem::of(index, id, after, outcome)
             },
         )
     }
 
-    /// `items` pieces of work, one driver thread per agent, over one
+    /// The threads of workflow `name` a `batch --continue` drives, oldest
+    /// first: idle ones, and running ones whose driver is gone; not
+    /// suspended ones (they wait for a human) nor ones a live driver holds.
+    pub fn continuable_threads(&self, name: &str) -> Result<Vec<ThreadId>, EngineError> {
+        let query = ThreadQuery {
+            statuses: vec![ThreadStatus::Idle, ThreadStatus::Running],
+            workflow: Some(name.to_owned()),
+            limit: usize::MAX,
+            ..ThreadQuery::default()
+        };
+        let mut ids = Vec::new();
+        for r in self.list_threads(&query)? {
+            if r.underlying_status() == ThreadStatus::Idle && !claim::is_held(self, r.id)? {
+                ids.push(r.id);
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// The pieces of work in `items`, one driver thread per agent, over one
     /// group-commit handle; `work` does piece `index` with the driver's
     /// agent.
-    fn drive_pool(
+    fn drive_pool<T: Sync, R: ItemFlow>(
         &self,
-        items: usize,
+        items: &[T],
         options: &BatchOptions,
         agents: Vec<Box<dyn Agent>>,
-        on_item: &mut dyn FnMut(&BatchItem),
-        work: &(dyn Fn(&Store, usize, &mut dyn Agent) -> BatchItem + Sync),
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
+        work: &(dyn Fn(&Store, usize, &T, &mut dyn Agent) -> BatchItem + Sync),
     ) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
-        if agents.is_empty() && items > 0 {
+        if agents.is_empty() && !items.is_empty() {
             return Err(EngineError::NoAgents);
         }
         let next = AtomicUsize::new(0);
+        // Set when `on_item` asks to stop: no new thread starts.
+        let stop = AtomicBool::new(false);
         let mut report = BatchReport::default();
         let ((), stats) = self.group_commit(options.max_group, |store| {
             let (tx, rx) = crossbeam_channel::unbounded::<BatchItem>();
             std::thread::scope(|scope| {
                 for mut agent in agents {
                     let tx = tx.clone();
-                    let next = &next;
+                    let (next, stop) = (&next, &stop);
                     scope.spawn(move || {
                         loop {
-                            if super::claim::interrupted() {
+                            if options.cancel.is_cancelled() || stop.load(Ordering::SeqCst) {
                                 break;
                             }
                             let index = next.fetch_add(1, Ordering::Relaxed);
-                            if index >= items {
+                            let Some(item) = items.get(index) else {
                                 break;
-                            }
-                            if tx.send(work(store, index, &mut *agent)).is_err() {
+                            };
+                            if tx.send(work(store, index, item, &mut *agent)).is_err() {
                                 break;
                             }
                         }
@@ -158,7 +234,9 @@ impl Store {
                 drop(tx);
                 for item in rx {
                     report.add(&item);
-                    on_item(&item);
+                    if on_item(&item).stop() {
+                        stop.store(true, Ordering::SeqCst);
+                    }
                 }
             });
         });
@@ -177,35 +255,39 @@ fn drive_one(
     options: &BatchOptions,
     agent: &mut dyn Agent,
 ) -> BatchItem {
-    match store.run_workflow(
-        workflow,
-        prompt,
-        options.agent_spec.clone(),
-        options.max_rounds,
-        agent,
-    ) {
+    let start = StartOptions {
+        agent_spec: options.agent_spec.clone(),
+        max_rounds: options.max_rounds,
+        cancel: options.cancel.clone(),
+    };
+    match store.run_workflow(workflow, prompt, &start, agent) {
         Ok((record, outcome)) => {
             BatchItem::of(index, record.id, Some(record.underlying_status()), outcome)
         }
-        Err(e) => BatchItem {
+        Err(e) => BatchItem::failed(index, e),
+    }
+}
+
+impl BatchItem {
+    /// An item whose thread could not be started or read.
+    fn failed(index: usize, error: EngineError) -> BatchItem {
+        BatchItem {
             index,
             thread: None,
             status: None,
             result: None,
             steps: 0,
-            error: Some(e.to_string()),
-        },
+            error: Some(Arc::new(error)),
+        }
     }
-}
 
-impl BatchItem {
     /// The item for thread `id` after a drive: the status its last step
     /// left, else `unstepped` (the status it had).
     fn of(
         index: usize,
         id: ThreadId,
         unstepped: Option<ThreadStatus>,
-        outcome: super::drive::RunOutcome,
+        outcome: DriveReport,
     ) -> BatchItem {
         let last = outcome.results.last();
         BatchItem {
@@ -214,7 +296,7 @@ impl BatchItem {
             status: last.map(|r| r.status).or(unstepped),
             result: last.cloned(),
             steps: outcome.results.len(),
-            error: outcome.error.map(|e| e.to_string()),
+            error: outcome.error.map(Arc::new),
         }
     }
 }

@@ -7,163 +7,110 @@
 //! so a claim costs one `fcntl`, not a file creation. The lock dies with its
 //! process, so a driver killed with `kill -9` leaves a record that says
 //! `running` but a lock anyone can take: the next driver takes it over.
-//! Within one process the held claims are tracked so nested calls reuse the
-//! outer claim (OFD locks of one open file never conflict with each other).
+//! Each store handle tracks the claims it holds (in its engine state), so
+//! nested calls reuse the outer claim (OFD locks of one open file never
+//! conflict with each other). A claim is taken under a [`Cancel`] token,
+//! which gives the thread its status back when it is cancelled.
 
-use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
-use std::path::PathBuf;
-use std::sync::{Arc, LazyLock, Mutex};
-
-use nix::fcntl::{FcntlArg, fcntl};
-use nix::libc;
+use std::collections::HashSet;
 
 use super::EngineError;
-use crate::store::{Store, StoreError};
+use super::cancel::Cancel;
+use crate::backend::HeldLock;
+use crate::store::Store;
 use crate::thread::{ThreadId, ThreadStatus};
 
-/// Claims held by this process: (store path, thread).
-static HELD: LazyLock<Mutex<HashSet<(PathBuf, ThreadId)>>> =
-    LazyLock::new(|| Mutex::new(HashSet::new()));
-
-/// Agent process groups running now, killed by [`interrupt`].
-static AGENTS: LazyLock<Mutex<HashSet<u32>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
-
-/// Set by [`interrupt`]: no new claim is taken and no new agent runs.
-static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether [`interrupt`] was called in this process.
-pub fn interrupted() -> bool {
-    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
-}
-
-/// Stores with claims held now, so [`interrupt`] can release them.
-static CLAIMED: LazyLock<Mutex<Vec<(Store, ThreadId)>>> = LazyLock::new(|| Mutex::new(Vec::new()));
-
 /// A held claim; dropping it releases the thread (status back from
-/// `running` to what the drive left) and the lock.
+/// `running` to what the drive left) and the lock. [`Claim::release`] does
+/// the same and reports a failure to write the record.
 #[derive(Debug)]
 pub struct Claim {
     store: Store,
     id: ThreadId,
-    /// The lock file, when this claim took the lock (not a nested claim).
-    lock: Option<Arc<File>>,
+    /// The backend's lock, when this claim took it (not a nested claim);
+    /// dropping it unlocks.
+    lock: Option<Box<dyn HeldLock>>,
+    /// The token the claim was taken under (it releases the claim when
+    /// cancelled).
+    cancel: Cancel,
 }
 
-/// The store's lock file, opened once per process.
-fn lock_file(store: &Store) -> std::io::Result<Arc<File>> {
-    static FILES: LazyLock<Mutex<HashMap<PathBuf, Arc<File>>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
-    let mut files = FILES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(f) = files.get(store.path()) {
-        return Ok(Arc::clone(f));
-    }
-    let f = Arc::new(
-        OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(store.path().join("claims.lock"))?,
-    );
-    files.insert(store.path().to_path_buf(), Arc::clone(&f));
-    Ok(f)
+// The locking primitive is the backend's (`Backend::try_lock_claim`): on
+// LMDB one byte of `<store>/claims.lock` per thread (`docs/design.md` §4b).
+
+/// Takes the thread's claim lock: `Ok(None)` when a live holder elsewhere
+/// (another process, or another store handle) has it.
+fn try_lock(store: &Store, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, EngineError> {
+    Ok(store.backend().try_lock_claim(id)?)
 }
 
-/// The byte a thread's claim locks: its id folded into 62 bits.
-fn lock_range(id: ThreadId, kind: libc::c_short) -> libc::flock {
-    let offset = u128::from_be_bytes(id.to_bytes()) % (1u128 << 62);
-    libc::flock {
-        l_type: kind,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: i64::try_from(offset).unwrap_or(0),
-        l_len: 1,
-        l_pid: 0,
-    }
+/// Whether a live holder elsewhere has the thread's claim lock.
+fn is_locked(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
+    Ok(store.backend().claim_locked(id)?)
 }
 
-/// Whether a live driver (another process, or a claim of this process)
-/// holds the thread.
-pub fn is_held(store: &Store, id: ThreadId) -> bool {
-    let key = (store.path().to_path_buf(), id);
-    if HELD
+/// The threads this store handle holds claims on.
+fn held(store: &Store) -> std::sync::MutexGuard<'_, HashSet<ThreadId>> {
+    store
+        .engine_state()
+        .claims
+        .held
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .contains(&key)
-    {
-        return true;
+}
+
+/// Whether a live driver (another process, or a claim of this store
+/// handle) holds the thread. A lock file that cannot be read is an error,
+/// not "not held".
+pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
+    if held(store).contains(&id) {
+        return Ok(true);
     }
-    let Ok(file) = lock_file(store) else {
-        return false;
-    };
-    let mut probe = lock_range(id, libc::F_WRLCK as libc::c_short);
-    match fcntl(&*file, FcntlArg::F_OFD_GETLK(&mut probe)) {
-        Ok(_) => probe.l_type != libc::F_UNLCK as libc::c_short,
-        Err(_) => false,
-    }
+    is_locked(store, id)
 }
 
 impl Store {
     /// Takes the driver's lock for a thread that does not exist yet (see
     /// [`Store::start_thread_as`]); dropping the claim releases it.
-    pub fn claim_new(&self, id: ThreadId) -> Result<Claim, EngineError> {
-        self.lock_claim(id, false)
+    pub fn claim_new(&self, id: ThreadId, cancel: &Cancel) -> Result<Claim, EngineError> {
+        self.lock_claim(id, false, cancel)
     }
 
-    /// Claims a thread for a drive. Refused while another live driver holds
-    /// it; a claim left by a dead driver is taken over. Claiming a thread
-    /// this process already holds returns a claim that releases nothing.
-    pub fn claim(&self, id: ThreadId) -> Result<Claim, EngineError> {
-        self.lock_claim(id, true)
+    /// Claims a thread for a drive under `cancel` (cancelling it releases
+    /// the claim). Refused while another live driver holds it; a claim left
+    /// by a dead driver is taken over. Claiming a thread this store handle
+    /// already holds returns a claim that releases nothing.
+    pub fn claim(&self, id: ThreadId, cancel: &Cancel) -> Result<Claim, EngineError> {
+        self.lock_claim(id, true, cancel)
     }
 
-    fn lock_claim(&self, id: ThreadId, mark: bool) -> Result<Claim, EngineError> {
-        if interrupted() {
+    fn lock_claim(&self, id: ThreadId, mark: bool, cancel: &Cancel) -> Result<Claim, EngineError> {
+        if cancel.is_cancelled() {
             return Err(EngineError::Interrupted);
         }
-        let key = (self.path().to_path_buf(), id);
-        {
-            let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
-            if held.contains(&key) {
-                return Ok(Claim {
-                    store: self.clone(),
-                    id,
-                    lock: None,
-                });
-            }
-            held.insert(key.clone());
+        if !held(self).insert(id) {
+            // Nested: the outer claim of this store handle covers it.
+            return Ok(Claim {
+                store: self.clone(),
+                id,
+                lock: None,
+                cancel: cancel.clone(),
+            });
         }
         let unhold = || {
-            HELD.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+            held(self).remove(&id);
         };
-        let path = self.path().join("claims.lock");
-        let file = match lock_file(self) {
-            Ok(f) => f,
-            Err(e) => {
-                unhold();
-                return Err(EngineError::Store(StoreError::Io {
-                    op: "open the claim lock file",
-                    path,
-                    source: e,
-                }));
-            }
-        };
-        let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
-        match fcntl(&*file, FcntlArg::F_OFD_SETLK(&lock)) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => {
+        let file = match try_lock(self, id) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
                 unhold();
                 return Err(EngineError::Claimed { thread: id });
             }
             Err(e) => {
                 unhold();
-                return Err(EngineError::Store(StoreError::Io {
-                    op: "lock the claim lock file",
-                    path,
-                    source: std::io::Error::from(e),
-                }));
+                return Err(e);
             }
-        }
+        };
         let marked = if !mark {
             Ok(())
         } else {
@@ -182,47 +129,51 @@ impl Store {
             .map(|_| ())
         };
         if let Err(e) = marked {
-            unlock(&file, id);
+            drop(file);
             unhold();
             return Err(e.into());
         }
-        CLAIMED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((self.clone(), id));
-        Ok(Claim {
+        cancel.claim_taken(self, id);
+        let claim = Claim {
             store: self.clone(),
             id,
             lock: Some(file),
-        })
+            cancel: cancel.clone(),
+        };
+        // Cancelled while the claim was being taken: `cancel` may have
+        // missed it; dropping it releases it.
+        if cancel.is_cancelled() {
+            return Err(EngineError::Interrupted);
+        }
+        Ok(claim)
     }
 }
 
-fn unlock(file: &File, id: ThreadId) {
-    let _ = fcntl(
-        file,
-        FcntlArg::F_OFD_SETLK(&lock_range(id, libc::F_UNLCK as libc::c_short)),
-    );
+/// Gives a claimed thread its status back (`running` → what the drive left
+/// underneath), without touching the lock. Usually the drive's last commit
+/// (an end or a suspend) did it already and nothing is written.
+fn restore_status(store: &Store, id: ThreadId) -> Result<(), EngineError> {
+    let claimed = store
+        .thread(id)?
+        .is_some_and(|r| r.status == ThreadStatus::Running || r.claimed_status.is_some());
+    if claimed {
+        store.update_record(id, |r| {
+            if let (ThreadStatus::Running, Some(s)) = (r.status, r.claimed_status) {
+                r.status = s;
+            }
+            r.claimed_status = None;
+            Ok(())
+        })?;
+    }
+    Ok(())
 }
 
-fn release(store: &Store, id: ThreadId) {
-    // Usually the drive's last commit (an end or a suspend) released it.
-    let claimed = store
-        .thread(id)
-        .ok()
-        .flatten()
-        .is_some_and(|r| r.status == ThreadStatus::Running || r.claimed_status.is_some());
-    let _ = claimed
-        && store
-            .update_record(id, |r| {
-                if let (ThreadStatus::Running, Some(s)) = (r.status, r.claimed_status) {
-                    r.status = s;
-                }
-                r.claimed_status = None;
-                Ok(())
-            })
-            .is_ok();
-    forget(store, id);
+/// For [`Cancel::cancel`]: gives the thread its status back at once (the
+/// lock and the bookkeeping go when the drive drops its claim, so no other
+/// claim of this store handle can slip in between). A failure leaves the
+/// record `running`, which the next driver takes over as a dead driver's.
+pub(crate) fn release_status(store: &Store, id: ThreadId) {
+    let _ = restore_status(store, id);
 }
 
 impl Claim {
@@ -231,67 +182,41 @@ impl Claim {
     /// reading or writing the record again.
     pub fn released_by_commit(mut self) {
         if let Some(file) = self.lock.take() {
-            forget(&self.store, self.id);
-            unlock(&file, self.id);
+            self.forget();
+            drop(file);
         }
     }
-}
 
-/// Forgets a claim this process held, without touching the record.
-fn forget(store: &Store, id: ThreadId) {
-    HELD.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(store.path().to_path_buf(), id));
-    CLAIMED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|(s, t)| !(*t == id && s.path() == store.path()));
+    /// Releases the claim now: the record's status back from `running`,
+    /// then the lock. A record that cannot be read or written is an error
+    /// (the lock is released all the same; the next driver takes the
+    /// `running` record over).
+    pub fn release(mut self) -> Result<(), EngineError> {
+        match self.lock.take() {
+            Some(file) => {
+                let restored = restore_status(&self.store, self.id);
+                self.forget();
+                drop(file);
+                restored
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Forgets the claim in the store handle's and the token's bookkeeping.
+    fn forget(&self) {
+        held(&self.store).remove(&self.id);
+        self.cancel.claim_released(&self.store, self.id);
+    }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Some(file) = &self.lock {
-            release(&self.store, self.id);
-            unlock(file, self.id);
+        if let Some(file) = self.lock.take() {
+            // Drop cannot report; `Claim::release` does.
+            let _ = restore_status(&self.store, self.id);
+            self.forget();
+            drop(file);
         }
-    }
-}
-
-/// Registers a running agent's process group (for [`interrupt`]).
-pub(crate) fn agent_started(pgid: u32) {
-    AGENTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(pgid);
-    // Started while `interrupt` ran: it may have missed this group.
-    if interrupted() {
-        super::agent::kill_group(pgid);
-    }
-}
-
-/// Forgets a finished agent's process group.
-pub(crate) fn agent_finished(pgid: u32) {
-    AGENTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&pgid);
-}
-
-/// For a Ctrl-C handler: kills every running agent's process group and
-/// releases every claim this process holds, leaving the threads retryable.
-/// (The caller then exits; the library never does.)
-pub fn interrupt() {
-    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
-    let groups: Vec<u32> = AGENTS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .drain()
-        .collect();
-    for pgid in groups {
-        super::agent::kill_group(pgid);
-    }
-    let claims: Vec<(Store, ThreadId)> = CLAIMED.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for (store, id) in claims {
-        release(&store, id);
     }
 }

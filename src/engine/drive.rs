@@ -1,23 +1,21 @@
 //! Stepping threads: one role step at a time, routed before it is
 //! committed; failures are recorded, never committed.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
 use serde::Serialize;
 
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
-use super::extract::{extract, extract_keyed};
-use super::prompt::{RECENT_STEPS, assemble, assemble_with_header, output_format, role_header};
+use super::cancel::Cancel;
+use super::extract::extract_with;
+use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::Store;
 use crate::thread::{
-    After, END_ROLE, EndSpec, NewThread, StepWrite, ThreadError, ThreadId, ThreadRecord,
-    ThreadStatus,
+    END_ROLE, EndSpec, Next, StepWrite, ThreadError, ThreadId, ThreadRecord, ThreadStatus,
 };
-use crate::workflow::{Route, Workflow};
 
 /// What a step left (SPEC §7's step result).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -41,7 +39,6 @@ pub struct StepResult {
 }
 
 impl StepResult {
-    /// The result for a record.
     /// The result for a record: the status the step left, never the
     /// driver's own claim.
     pub fn of(r: &ThreadRecord) -> Self {
@@ -61,17 +58,61 @@ impl StepResult {
     }
 }
 
-/// What a run of several steps did.
+/// What a drive did: the steps it committed, and the failure that stopped
+/// it early, if any (the steps before it stay committed).
 #[derive(Debug)]
-pub struct RunOutcome {
-    /// One result per committed step.
+#[must_use = "a drive may have stopped with an error"]
+pub struct DriveReport {
+    /// One result per committed step, in order.
     pub results: Vec<StepResult>,
-    /// The failure that stopped the run, if any.
+    /// The failure that stopped the drive, if any.
     pub error: Option<EngineError>,
 }
 
+impl DriveReport {
+    /// The results, or the error when the drive stopped with one.
+    pub fn into_result(self) -> Result<Vec<StepResult>, EngineError> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.results),
+        }
+    }
+
+    /// Whether the last step left the thread not idle (ended or suspended).
+    fn stopped(&self) -> bool {
+        self.results
+            .last()
+            .is_some_and(|r| r.current_role.is_none())
+    }
+}
+
+/// How to drive a thread ([`Store::drive`]).
+#[derive(Debug, Clone, Default)]
+pub struct DriveOptions {
+    /// Most steps to run (the resumed step counts); `None`: until the
+    /// thread ends or suspends.
+    pub max_steps: Option<usize>,
+    /// Resume the thread first (a suspended, completed or failed one)
+    /// instead of stepping an idle one.
+    pub resume: bool,
+    /// With `resume`: text appended to the resume instruction.
+    pub resume_text: Option<String>,
+    /// An agent spec to store on the thread (so later drives reuse it),
+    /// written under the claim before the first step.
+    pub agent_spec: Option<String>,
+    /// The token the drive runs under.
+    pub cancel: Cancel,
+}
+
+/// How to cancel a thread ([`Store::cancel_thread`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CancelOptions {
+    /// Cancel even while a live driver holds the thread.
+    pub force: bool,
+}
+
 /// Which kind of step to run.
-enum Mode {
+pub(super) enum Mode {
     /// The next role of an idle thread.
     Next,
     /// The suspended role, with the resume instruction.
@@ -81,13 +122,110 @@ enum Mode {
 }
 
 impl Store {
+    /// Drives a thread with `agent`: claims it for the whole drive (a second
+    /// driver is refused), stores the agent spec if one is given, resumes
+    /// it if asked, then steps it until it ends or suspends or
+    /// `max_steps` steps ran. A step that fails records its error on the
+    /// thread and stops the drive.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::{Cancel, DriveOptions, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    /// use uwf_db::workflow::parse_workflow;
+    /// use uwf_db::{Store, StoreOptions};
+    ///
+    /// /// Answers every role with plain text (the default status `_`).
+    /// struct Echo;
+    /// impl Agent for Echo {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         Ok(format!("did: {}", req.instruction).into())
+    ///     }
+    /// }
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path(), StoreOptions::default())?;
+    /// let yaml = "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n";
+    /// let parsed = parse_workflow(yaml, None, &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// let (workflow, _) = store.add_workflow(&parsed)?;
+    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    ///
+    /// // The caller owns the token: another thread may `cancel()` it.
+    /// let options = DriveOptions { cancel: Cancel::new(), ..DriveOptions::default() };
+    /// let results = store.drive(thread.id, &options, &mut Echo).into_result()?;
+    /// assert_eq!(results.len(), 1);
+    /// assert_eq!(results[0].status, ThreadStatus::Completed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn drive(
+        &self,
+        id: ThreadId,
+        options: &DriveOptions,
+        agent: &mut dyn Agent,
+    ) -> DriveReport {
+        let mut report = DriveReport {
+            results: Vec::new(),
+            error: None,
+        };
+        let max_steps = options.max_steps.unwrap_or(usize::MAX);
+        let cancel = &options.cancel;
+        // Hold the thread for the whole drive, not per step.
+        let claim = match self.claim(id, cancel) {
+            Ok(c) => c,
+            Err(e) => {
+                report.error = Some(e);
+                return report;
+            }
+        };
+        if let Some(spec) = &options.agent_spec
+            && let Err(e) = self.store_agent_spec(id, spec)
+        {
+            report.error = Some(e);
+            return report;
+        }
+        if options.resume && max_steps > 0 {
+            match self.resume_thread(id, options.resume_text.as_deref(), agent, cancel) {
+                Ok(r) => report.results.push(r),
+                Err(e) => {
+                    report.error = Some(e);
+                    return report;
+                }
+            }
+        }
+        if report.results.len() < max_steps && !report.stopped() {
+            let more = self.run_thread(id, max_steps - report.results.len(), agent, cancel);
+            report.results.extend(more.results);
+            report.error = more.error;
+        }
+        if report.error.is_none()
+            && let Err(e) = claim.release()
+        {
+            report.error = Some(e);
+        }
+        report
+    }
+
+    /// Stores `spec` as the thread's agent, unless it is already.
+    fn store_agent_spec(&self, id: ThreadId, spec: &str) -> Result<(), EngineError> {
+        if self.need_thread(id)?.agent.as_deref() == Some(spec) {
+            return Ok(());
+        }
+        let spec = spec.to_owned();
+        self.update_record(id, move |r| {
+            r.agent = Some(spec.clone());
+            Ok(())
+        })?;
+        Ok(())
+    }
+
     /// Runs one role step of an idle thread with `agent`.
-    pub fn step_thread(
+    pub(crate) fn step_thread(
         &self,
         id: ThreadId,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
-        let _claim = self.claim(id)?;
+        let _claim = self.claim(id, cancel)?;
         let record = self.need_thread(id)?;
         let status = record.underlying_status();
         if status != ThreadStatus::Idle {
@@ -95,7 +233,7 @@ impl Store {
         }
         let role = record.next_role.clone().unwrap_or_default();
         let instruction = record.next_instruction.clone().unwrap_or_default();
-        self.run_step(&record, &role, &instruction, Mode::Next, agent)
+        self.run_step(&record, &role, &instruction, Mode::Next, agent, cancel)
     }
 
     /// Resumes a suspended thread (its suspended role runs again with the
@@ -103,11 +241,12 @@ impl Store {
     /// one (completed or failed: the first role runs after the end node,
     /// with the `$START` prompt, plus `"\n\n"` and `text`). If the step
     /// fails the thread keeps its status, with the error recorded.
-    pub fn resume_thread(
+    pub(crate) fn resume_thread(
         &self,
         id: ThreadId,
         text: Option<&str>,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
         if let Some(record) = self.thread(id)?
             && let Some(parent) = record.parent_thread
@@ -117,17 +256,18 @@ impl Store {
         {
             return Err(EngineError::ResumeThroughParent { thread: id, parent });
         }
-        self.resume_inner(id, text, agent)
+        self.resume_inner(id, text, agent, cancel)
     }
 
     /// `resume_thread` without the refusal for children of suspended parents.
-    fn resume_inner(
+    pub(super) fn resume_inner(
         &self,
         id: ThreadId,
         text: Option<&str>,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
-        let _claim = self.claim(id)?;
+        let _claim = self.claim(id, cancel)?;
         let record = self.need_thread(id)?;
         let with_text = |base: &str| match text {
             Some(t) => format!("{base}\n\n{t}"),
@@ -142,18 +282,40 @@ impl Store {
                 let role = record.next_role.clone().unwrap_or_default();
                 let instruction = record.next_instruction.clone().unwrap_or_default();
                 let wf = self.load_workflow(record.workflow_hash)?;
-                self.finish_child(&record, &role, &instruction, child, &wf, agent, Some(text))
+                self.finish_child(
+                    &record,
+                    &role,
+                    &instruction,
+                    child,
+                    &wf,
+                    (agent, cancel),
+                    Some(text),
+                )
             }
             ThreadStatus::Suspended => {
                 let role = record.suspended_role.clone().unwrap_or_default();
                 let instruction = with_text(record.suspend_message.as_deref().unwrap_or_default());
-                self.run_step(&record, &role, &instruction, Mode::ResumeSuspended, agent)
+                self.run_step(
+                    &record,
+                    &role,
+                    &instruction,
+                    Mode::ResumeSuspended,
+                    agent,
+                    cancel,
+                )
             }
             ThreadStatus::Completed | ThreadStatus::Failed => {
                 let wf = self.load_workflow(record.workflow_hash)?;
-                let (role, start_prompt) = wf.first()?;
+                let (role, start_prompt) = wf.first_in(Some(&self.engine_state().templates))?;
                 let instruction = with_text(&start_prompt);
-                self.run_step(&record, &role, &instruction, Mode::ResumeEnded, agent)
+                self.run_step(
+                    &record,
+                    &role,
+                    &instruction,
+                    Mode::ResumeEnded,
+                    agent,
+                    cancel,
+                )
             }
             status => Err(EngineError::NotResumable { thread: id, status }),
         }
@@ -161,19 +323,25 @@ impl Store {
 
     /// Steps until the thread ends or suspends, or `max_steps` steps ran,
     /// or a step fails (the steps before it stay committed).
-    pub fn run_thread(&self, id: ThreadId, max_steps: usize, agent: &mut dyn Agent) -> RunOutcome {
+    pub(crate) fn run_thread(
+        &self,
+        id: ThreadId,
+        max_steps: usize,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> DriveReport {
         let mut results = Vec::new();
-        let _claim = match self.claim(id) {
+        let _claim = match self.claim(id, cancel) {
             Ok(c) => c,
             Err(e) => {
-                return RunOutcome {
+                return DriveReport {
                     results,
                     error: Some(e),
                 };
             }
         };
         while results.len() < max_steps {
-            match self.step_thread(id, agent) {
+            match self.step_thread(id, agent, cancel) {
                 Ok(r) => {
                     let stop = r.status != ThreadStatus::Idle;
                     results.push(r);
@@ -182,23 +350,29 @@ impl Store {
                     }
                 }
                 Err(e) => {
-                    return RunOutcome {
+                    return DriveReport {
                         results,
                         error: Some(e),
                     };
                 }
             }
         }
-        RunOutcome {
+        DriveReport {
             results,
             error: None,
         }
     }
 
     /// Cancels an active thread: end node with return code 2, into history;
-    /// its suspended children are cancelled too.
-    pub fn cancel_thread(&self, id: ThreadId, force: bool) -> Result<StepResult, EngineError> {
-        if !force && super::claim::is_held(self, id) {
+    /// its suspended children are cancelled too. Refused while a live
+    /// driver holds it, unless [`CancelOptions::force`].
+    pub fn cancel_thread(
+        &self,
+        id: ThreadId,
+        options: &CancelOptions,
+    ) -> Result<StepResult, EngineError> {
+        let force = options.force;
+        if !force && super::claim::is_held(self, id)? {
             return Err(EngineError::Claimed { thread: id });
         }
         let record = self.need_thread(id)?;
@@ -210,7 +384,7 @@ impl Store {
         }
         for child in self.thread_tree(id)?.children {
             if child.thread.status == ThreadStatus::Suspended {
-                self.cancel_thread(child.thread.id, force)?;
+                self.cancel_thread(child.thread.id, options)?;
             }
         }
         let end = EndSpec {
@@ -222,47 +396,72 @@ impl Store {
         Ok(StepResult::of(&w.record))
     }
 
-    fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
+    pub(super) fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
         Ok(self
             .thread(id)?
             .ok_or_else(|| ThreadError::Unknown(id.to_string()))?)
     }
 
     /// Records a failed attempt and returns the error for it.
-    fn fail(&self, id: ThreadId, message: String) -> EngineError {
+    pub(super) fn fail(&self, id: ThreadId, message: String) -> EngineError {
+        self.fail_with(id, message, None)
+    }
+
+    /// [`Self::fail`] keeping the cause as the error's source.
+    pub(super) fn fail_with(
+        &self,
+        id: ThreadId,
+        message: String,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> EngineError {
         match self.record_failure(id, &message) {
             Ok(_) => EngineError::StepFailed {
                 thread: id,
                 message,
+                source,
             },
             Err(e) => e.into(),
         }
     }
 
     /// A thread's task prompt and `max_rounds`, from its start node. Start
-    /// nodes are immutable, so they are cached by hash.
-    fn task_of(&self, start: Hash, default_rounds: u32) -> Result<(Arc<str>, u32), EngineError> {
-        type Tasks = HashMap<Hash, (Arc<str>, u32)>;
-        static TASKS: LazyLock<Mutex<Tasks>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-        if let Some(hit) = TASKS.lock().unwrap_or_else(|p| p.into_inner()).get(&start) {
-            return Ok(hit.clone());
+    /// nodes are immutable, so they are cached by hash (per store).
+    pub(super) fn task_of(&self, start: Hash) -> Result<(Arc<str>, u32), EngineError> {
+        let cache = &self.engine_state().tasks;
+        if let Some(hit) = cache.get(&start) {
+            return Ok(hit);
         }
-        let found = match self.get(&start)? {
-            Some(Blob::Start(s)) => (Arc::from(self.text(&s.prompt)), s.max_rounds),
-            _ => (Arc::from(""), default_rounds),
-        };
-        let mut cache = TASKS.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= 65_536 {
-            cache.clear();
-        }
+        let s = self.start_node(start)?;
+        let found = (Arc::from(self.text(&s.prompt)?), s.max_rounds);
         cache.insert(start, found.clone());
         Ok(found)
     }
 
-    fn text(&self, h: &Hash) -> String {
-        match self.get(h) {
-            Ok(Some(Blob::Content(c))) => c.text,
-            _ => String::new(),
+    /// A thread's start node; a blob that is missing or not a start node is
+    /// an error.
+    pub(super) fn start_node(&self, start: Hash) -> Result<crate::node::StartNode, EngineError> {
+        match self.get(&start)? {
+            Some(Blob::Start(s)) => Ok(s),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: start,
+                expected: "start",
+            }
+            .into()),
+            None => Err(ThreadError::MissingNode { hash: start }.into()),
+        }
+    }
+
+    /// The text of a content blob; a blob that is missing or not content
+    /// is an error, never an empty text.
+    pub(super) fn text(&self, h: &Hash) -> Result<String, EngineError> {
+        match self.get(h)? {
+            Some(Blob::Content(c)) => Ok(c.text),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: *h,
+                expected: "content",
+            }
+            .into()),
+            None => Err(ThreadError::MissingNode { hash: *h }.into()),
         }
     }
 
@@ -291,6 +490,7 @@ impl Store {
         instruction: &str,
         mode: Mode,
         agent: &mut dyn Agent,
+        cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
         let wf = self.load_workflow(record.workflow_hash)?;
@@ -308,12 +508,12 @@ impl Store {
                 child_workflow,
                 &wf,
                 mode,
-                agent,
+                (agent, cancel),
             );
         }
-        let (task, max_rounds) = self.task_of(record.start, wf.max_rounds)?;
+        let (task, max_rounds) = self.task_of(record.start)?;
         let context = self.context_of(record, RECENT_STEPS + 1)?;
-        let header = role_header_of(record.workflow_hash, role, role_def);
+        let header = self.role_header_of(record.workflow_hash, role, role_def);
         let prompt = assemble_with_header(
             &header,
             role,
@@ -321,7 +521,7 @@ impl Store {
             &context,
             &|h| self.text(h),
             instruction,
-        );
+        )?;
         let answered = match (agent.needs_step_count(), record.agent_steps) {
             (false, _) => 0,
             (true, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -340,15 +540,24 @@ impl Store {
                 prompt: &ask,
                 answered_steps: answered,
                 summary_index: None,
+                cancel,
             };
             let reply = match agent.call(&request) {
                 Ok(r) => r,
                 // Killed by Ctrl-C: not the agent's failure; nothing is
                 // recorded and the thread stays retryable.
-                Err(_) if super::claim::interrupted() => return Err(EngineError::Interrupted),
-                Err(e) => return Err(self.fail(id, format!("agent failed on role '{role}': {e}"))),
+                Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
+                Err(e) => {
+                    let message = format!("agent failed on role '{role}': {e}");
+                    return Err(self.fail_with(id, message, Some(Box::new(e))));
+                }
             };
-            match extract_keyed(Some((record.workflow_hash, role)), role_def, &reply.output) {
+            match extract_with(
+                &self.engine_state().validators,
+                Some((record.workflow_hash, role)),
+                role_def,
+                &reply.output,
+            ) {
                 Ok(x) => break x,
                 Err(e) if attempts < agent.reasks() => {
                     attempts += 1;
@@ -357,19 +566,20 @@ impl Store {
                     );
                 }
                 Err(e) => {
-                    return Err(self.fail(id, format!("invalid reply from role '{role}': {e}")));
+                    let message = format!("invalid reply from role '{role}': {e}");
+                    return Err(self.fail_with(id, message, Some(Box::new(e))));
                 }
             }
         };
-        let route = match wf.route(role, &extracted.meta) {
+        let route = match wf.route_in(Some(&self.engine_state().templates), role, &extracted.meta) {
             Ok(r) => r,
-            Err(e) => return Err(self.fail(id, e.to_string())),
+            Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
         };
         let rounds = match mode {
             Mode::ResumeEnded => 1,
             _ => record.rounds() + 1,
         };
-        let after = after_route(route, rounds, max_rounds);
+        let after = with_max_rounds(route, rounds, max_rounds);
         let step = StepWrite {
             role: role.to_owned(),
             meta: extracted.meta,
@@ -394,278 +604,53 @@ impl Store {
             }
             Err(e) => return Err(e.into()),
         };
-        if self.maybe_compact(&wf, &written.record, agent) {
+        if self.maybe_compact(&wf, &written.record, agent, cancel)? {
             let latest = self.thread(id)?.unwrap_or(written.record);
             return Ok(StepResult::of(&latest));
         }
         Ok(StepResult::of(&written.record))
     }
-
-    /// Automatic compaction: after every `every` role steps, ask the agent
-    /// for a summary (not a role step) and stage it. A failed summary is
-    /// recorded as the thread's last error; the step stands.
-    /// Returns whether it changed the record.
-    fn maybe_compact(&self, wf: &Workflow, record: &ThreadRecord, agent: &mut dyn Agent) -> bool {
-        let Some(c) = &wf.compact else { return false };
-        let rounds = record.rounds();
-        if record.status.is_done() || rounds == 0 || !rounds.is_multiple_of(u64::from(c.every)) {
-            return false;
-        }
-        let summaries = self.summaries_so_far(record).unwrap_or(0);
-        let instruction = c.prompt.clone().unwrap_or_else(|| {
-            "Summarise everything that has happened in this thread so far, so that the next steps can rely on your summary instead of the full history.".into()
-        });
-        let context = self.context(record.id, RECENT_STEPS * 4).ok();
-        let role_def = crate::workflow::Role::default();
-        let prompt = match &context {
-            Some(ctx) => assemble(
-                "summariser",
-                &role_def,
-                &output_format(&role_def),
-                "",
-                ctx,
-                &|h| self.text(h),
-                &instruction,
-            ),
-            None => instruction.clone(),
-        };
-        let request = AgentRequest {
-            thread: record.id,
-            workflow: &wf.name,
-            role_name: "summariser",
-            role: &role_def,
-            instruction: &instruction,
-            prompt: &prompt,
-            answered_steps: 0,
-            summary_index: Some(summaries),
-        };
-        let outcome = agent
-            .call(&request)
-            .map_err(|e| e.to_string())
-            .and_then(|reply| {
-                let body = extract(&role_def, &reply.output)
-                    .map(|x| x.body)
-                    .unwrap_or(reply.output);
-                self.stage_compact(record.id, record.head, &body)
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = outcome {
-            let _ = self.record_failure(record.id, &format!("automatic compaction failed: {e}"));
-        }
-        true
-    }
-
-    fn summaries_so_far(&self, record: &ThreadRecord) -> Result<usize, EngineError> {
-        let mut n = usize::from(record.staged_compact.is_some());
-        let mut before = None;
-        loop {
-            let page = self.thread_log(record.id, 1024, before)?;
-            n += page.iter().filter(|e| e.node.compact.is_some()).count();
-            match page.last() {
-                Some(last) if page.len() == 1024 => before = Some(last.hash),
-                _ => return Ok(n),
-            }
-        }
-    }
 }
 
-/// Deepest child-workflow nesting (a top-level thread has depth 0).
-pub const MAX_DEPTH: u32 = 3;
+/// The agent and the token a drive runs with.
+pub(super) type Driver<'a> = (&'a mut dyn Agent, &'a Cancel);
 
 impl Store {
-    /// A step of a `workflow:` role: runs (or continues) the child thread
-    /// with the same agent; the parent's step is written when it ends.
-    #[allow(clippy::too_many_arguments)]
-    fn run_child_step(
+    /// The role-only part of a stored workflow's role prompt (see
+    /// [`role_header`]), cached per store by workflow hash and role: stored
+    /// workflows never change.
+    fn role_header_of(
         &self,
-        record: &ThreadRecord,
-        role: &str,
-        instruction: &str,
-        child_workflow: &str,
-        wf: &Workflow,
-        mode: Mode,
-        agent: &mut dyn Agent,
-    ) -> Result<StepResult, EngineError> {
-        let id = record.id;
-        if matches!(mode, Mode::ResumeEnded) {
-            return Err(self.fail(id, format!("role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread")));
+        workflow: Hash,
+        role_name: &str,
+        role: &crate::workflow::Role,
+    ) -> Arc<str> {
+        let cache = &self.engine_state().headers;
+        if let Some(h) = cache.lock().get(&workflow).and_then(|m| m.get(role_name)) {
+            return Arc::clone(h);
         }
-        let child = match record.active_child {
-            Some(c) => c,
-            None => {
-                let depth = match self.get(&record.start)? {
-                    Some(Blob::Start(s)) => s.depth + 1,
-                    _ => 1,
-                };
-                if depth > MAX_DEPTH {
-                    return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
-                }
-                let Some((hash, child_wf)) = self.workflow_by_name(child_workflow)? else {
-                    return Err(self.fail(
-                        id,
-                        format!(
-                            "child workflow '{child_workflow}' of role '{role}' is not registered"
-                        ),
-                    ));
-                };
-                let (first_role, first_instruction) = child_wf.first()?;
-                let c = self.start_thread(NewThread {
-                    workflow: child_wf.name.clone(),
-                    workflow_hash: hash,
-                    prompt: instruction.to_owned(),
-                    max_rounds: child_wf.max_rounds,
-                    depth,
-                    parent_state: Some(record.head),
-                    parent_thread: Some(id),
-                    next_role: first_role,
-                    next_instruction: first_instruction,
-                    agent: record.agent.clone(),
-                })?;
-                let child = c.id;
-                self.update_record(id, move |r| {
-                    r.active_child = Some(child);
-                    Ok(())
-                })?;
-                c.id
-            }
-        };
-        let latest = self.need_thread(id)?;
-        self.finish_child(&latest, role, instruction, child, wf, agent, None)
-    }
-
-    /// Drives the child (resuming it first when `resume` is given) until it
-    /// ends or suspends. Ended: the parent's step is written (`done` when the
-    /// child completed, else `failed`; the child's end summary; its end node
-    /// as `child_thread`). Suspended: the parent is suspended too, with the
-    /// child's message, and no parent step is written.
-    #[allow(clippy::too_many_arguments)]
-    fn finish_child(
-        &self,
-        record: &ThreadRecord,
-        role: &str,
-        instruction: &str,
-        child: ThreadId,
-        wf: &Workflow,
-        agent: &mut dyn Agent,
-        resume: Option<Option<&str>>,
-    ) -> Result<StepResult, EngineError> {
-        let id = record.id;
-        let child_failed =
-            |e: EngineError| self.fail(id, format!("child workflow thread {child}: {e}"));
-        if let Some(text) = resume
-            && let Err(e) = self.resume_inner(child, text, agent)
-        {
-            return Err(child_failed(e));
+        let h: Arc<str> = Arc::from(role_header(role_name, role, &output_format(role)));
+        let mut map = cache.lock();
+        if map.len() >= cache.capacity() {
+            map.clear();
         }
-        if self.need_thread(child)?.underlying_status() == ThreadStatus::Idle {
-            let outcome = self.run_thread(child, usize::MAX, agent);
-            if let Some(e) = outcome.error {
-                return Err(child_failed(e));
-            }
-        }
-        let c = self.need_thread(child)?;
-        match c.underlying_status() {
-            ThreadStatus::Suspended => {
-                let message = c.suspend_message.clone().unwrap_or_default();
-                let role = role.to_owned();
-                let r = self.update_record(id, move |r| {
-                    // A suspend ends the drive: release the claim in this
-                    // same commit, as a suspending step does.
-                    r.status = ThreadStatus::Suspended;
-                    r.claimed_status = None;
-                    r.suspended_role = Some(role.clone());
-                    r.suspend_message = Some(message.clone());
-                    r.active_child = Some(child);
-                    Ok(())
-                })?;
-                Ok(StepResult::of(&r))
-            }
-            done if done.is_done() => {
-                let status = if done == ThreadStatus::Completed {
-                    "done"
-                } else {
-                    "failed"
-                };
-                let summary = match self.get(&c.head)? {
-                    Some(Blob::State(s)) => self.text(&s.content),
-                    _ => String::new(),
-                };
-                let meta = std::collections::BTreeMap::from([(
-                    "$status".to_owned(),
-                    crate::node::Value::Str(status.into()),
-                )]);
-                let route = match wf.route(role, &meta) {
-                    Ok(r) => r,
-                    Err(e) => return Err(self.fail(id, e.to_string())),
-                };
-                let max_rounds = match self.get(&record.start)? {
-                    Some(Blob::Start(s)) => s.max_rounds,
-                    _ => wf.max_rounds,
-                };
-                let after = after_route(route, record.rounds() + 1, max_rounds);
-                let step = StepWrite {
-                    role: role.to_owned(),
-                    meta,
-                    reply: summary,
-                    artifacts: Vec::new(),
-                    instruction: instruction.to_owned(),
-                    child_thread: Some(c.head),
-                };
-                let latest = self.need_thread(id)?;
-                let w = self.append_step(id, latest.head, step, after)?;
-                self.maybe_compact(wf, &w.record, agent);
-                Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
-            }
-            other => Err(self.fail(
-                id,
-                format!("child workflow thread {child} stopped while {other}"),
-            )),
-        }
+        map.entry(workflow)
+            .or_default()
+            .insert(role_name.to_owned(), Arc::clone(&h));
+        h
     }
-}
-
-/// The role-only part of a stored workflow's role prompt (see
-/// [`role_header`]), cached by workflow hash and role: stored workflows never
-/// change.
-fn role_header_of(workflow: Hash, role_name: &str, role: &crate::workflow::Role) -> Arc<str> {
-    type Headers = HashMap<Hash, HashMap<String, Arc<str>>>;
-    static HEADERS: LazyLock<Mutex<Headers>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-    if let Some(h) = HEADERS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&workflow)
-        .and_then(|m| m.get(role_name))
-    {
-        return Arc::clone(h);
-    }
-    let h: Arc<str> = Arc::from(role_header(role_name, role, &output_format(role)));
-    let mut cache = HEADERS.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= 4096 {
-        cache.clear();
-    }
-    cache
-        .entry(workflow)
-        .or_default()
-        .insert(role_name.to_owned(), Arc::clone(&h));
-    h
 }
 
 /// What follows a routed step, with `maxRounds` applied: the step that
 /// reaches the limit is committed; `$END` or `$SUSPEND` wins, otherwise the
 /// same transaction ends the thread with return code 1.
-fn after_route(route: Route, rounds: u64, max_rounds: u32) -> After {
-    match route {
-        Route::End { prompt } => After::End(EndSpec {
-            return_code: 0,
-            summary: prompt.clone(),
-            prompt,
-        }),
-        Route::Suspend { role, message } => After::Suspend { role, message },
-        Route::Next { .. } if rounds >= u64::from(max_rounds) => After::End(EndSpec {
+pub(super) fn with_max_rounds(next: Next, rounds: u64, max_rounds: u32) -> Next {
+    match next {
+        Next::Role { .. } if rounds >= u64::from(max_rounds) => Next::End(EndSpec {
             return_code: 1,
             summary: format!("maxRounds ({max_rounds}) reached"),
             prompt: format!("Stopped: maxRounds ({max_rounds}) reached"),
         }),
-        Route::Next { role, instruction } => After::Next { role, instruction },
+        other => other,
     }
 }

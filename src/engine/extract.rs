@@ -3,11 +3,13 @@
 //! (schema properties with `format: uwf-hash`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
 use crate::hash::Hash;
 use crate::node::Value;
 use crate::workflow::Role;
+
+use super::state::Bounded;
 
 /// What a reply yields.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,14 +112,17 @@ pub fn flat_frontmatter(yaml: &str) -> Option<serde_json::Map<String, serde_json
     Some(map)
 }
 
-/// Extracts a reply for `role`.
+/// Extracts a reply for `role` (compiling its schema, if any, for this one
+/// call; the engine keeps compiled schemas per store).
 pub fn extract(role: &Role, text: &str) -> Result<Extracted, ExtractError> {
-    extract_keyed(None, role, text)
+    extract_with(&Validators::default(), None, role, text)
 }
 
-/// [`extract`] for a role of a stored workflow: `key` (workflow hash, role
-/// name) finds the compiled schema without re-serialising it.
-pub fn extract_keyed(
+/// [`extract`] with a cache of compiled schemas; `key` (workflow hash, role
+/// name) names a role of a stored workflow, so its compiled schema is found
+/// without re-serialising the schema.
+pub(crate) fn extract_with(
+    validators: &Validators,
     key: Option<(Hash, &str)>,
     role: &Role,
     text: &str,
@@ -154,8 +159,8 @@ pub fn extract_keyed(
         }
         Some(schema) => {
             let validator = match key {
-                Some((wf, name)) => validator_for_role(wf, name, schema)?,
-                None => validator(schema)?,
+                Some((wf, name)) => validators.for_role(wf, name, schema)?,
+                None => validators.compiled(schema)?,
             };
             let errors: Vec<String> = validator
                 .iter_errors(&front)
@@ -211,53 +216,63 @@ pub fn extract_keyed(
     })
 }
 
-/// Compiled schemas, cached by their JSON text (roles are immutable once
-/// stored, and compiling a schema costs far more than validating with it).
-fn validator(schema: &serde_json::Value) -> Result<Arc<jsonschema::Validator>, ExtractError> {
-    static COMPILED: LazyLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
-    let key = schema.to_string();
-    if let Some(v) = COMPILED.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(Arc::clone(v));
-    }
-    let v = Arc::new(
-        jsonschema::validator_for(schema).map_err(|e| ExtractError::Schema(e.to_string()))?,
-    );
-    let mut cache = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= 4096 {
-        cache.clear();
-    }
-    cache.insert(key, Arc::clone(&v));
-    Ok(v)
+/// Compiled frontmatter schemas (one cache per store, in its engine state).
+#[derive(Debug)]
+pub(crate) struct Validators {
+    /// By the schema's JSON text (roles are immutable once stored, and
+    /// compiling a schema costs far more than validating with it).
+    compiled: Bounded<String, Arc<jsonschema::Validator>>,
+    /// By workflow hash, then role name.
+    by_role: Bounded<Hash, HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
-/// Compiled schemas of stored workflows' roles, by workflow hash and role.
-fn validator_for_role(
-    workflow: Hash,
-    role: &str,
-    schema: &serde_json::Value,
-) -> Result<Arc<jsonschema::Validator>, ExtractError> {
-    type ByRole = HashMap<String, Arc<jsonschema::Validator>>;
-    static BY_ROLE: LazyLock<Mutex<HashMap<Hash, ByRole>>> =
-        LazyLock::new(|| Mutex::new(HashMap::new()));
-    if let Some(v) = BY_ROLE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&workflow)
-        .and_then(|m| m.get(role))
-    {
-        return Ok(Arc::clone(v));
+impl Default for Validators {
+    fn default() -> Self {
+        Validators {
+            compiled: Bounded::new(4096),
+            by_role: Bounded::new(4096),
+        }
     }
-    let v = validator(schema)?;
-    let mut cache = BY_ROLE.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= 4096 {
-        cache.clear();
+}
+
+impl Validators {
+    /// The compiled `schema`.
+    fn compiled(
+        &self,
+        schema: &serde_json::Value,
+    ) -> Result<Arc<jsonschema::Validator>, ExtractError> {
+        let key = schema.to_string();
+        if let Some(v) = self.compiled.get(&key) {
+            return Ok(v);
+        }
+        let v = Arc::new(
+            jsonschema::validator_for(schema).map_err(|e| ExtractError::Schema(e.to_string()))?,
+        );
+        self.compiled.insert(key, Arc::clone(&v));
+        Ok(v)
     }
-    cache
-        .entry(workflow)
-        .or_default()
-        .insert(role.to_owned(), Arc::clone(&v));
-    Ok(v)
+
+    /// The compiled schema of role `role` of the stored workflow `workflow`.
+    fn for_role(
+        &self,
+        workflow: Hash,
+        role: &str,
+        schema: &serde_json::Value,
+    ) -> Result<Arc<jsonschema::Validator>, ExtractError> {
+        if let Some(v) = self.by_role.lock().get(&workflow).and_then(|m| m.get(role)) {
+            return Ok(Arc::clone(v));
+        }
+        let v = self.compiled(schema)?;
+        let mut cache = self.by_role.lock();
+        if cache.len() >= self.by_role.capacity() {
+            cache.clear();
+        }
+        cache
+            .entry(workflow)
+            .or_default()
+            .insert(role.to_owned(), Arc::clone(&v));
+        Ok(v)
+    }
 }
 
 /// Properties named anywhere in the schema's top level or `oneOf`/`anyOf`

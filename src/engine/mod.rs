@@ -5,19 +5,23 @@
 
 pub mod agent;
 pub mod batch;
+mod cancel;
+mod child;
 pub mod claim;
+mod compact;
 mod drive;
 pub mod extract;
 pub mod prompt;
 pub(crate) mod state;
 
-pub use drive::{RunOutcome, StepResult};
+pub use cancel::Cancel;
+pub use drive::{CancelOptions, DriveOptions, DriveReport, StepResult};
 
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::{Store, StoreError};
-use crate::thread::{END_ROLE, ForkState, NewThread, ThreadError, ThreadId, ThreadRecord};
-use crate::workflow::{Route, Workflow, WorkflowError};
+use crate::thread::{END_ROLE, NewThread, Next, ThreadError, ThreadId, ThreadRecord};
+use crate::workflow::{Workflow, WorkflowError};
 
 /// What went wrong while driving a thread.
 #[derive(Debug, thiserror::Error)]
@@ -48,8 +52,13 @@ pub enum EngineError {
     StepFailed {
         /// The thread.
         thread: ThreadId,
-        /// What went wrong.
+        /// What went wrong (as recorded in `last_error`).
         message: String,
+        /// The cause (an [`agent::AgentError`], an
+        /// [`extract::ExtractError`], a [`WorkflowError`], or a child
+        /// thread's [`EngineError`]), when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The thread cannot take a step in its status.
     #[error(
@@ -81,10 +90,18 @@ pub enum EngineError {
         /// The parent to resume.
         parent: ThreadId,
     },
+    /// No agent spec was given and none is stored on the thread.
+    #[error("thread {thread} has no agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'")]
+    NoAgent {
+        /// The thread.
+        thread: ThreadId,
+    },
     /// A batch was given prompts but no agent to drive them.
     #[error("a batch needs at least one agent (one per driver thread)")]
     NoAgents,
-    /// The process was interrupted (Ctrl-C): no new drive starts.
+    /// The drive's [`Cancel`] token was cancelled (for the CLI: Ctrl-C):
+    /// no new drive, claim or agent starts under it, and a step whose agent
+    /// was killed records nothing.
     #[error("interrupted")]
     Interrupted,
     /// Another live driver holds the thread.
@@ -119,6 +136,19 @@ pub enum ForkAt {
     BeforeRole(String),
 }
 
+/// How to start a thread of a workflow ([`Store::start_workflow`],
+/// [`Store::run_workflow`]).
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// An agent spec stored on the thread (so later drives reuse it).
+    pub agent_spec: Option<String>,
+    /// Loop protection (default: the workflow's `maxRounds`).
+    pub max_rounds: Option<u32>,
+    /// The token the drive of [`Store::run_workflow`] runs under (starting
+    /// alone runs nothing and ignores it).
+    pub cancel: Cancel,
+}
+
 impl Store {
     /// Starts a thread of a registered workflow (or one already stored, by
     /// hash) with the task `prompt`; it is `idle` with the first role.
@@ -126,36 +156,78 @@ impl Store {
         &self,
         workflow: Hash,
         prompt: &str,
-        agent: Option<String>,
-        max_rounds: Option<u32>,
+        options: &StartOptions,
     ) -> Result<ThreadRecord, EngineError> {
-        let new = self.top_level_thread(workflow, prompt, agent, max_rounds)?;
+        let new = self.top_level_thread(workflow, prompt, options)?;
         Ok(self.start_thread(new)?)
     }
 
     /// Starts a thread and drives it until it ends or suspends (what
     /// `uwf-db run` does): the thread is created already claimed, so the
-    /// drive costs no separate claim commit.
+    /// drive costs no separate claim commit. An error before the thread
+    /// exists is `Err`; a failure of a step is in the report.
     pub fn run_workflow(
         &self,
         workflow: Hash,
         prompt: &str,
-        agent_spec: Option<String>,
-        max_rounds: Option<u32>,
+        options: &StartOptions,
         agent: &mut dyn agent::Agent,
-    ) -> Result<(ThreadRecord, RunOutcome), EngineError> {
-        let new = self.top_level_thread(workflow, prompt, agent_spec, max_rounds)?;
+    ) -> Result<(ThreadRecord, DriveReport), EngineError> {
+        let new = self.top_level_thread(workflow, prompt, options)?;
         let id = ThreadId::generate();
-        let claim = self.claim_new(id)?;
+        let claim = self.claim_new(id, &options.cancel)?;
         let record = self.start_thread_as(new, id, true)?;
-        let outcome = self.run_thread(id, usize::MAX, agent);
+        let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {
                 claim.released_by_commit();
             }
-            _ => drop(claim),
+            _ => {
+                if let Err(e) = claim.release()
+                    && outcome.error.is_none()
+                {
+                    outcome.error = Some(e);
+                }
+            }
         }
         Ok((record, outcome))
+    }
+
+    /// The agent to drive thread `id` with, and its spec: `spec` when given,
+    /// else the one stored on the thread, else [`EngineError::NoAgent`]. The
+    /// agent is built here, so a spec that does not work fails before
+    /// anything is stored; give the spec as [`DriveOptions::agent_spec`] to
+    /// store it on the thread.
+    pub fn agent_for(
+        &self,
+        id: ThreadId,
+        spec: Option<&str>,
+        options: &agent::AgentOptions,
+    ) -> Result<(Box<dyn agent::Agent>, String), EngineError> {
+        let spec = match spec {
+            Some(s) => s.to_owned(),
+            None => self
+                .thread(id)?
+                .ok_or_else(|| ThreadError::Unknown(id.to_string()))?
+                .agent
+                .ok_or(EngineError::NoAgent { thread: id })?,
+        };
+        let agent = self.build_agent(&spec, options)?;
+        Ok((agent, spec))
+    }
+
+    /// Builds the agent a spec names (`script:FILE` or `cmd:PROGRAM ARGS`),
+    /// with this store's directory as a `cmd:` program's `UWF_STORE`.
+    pub fn build_agent(
+        &self,
+        spec: &str,
+        options: &agent::AgentOptions,
+    ) -> Result<Box<dyn agent::Agent>, EngineError> {
+        let options = agent::AgentOptions {
+            store: self.path().to_path_buf(),
+            ..options.clone()
+        };
+        Ok(agent::AgentSpec::parse(spec)?.build(&options)?)
     }
 
     /// A top-level thread of a stored workflow, idle with its first role.
@@ -163,22 +235,21 @@ impl Store {
         &self,
         workflow: Hash,
         prompt: &str,
-        agent: Option<String>,
-        max_rounds: Option<u32>,
+        options: &StartOptions,
     ) -> Result<NewThread, EngineError> {
         let wf = self.load_workflow(workflow)?;
-        let (role, instruction) = wf.first()?;
+        let (role, instruction) = wf.first_in(Some(&self.engine_state().templates))?;
         Ok(NewThread {
             workflow: wf.name.clone(),
             workflow_hash: workflow,
             prompt: prompt.to_owned(),
-            max_rounds: max_rounds.unwrap_or(wf.max_rounds),
+            max_rounds: options.max_rounds.unwrap_or(wf.max_rounds),
             depth: 0,
             parent_state: None,
             parent_thread: None,
             next_role: role,
             next_instruction: instruction,
-            agent,
+            agent: options.agent_spec.clone(),
         })
     }
 
@@ -226,10 +297,10 @@ fn fork_state(
     wf: &Workflow,
     record: &ThreadRecord,
     node: Hash,
-) -> Result<ForkState, EngineError> {
+) -> Result<Next, EngineError> {
     if node == record.start {
-        let (role, instruction) = wf.first()?;
-        return Ok(ForkState::Idle { role, instruction });
+        let (role, instruction) = wf.first_in(Some(&store.engine_state().templates))?;
+        return Ok(Next::Role { role, instruction });
     }
     let state = match store.get(&node)? {
         Some(Blob::State(s)) => s,
@@ -249,12 +320,15 @@ fn fork_state(
         }
         .into());
     }
-    match wf.route(&state.role, &state.meta)? {
-        Route::Next { role, instruction } => Ok(ForkState::Idle { role, instruction }),
-        Route::Suspend { role, message } => Ok(ForkState::Suspended { role, message }),
-        Route::End { .. } => Err(EngineError::ForkAfterEnd {
+    match wf.route_in(
+        Some(&store.engine_state().templates),
+        &state.role,
+        &state.meta,
+    )? {
+        Next::End(_) => Err(EngineError::ForkAfterEnd {
             thread: record.id,
             node,
         }),
+        next => Ok(next),
     }
 }

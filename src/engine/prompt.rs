@@ -53,30 +53,31 @@ pub fn role_header(role_name: &str, role: &Role, format: &str) -> String {
 /// Assembles the prompt for `role`: goal, capabilities, procedure, output,
 /// the output format (`format`, from [`output_format`]), the task, the
 /// compact summary, what happened since the role's last turn (bounded), and
-/// the instruction.
+/// the instruction. `texts` reads a step's reply text; its error (a blob
+/// that cannot be read) is the assembly's error, never an empty text.
 #[allow(clippy::too_many_arguments)]
-pub fn assemble(
+pub fn assemble<E>(
     role_name: &str,
     role: &Role,
     format: &str,
     task: &str,
     context: &Context,
-    texts: &dyn Fn(&crate::hash::Hash) -> String,
+    texts: &dyn Fn(&crate::hash::Hash) -> Result<String, E>,
     instruction: &str,
-) -> String {
+) -> Result<String, E> {
     let header = role_header(role_name, role, format);
     assemble_with_header(&header, role_name, task, context, texts, instruction)
 }
 
 /// [`assemble`] with the role's header already built by [`role_header`].
-pub fn assemble_with_header(
+pub fn assemble_with_header<E>(
     header: &str,
     role_name: &str,
     task: &str,
     context: &Context,
-    texts: &dyn Fn(&crate::hash::Hash) -> String,
+    texts: &dyn Fn(&crate::hash::Hash) -> Result<String, E>,
     instruction: &str,
-) -> String {
+) -> Result<String, E> {
     let mut p = String::with_capacity(header.len() + task.len() + instruction.len() + 512);
     p.push_str(header);
     let _ = writeln!(p, "\n## Task\n{task}");
@@ -99,10 +100,10 @@ pub fn assemble_with_header(
                 "\n### {} (step {})\n{}",
                 e.node.role,
                 e.node.seq,
-                texts(&e.node.content)
+                texts(&e.node.content)?
             );
         }
     }
     let _ = writeln!(p, "\n## Instruction\n{instruction}");
-    p
+    Ok(p)
 }

@@ -54,7 +54,6 @@ pub const GC_EPOCH_KEY: &str = "gc_epoch";
 /// could not serialize with a concurrent one before reporting it.
 const SERIALIZATION_RETRIES: usize = 8;
 
-#[allow(dead_code)] // `engine`: used by the per-store engine caches (in progress)
 pub(crate) struct StoreInner {
     pub(crate) backend: Box<dyn Backend>,
     /// The engine's caches and claim bookkeeping for this store.
@@ -108,6 +107,12 @@ impl Store {
     /// This handle's commit durability.
     pub fn durability(&self) -> Durability {
         self.inner.backend.durability()
+    }
+
+    /// Whether two handles are handles of one open store (clones, or two
+    /// opens of one LMDB directory in this process).
+    pub fn same_store(&self, other: &Store) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The storage backend (the boundary every layer above is written on).
@@ -224,7 +229,6 @@ impl Store {
     }
 
     /// The engine's state for this store (caches, claims).
-    #[allow(dead_code)] // used by the per-store engine caches (in progress)
     pub(crate) fn engine_state(&self) -> &crate::engine::state::EngineState {
         &self.inner.engine
     }

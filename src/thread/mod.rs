@@ -15,7 +15,7 @@ mod write;
 pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
 pub use read::{Context, Frame, HistoryPage, LogEntry, ThreadQuery, ThreadTree};
 pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
-pub use write::{After, EndSpec, ForkState, NewThread, StepWrite, Written};
+pub use write::{EndSpec, NewThread, Next, StepWrite, Written};
 
 use crate::codec::CodecError;
 use crate::hash::Hash;
@@ -82,6 +82,16 @@ pub enum ThreadError {
         /// The thread.
         thread: ThreadId,
         /// The end node.
+        node: Hash,
+    },
+    /// A fork was asked to start in an end state ([`Next::End`]).
+    #[error(
+        "a fork of thread {thread} at {node} cannot start ended: fork at an earlier step, or resume the thread"
+    )]
+    ForkIntoEnd {
+        /// The thread.
+        thread: ThreadId,
+        /// The node.
         node: Hash,
     },
     /// Forking a thread suspended inside a child workflow.

@@ -62,45 +62,30 @@ pub struct EndSpec {
     pub prompt: String,
 }
 
-/// What follows a step.
+/// What comes next for a thread: what a workflow routes a step to
+/// ([`Workflow::route`](crate::workflow::Workflow::route)), what a step
+/// write applies ([`Store::append_step`]), and the state a fork starts in
+/// ([`Store::fork_thread`], which refuses `End`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum After {
-    /// The next role runs: status `idle`.
-    Next {
+pub enum Next {
+    /// A role runs next: status `idle`.
+    Role {
         /// The next role.
         role: String,
         /// Its rendered instruction.
         instruction: String,
     },
-    /// Wait for a human: status `suspended`.
+    /// Wait for a human: status `suspended`; `role` (the one that produced
+    /// the suspending status) runs again on resume.
     Suspend {
         /// The role that produced the suspending status.
         role: String,
         /// The rendered edge prompt.
         message: String,
     },
-    /// Write the end node in the same transaction and move to history.
+    /// The thread ends: the end node is written in the same transaction and
+    /// the thread moves to history.
     End(EndSpec),
-}
-
-/// The state a fork starts in, computed by the caller from the node and the
-/// pinned workflow.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ForkState {
-    /// The next role runs.
-    Idle {
-        /// The next role.
-        role: String,
-        /// Its instruction.
-        instruction: String,
-    },
-    /// The node routed to `$SUSPEND`.
-    Suspended {
-        /// The role that suspended.
-        role: String,
-        /// The suspend message.
-        message: String,
-    },
 }
 
 /// What a write committed.
@@ -231,24 +216,24 @@ fn clear_next(record: &mut ThreadRecord) {
 fn apply_after(
     w: &mut WriteTxn<'_>,
     record: &mut ThreadRecord,
-    after: After,
+    after: Next,
 ) -> Result<Option<Hash>, ThreadError> {
     clear_next(record);
     // A claimed thread stays `running` for the whole drive; the step's
     // outcome goes underneath, in `claimed_status`.
     let claimed = record.status == ThreadStatus::Running && record.claimed_status.is_some();
     let status = match after {
-        After::Next { role, instruction } => {
+        Next::Role { role, instruction } => {
             record.next_role = Some(role);
             record.next_instruction = Some(instruction);
             ThreadStatus::Idle
         }
-        After::Suspend { role, message } => {
+        Next::Suspend { role, message } => {
             record.suspended_role = Some(role);
             record.suspend_message = Some(message);
             ThreadStatus::Suspended
         }
-        After::End(end) => return write_end(w, record, &end).map(Some),
+        Next::End(end) => return write_end(w, record, &end).map(Some),
     };
     if claimed && status == ThreadStatus::Idle {
         record.claimed_status = Some(status);
@@ -343,14 +328,14 @@ impl Store {
     /// Appends one role step to an active thread (idle, running or
     /// suspended) whose head is `expected_head`: reply and instruction
     /// content nodes, the state node, the head move and the status change in
-    /// one transaction; with [`After::End`] also the end node and the move to
+    /// one transaction; with [`Next::End`] also the end node and the move to
     /// history. A moved head is [`ThreadError::Conflict`] and writes nothing.
     pub fn append_step(
         &self,
         id: ThreadId,
         expected_head: Hash,
         step: StepWrite,
-        after: After,
+        after: Next,
     ) -> Result<Written, ThreadError> {
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
         self.write_op(move |w| {
@@ -376,7 +361,7 @@ impl Store {
         id: ThreadId,
         expected_head: Hash,
         step: StepWrite,
-        after: After,
+        after: Next,
     ) -> Result<Written, ThreadError> {
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
         self.write_op(move |w| {
@@ -434,7 +419,7 @@ impl Store {
         &self,
         source: ThreadId,
         at: Hash,
-        state: ForkState,
+        state: Next,
     ) -> Result<ThreadRecord, ThreadError> {
         self.write(|w| {
             let (src, _) = index::find(w.tables(), source)?
@@ -480,20 +465,26 @@ impl Store {
             let now = w.now_ms();
             let (status, next_role, next_instruction, suspended_role, suspend_message) =
                 match state.clone() {
-                    ForkState::Idle { role, instruction } => (
+                    Next::Role { role, instruction } => (
                         ThreadStatus::Idle,
                         Some(role),
                         Some(instruction),
                         None,
                         None,
                     ),
-                    ForkState::Suspended { role, message } => (
+                    Next::Suspend { role, message } => (
                         ThreadStatus::Suspended,
                         None,
                         None,
                         Some(role),
                         Some(message),
                     ),
+                    Next::End(_) => {
+                        return Err(ThreadError::ForkIntoEnd {
+                            thread: source,
+                            node: at,
+                        });
+                    }
                 };
             let record = ThreadRecord {
                 active_child: None,
@@ -601,7 +592,7 @@ fn append_in(
     location: Location,
     step: &StepWrite,
     blobs: &StepBlobs,
-    after: After,
+    after: Next,
 ) -> Result<Written, ThreadError> {
     let hash = write_state(
         w,

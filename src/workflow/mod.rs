@@ -5,8 +5,8 @@ pub mod model;
 mod parse;
 pub mod template;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use model::{Compact, Edge, Role, Workflow};
 pub use parse::{Problem, parse_workflow};
@@ -15,7 +15,8 @@ use crate::backend::{Direction, KeyRange, Table};
 use crate::hash::Hash;
 use crate::node::{Blob, Value, WorkflowNode};
 use crate::store::{Store, StoreError};
-use template::TemplateError;
+use crate::thread::{EndSpec, Next};
+use template::{TemplateError, Templates};
 
 /// What went wrong with a workflow.
 #[derive(Debug, thiserror::Error)]
@@ -70,30 +71,6 @@ pub enum WorkflowError {
     },
 }
 
-/// Where a step leads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
-    /// Run `role` next with `instruction`.
-    Next {
-        /// The next role.
-        role: String,
-        /// The rendered edge prompt.
-        instruction: String,
-    },
-    /// Suspend; `role` (the one that answered) runs again on resume.
-    Suspend {
-        /// The role that produced the status.
-        role: String,
-        /// The rendered edge prompt.
-        message: String,
-    },
-    /// End the thread (return code 0).
-    End {
-        /// The rendered `$END` prompt.
-        prompt: String,
-    },
-}
-
 /// The status a step's frontmatter selects: `$status`, or `_` when absent.
 pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
     match meta.get("$status") {
@@ -105,13 +82,21 @@ pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
 
 impl Workflow {
     /// Where a step of `role` with frontmatter `meta` leads, with the edge
-    /// prompt rendered from `meta`. An unknown status is an error (the step
-    /// must not be committed).
-    pub fn route(
+    /// prompt rendered from `meta`: a role, a suspend (the answering role
+    /// runs again on resume), or an end with return code 0 whose summary and
+    /// prompt are the rendered `$END` prompt. An unknown status is an error
+    /// (the step must not be committed).
+    pub fn route(&self, role: &str, meta: &BTreeMap<String, Value>) -> Result<Next, WorkflowError> {
+        self.route_in(None, role, meta)
+    }
+
+    /// [`Workflow::route`] rendering with a store's compiled templates.
+    pub(crate) fn route_in(
         &self,
+        templates: Option<&Templates>,
         role: &str,
         meta: &BTreeMap<String, Value>,
-    ) -> Result<Route, WorkflowError> {
+    ) -> Result<Next, WorkflowError> {
         let edges = self
             .graph
             .get(role)
@@ -125,18 +110,22 @@ impl Workflow {
                 allowed: edges.keys().cloned().collect(),
             })?;
         let text =
-            template::render(&edge.prompt, meta).map_err(|source| WorkflowError::Template {
+            render_in(templates, &edge.prompt, meta).map_err(|source| WorkflowError::Template {
                 role: role.to_owned(),
                 target: edge.role.clone(),
                 source,
             })?;
         Ok(match edge.role.as_str() {
-            model::END => Route::End { prompt: text },
-            model::SUSPEND => Route::Suspend {
+            model::END => Next::End(EndSpec {
+                return_code: 0,
+                summary: text.clone(),
+                prompt: text,
+            }),
+            model::SUSPEND => Next::Suspend {
                 role: role.to_owned(),
                 message: text,
             },
-            next => Route::Next {
+            next => Next::Role {
                 role: next.to_owned(),
                 instruction: text,
             },
@@ -145,16 +134,25 @@ impl Workflow {
 
     /// The first role and its instruction (the `$START` edge).
     pub fn first(&self) -> Result<(String, String), WorkflowError> {
+        self.first_in(None)
+    }
+
+    /// [`Workflow::first`] rendering with a store's compiled templates.
+    pub(crate) fn first_in(
+        &self,
+        templates: Option<&Templates>,
+    ) -> Result<(String, String), WorkflowError> {
         let edge = self
             .start_edge()
             .ok_or_else(|| WorkflowError::UnknownRole(model::START.to_owned()))?;
-        let text = template::render(&edge.prompt, &serde_json::json!({})).map_err(|source| {
-            WorkflowError::Template {
-                role: model::START.into(),
-                target: edge.role.clone(),
-                source,
-            }
-        })?;
+        let text =
+            render_in(templates, &edge.prompt, &serde_json::json!({})).map_err(|source| {
+                WorkflowError::Template {
+                    role: model::START.into(),
+                    target: edge.role.clone(),
+                    source,
+                }
+            })?;
         Ok((edge.role.clone(), text))
     }
 
@@ -178,6 +176,18 @@ impl Workflow {
             }
             other => Err(corrupt(format!("it is a {} blob", other.kind()))),
         }
+    }
+}
+
+/// Renders with `templates` when given, else compiles for this one call.
+fn render_in(
+    templates: Option<&Templates>,
+    template: &str,
+    data: &impl serde::Serialize,
+) -> Result<String, TemplateError> {
+    match templates {
+        Some(t) => t.render(template, data),
+        None => template::render(template, data),
     }
 }
 
@@ -218,21 +228,16 @@ impl Store {
     /// A stored workflow by hash.
     ///
     /// Workflows are content-addressed and immutable, so decoded ones are
-    /// cached per hash for the life of the process.
+    /// cached per hash in this store's engine state.
     pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
-        static LOADED: LazyLock<Mutex<HashMap<Hash, Arc<Workflow>>>> =
-            LazyLock::new(|| Mutex::new(HashMap::new()));
-        if let Some(wf) = LOADED.lock().unwrap_or_else(|p| p.into_inner()).get(&hash) {
-            return Ok(Arc::clone(wf));
+        let cache = &self.engine_state().workflows;
+        if let Some(wf) = cache.get(&hash) {
+            return Ok(wf);
         }
         let blob = self
             .get(&hash)?
             .ok_or_else(|| WorkflowError::Unknown(hash.to_string()))?;
         let wf = Arc::new(Workflow::from_blob(hash, &blob)?);
-        let mut cache = LOADED.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= 4096 {
-            cache.clear();
-        }
         cache.insert(hash, Arc::clone(&wf));
         Ok(wf)
     }

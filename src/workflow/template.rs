@@ -3,7 +3,7 @@
 //! previous step's frontmatter.
 
 use std::collections::BTreeSet;
-use std::sync::{LazyLock, RwLock};
+use std::sync::RwLock;
 
 use handlebars::template::{Parameter, Template, TemplateElement};
 use handlebars::{Handlebars, Path};
@@ -67,38 +67,76 @@ fn collect(t: &Template, out: &mut BTreeSet<String>) {
     }
 }
 
-/// Renders `template` with `data`; an empty or all-whitespace result is an error.
+/// Renders `template` with `data`; an empty or all-whitespace result is an
+/// error. The template is compiled for this one call; [`Templates`] keeps
+/// compiled templates.
 pub fn render(template: &str, data: &impl serde::Serialize) -> Result<String, TemplateError> {
-    // Templates are compiled once and kept, named by their own text: a
-    // workflow's prompts are few and rendered at every step.
-    static REGISTRY: LazyLock<RwLock<Handlebars<'static>>> = LazyLock::new(|| {
-        let mut hb = Handlebars::new();
-        hb.register_escape_fn(handlebars::no_escape);
-        RwLock::new(hb)
-    });
-    let known = REGISTRY
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .has_template(template);
-    if !known {
-        let mut hb = REGISTRY.write().unwrap_or_else(|p| p.into_inner());
-        if hb.get_templates().len() >= 4096 {
-            hb.clear_templates();
-        }
-        hb.register_template_string(template, template)
-            .map_err(|e| TemplateError::Parse(e.to_string()))?;
-    }
-    let text = REGISTRY
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .render(template, data)
+    let mut hb = Handlebars::new();
+    hb.register_escape_fn(handlebars::no_escape);
+    hb.register_template_string("t", template)
+        .map_err(|e| TemplateError::Parse(e.to_string()))?;
+    let text = hb
+        .render("t", data)
         .map_err(|e| TemplateError::Render(e.to_string()))?;
+    non_empty(template, text)
+}
+
+fn non_empty(template: &str, text: String) -> Result<String, TemplateError> {
     if text.trim().is_empty() {
         return Err(TemplateError::Empty {
             template: template.to_owned(),
         });
     }
     Ok(text)
+}
+
+/// Compiled templates, named by their own text, so an entry never goes
+/// stale: a workflow's prompts are few and rendered at every step. The
+/// engine keeps one per open store; at 4096 templates it starts over.
+#[derive(Debug)]
+pub struct Templates {
+    registry: RwLock<Handlebars<'static>>,
+}
+
+impl Default for Templates {
+    fn default() -> Self {
+        let mut hb = Handlebars::new();
+        hb.register_escape_fn(handlebars::no_escape);
+        Templates {
+            registry: RwLock::new(hb),
+        }
+    }
+}
+
+impl Templates {
+    /// Renders `template` with `data`, compiling it on first use; an empty
+    /// or all-whitespace result is an error.
+    pub fn render(
+        &self,
+        template: &str,
+        data: &impl serde::Serialize,
+    ) -> Result<String, TemplateError> {
+        let known = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .has_template(template);
+        if !known {
+            let mut hb = self.registry.write().unwrap_or_else(|p| p.into_inner());
+            if hb.get_templates().len() >= 4096 {
+                hb.clear_templates();
+            }
+            hb.register_template_string(template, template)
+                .map_err(|e| TemplateError::Parse(e.to_string()))?;
+        }
+        let text = self
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .render(template, data)
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        non_empty(template, text)
+    }
 }
 
 #[cfg(test)]

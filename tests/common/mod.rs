@@ -124,7 +124,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 use uwf_db::Store;
-use uwf_db::thread::{After, NewThread, StepWrite, ThreadId, ThreadRecord};
+use uwf_db::thread::{NewThread, Next, StepWrite, ThreadId, ThreadRecord};
 
 /// Stores a placeholder workflow definition named `name`.
 pub fn workflow(store: &Store, name: &str) -> Hash {
@@ -178,8 +178,8 @@ pub fn step(role: &str, status: &str, reply: &str) -> StepWrite {
 }
 
 /// Continue with role `next`.
-pub fn next(role: &str) -> After {
-    After::Next {
+pub fn next(role: &str) -> Next {
+    Next::Role {
         role: role.into(),
         instruction: format!("your turn, {role}"),
     }

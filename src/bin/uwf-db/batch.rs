@@ -1,11 +1,12 @@
 //! `batch`: drive many threads in parallel, committing in groups.
 
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use serde_json::json;
-use uwf_db::Store;
+use uwf_db::engine::Cancel;
 use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchReport};
-use uwf_db::thread::{ThreadId, ThreadQuery, ThreadStatus};
+use uwf_db::thread::ThreadId;
 
 use crate::drive::AgentArgs;
 use crate::output::{self, Output};
@@ -17,28 +18,6 @@ enum Work {
     Start(Vec<String>),
     /// Existing threads.
     Continue(Vec<ThreadId>),
-}
-
-/// The workflow's threads a `--continue` drives: idle ones, and running ones
-/// whose driver is gone; not suspended ones (they wait for a human) nor
-/// ones a live driver holds.
-fn continuable(store: &Store, workflow: &str) -> Result<Vec<ThreadId>, CliError> {
-    let query = ThreadQuery {
-        statuses: vec![ThreadStatus::Idle, ThreadStatus::Running],
-        workflow: Some(workflow.to_owned()),
-        limit: usize::MAX,
-        ..ThreadQuery::default()
-    };
-    let mut ids: Vec<ThreadId> = store
-        .list_threads(&query)?
-        .into_iter()
-        .filter(|r| !uwf_db::engine::claim::is_held(store, r.id))
-        .filter(|r| r.underlying_status() == ThreadStatus::Idle)
-        .map(|r| r.id)
-        .collect();
-    // Oldest first.
-    ids.sort();
-    Ok(ids)
 }
 
 /// The prompts: one per non-empty line of `file` (in a `.jsonl` file each
@@ -114,6 +93,7 @@ pub fn run(
     workflow: &str,
     agent: &AgentArgs,
     source: &Args<'_>,
+    cancel: &Cancel,
     out: &mut Output,
 ) -> Result<(), CliError> {
     let Some(spec) = agent.agent.clone() else {
@@ -124,7 +104,7 @@ pub fn run(
     let (store, hash, wf, work) = if source.continue_ {
         let store = cli.open(false)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
-        let ids = continuable(&store, &wf.name)?;
+        let ids = store.continuable_threads(&wf.name)?;
         (store, hash, wf, Work::Continue(ids))
     } else {
         let prompts = prompts(source.file, source.count, source.prompt)?;
@@ -151,13 +131,14 @@ pub fn run(
         max_group: source.max_group,
         agent_spec: Some(spec.clone()),
         max_rounds: source.max_rounds,
+        cancel: cancel.clone(),
     };
     let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
     let jobs = source.jobs.min(total).max(1);
     let agents = (0..jobs)
-        .map(|_| agent.build(store.path(), &spec))
+        .map(|_| agent.build(&store, &spec))
         .collect::<Result<Vec<_>, _>>()?;
     let mut written = Ok(());
     let mut on_item = |item: &BatchItem| {
@@ -170,6 +151,13 @@ pub fn run(
                 Some(t) => eprintln!("thread {t}: {e}"),
                 None => eprintln!("prompt {}: {e}", item.index + 1),
             });
+        }
+        // The reader went away (`batch --json | head -1`): start no new
+        // thread; the drives under way finish.
+        if written.is_err() {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
         }
     };
     let report = match &work {

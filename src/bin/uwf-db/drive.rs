@@ -1,14 +1,12 @@
 //! `run`, `thread step|resume|cancel|compact`: driving threads.
 
-use std::path::Path;
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::json;
 use uwf_db::Store;
-use uwf_db::engine::StepResult;
-use uwf_db::engine::agent::{Agent, AgentSpec, CmdAgent, ScriptAgent};
-use uwf_db::thread::{ThreadId, ThreadRecord};
+use uwf_db::engine::agent::{Agent, AgentOptions};
+use uwf_db::engine::{Cancel, DriveOptions, StartOptions, StepResult};
+use uwf_db::thread::ThreadId;
 
 use crate::output::Output;
 use crate::{Cli, CliError};
@@ -53,43 +51,27 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl AgentArgs {
-    /// The agent for a thread: the given spec (stored on the record), else
-    /// the one stored, else an error.
+    /// How built-in agents run.
+    pub fn options(&self) -> AgentOptions {
+        AgentOptions {
+            timeout: self.agent_timeout,
+            reasks: self.reasks,
+            ..AgentOptions::default()
+        }
+    }
+
+    /// The agent for a thread and its spec (given, else stored).
     pub fn agent_for(
         &self,
         store: &Store,
-        record: &ThreadRecord,
-    ) -> Result<Box<dyn Agent>, CliError> {
-        let Some(spec) = self.agent.as_ref().or(record.agent.as_ref()) else {
-            return Err(CliError::Failed(format!(
-                "thread {} has no agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'",
-                record.id
-            )));
-        };
-        // Build first: a spec that does not work is never stored.
-        let agent = self.build(store.path(), spec)?;
-        if record.agent.as_ref() != Some(spec) {
-            let spec = spec.clone();
-            store.update_record(record.id, move |r| {
-                r.agent = Some(spec.clone());
-                Ok(())
-            })?;
-        }
-        Ok(agent)
+        id: ThreadId,
+    ) -> Result<(Box<dyn Agent>, String), CliError> {
+        Ok(store.agent_for(id, self.agent.as_deref(), &self.options())?)
     }
 
-    pub fn build(&self, store: &Path, spec: &str) -> Result<Box<dyn Agent>, CliError> {
-        match AgentSpec::parse(spec).map_err(uwf_db::engine::EngineError::from)? {
-            AgentSpec::Script(file) => Ok(Box::new(
-                ScriptAgent::load(&file).map_err(uwf_db::engine::EngineError::from)?,
-            )),
-            AgentSpec::Cmd(argv) => Ok(Box::new(CmdAgent::new(
-                argv,
-                store.to_path_buf(),
-                self.agent_timeout,
-                self.reasks,
-            ))),
-        }
+    /// The agent a spec names.
+    pub fn build(&self, store: &Store, spec: &str) -> Result<Box<dyn Agent>, CliError> {
+        Ok(store.build_agent(spec, &self.options())?)
     }
 }
 
@@ -136,39 +118,28 @@ pub fn report(
     }
 }
 
-/// Runs up to `count` steps (the first may be a resume).
+/// Drives thread `id` with the agent given (stored on the thread) or the
+/// one stored: up to `count` steps, the first a resume when `resume` is
+/// given (with its text), and prints the results.
 pub fn drive(
     store: &Store,
     id: ThreadId,
-    agent: &mut dyn Agent,
+    agent: &AgentArgs,
     count: usize,
     resume: Option<Option<&str>>,
-) -> (Vec<StepResult>, Option<uwf_db::engine::EngineError>) {
-    let mut results = Vec::new();
-    // Hold the thread for the whole drive, not per step.
-    let _claim = match store.claim(id) {
-        Ok(c) => c,
-        Err(e) => return (results, Some(e)),
+    cancel: &Cancel,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let (mut a, spec) = agent.agent_for(store, id)?;
+    let options = DriveOptions {
+        max_steps: Some(count),
+        resume: resume.is_some(),
+        resume_text: resume.flatten().map(str::to_owned),
+        agent_spec: Some(spec),
+        cancel: cancel.clone(),
     };
-    if let Some(text) = resume {
-        match store.resume_thread(id, text, agent) {
-            Ok(r) => results.push(r),
-            Err(e) => return (results, Some(e)),
-        }
-    }
-    let stopped = |results: &Vec<StepResult>| {
-        results
-            .last()
-            .is_some_and(|r: &StepResult| r.current_role.is_none())
-    };
-    if results.len() < count && !stopped(&results) {
-        let outcome = store.run_thread(id, count - results.len(), agent);
-        results.extend(outcome.results);
-        if outcome.error.is_some() {
-            return (results, outcome.error);
-        }
-    }
-    (results, None)
+    let report = store.drive(id, &options, a.as_mut());
+    crate::drive::report(out, &report.results, count > 1, report.error)
 }
 
 /// `run`: start a thread and drive it until it ends or suspends.
@@ -178,18 +149,23 @@ pub fn run(
     prompt: &str,
     agent: &AgentArgs,
     max_rounds: Option<u32>,
+    cancel: &Cancel,
     out: &mut Output,
 ) -> Result<(), CliError> {
     let store = cli.open(true)?;
-    if agent.agent.is_none() {
+    let Some(spec) = agent.agent.clone() else {
         return Err(CliError::Failed(
             "run needs an agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'".into(),
         ));
-    }
+    };
     let (hash, _) = crate::workflow::resolve(&store, workflow)?;
-    let spec = agent.agent.clone().unwrap_or_default();
-    let mut a = agent.build(store.path(), &spec)?;
-    let (record, outcome) = store.run_workflow(hash, prompt, Some(spec), max_rounds, a.as_mut())?;
+    let mut a = agent.build(&store, &spec)?;
+    let options = StartOptions {
+        agent_spec: Some(spec),
+        max_rounds,
+        cancel: cancel.clone(),
+    };
+    let (record, outcome) = store.run_workflow(hash, prompt, &options, a.as_mut())?;
     let (results, failure) = (outcome.results, outcome.error);
     if !out.json {
         out.line(format_args!(
@@ -200,11 +176,7 @@ pub fn run(
     if out.json {
         match results.last() {
             Some(r) => out.json_value(r)?,
-            None => out.json_value(&json!({
-                "thread": record.id, "workflow": record.workflow, "head": record.head,
-                "status": record.status, "current_role": record.next_role,
-                "suspended_role": null, "suspend_message": null, "done": false,
-            }))?,
+            None => out.json_value(&StepResult::of(&record))?,
         }
     } else {
         for r in &results {

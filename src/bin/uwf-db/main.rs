@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use uwf_db::engine::Cancel;
 use uwf_db::{Durability, HashPrefix, Store, StoreError, StoreOptions};
 
 use output::Output;
@@ -185,18 +186,18 @@ impl Cli {
     }
 }
 
-fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
+fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
     match &cli.command {
         Command::Init => admin::init(cli, out),
         Command::Cas(cmd) => cas::run(cli, cmd, out),
-        Command::Thread(cmd) => thread::run(cli, cmd, out),
+        Command::Thread(cmd) => thread::run(cli, cmd, cancel, out),
         Command::Workflow(cmd) => workflow::run(cli, cmd, out),
         Command::Run {
             workflow,
             prompt,
             agent,
             max_rounds,
-        } => drive::run(cli, workflow, prompt, agent, *max_rounds, out),
+        } => drive::run(cli, workflow, prompt, agent, *max_rounds, cancel, out),
         Command::Batch {
             workflow,
             agent,
@@ -220,6 +221,7 @@ fn run(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
                 max_group: max_group.map_or(0, |g| g as usize),
                 max_rounds: *max_rounds,
             },
+            cancel,
             out,
         ),
         Command::Gc { dry_run, grace } => admin::gc(cli, *dry_run, *grace, out),
@@ -232,15 +234,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Ctrl-C: exit 130. An open write transaction dies with the process and
     // LMDB discards it, so nothing half-written can remain.
-    let _ = ctrlc::set_handler(|| {
-        // Kill the agent's process group and release claims first, so the
-        // thread is retryable at once.
-        uwf_db::engine::claim::interrupt();
+    // One token per command; Ctrl-C cancels it.
+    let cancel = Cancel::new();
+    let on_ctrlc = cancel.clone();
+    let _ = ctrlc::set_handler(move || {
+        // Kill the agents' process groups and release claims first, so the
+        // threads are retryable at once.
+        on_ctrlc.cancel();
         eprintln!("interrupted");
         std::process::exit(130);
     });
     let mut out = Output::new(cli.json);
-    let result = run(&cli, &mut out).and_then(|()| out.flush().map_err(CliError::from));
+    let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // `uwf-db ... | head` closing the pipe is not a failure.

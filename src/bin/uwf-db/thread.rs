@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 use serde_json::{Value as Json, json};
-use uwf_db::engine::ForkAt;
+use uwf_db::engine::{Cancel, CancelOptions, ForkAt, StartOptions};
 use uwf_db::thread::{
     IdPrefix, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
 };
@@ -148,7 +148,12 @@ pub enum ThreadCommand {
     },
 }
 
-pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliError> {
+pub fn run(
+    cli: &Cli,
+    cmd: &ThreadCommand,
+    cancel: &Cancel,
+    out: &mut Output,
+) -> Result<(), CliError> {
     match cmd {
         ThreadCommand::Start {
             workflow,
@@ -158,7 +163,12 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
         } => {
             let store = cli.open(true)?;
             let (hash, _) = crate::workflow::resolve(&store, workflow)?;
-            let r = store.start_workflow(hash, prompt, agent.clone(), *max_rounds)?;
+            let options = StartOptions {
+                agent_spec: agent.clone(),
+                max_rounds: *max_rounds,
+                ..StartOptions::default()
+            };
+            let r = store.start_workflow(hash, prompt, &options)?;
             if out.json {
                 out.json_value(&json!({
                     "thread": r.id, "workflow": r.workflow, "head": r.head,
@@ -177,12 +187,7 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
         ThreadCommand::Step { id, agent, count } => {
             let store = cli.open(true)?;
             let id = store.resolve_thread(id)?;
-            let record = store
-                .thread(id)?
-                .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
-            let mut a = agent.agent_for(&store, &record)?;
-            let (results, failure) = crate::drive::drive(&store, id, a.as_mut(), *count, None);
-            crate::drive::report(out, &results, *count > 1, failure)
+            crate::drive::drive(&store, id, agent, *count, None, cancel, out)
         }
         ThreadCommand::Resume {
             id,
@@ -192,23 +197,20 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
         } => {
             let store = cli.open(true)?;
             let id = store.resolve_thread(id)?;
-            let record = store
-                .thread(id)?
-                .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
-            let mut a = agent.agent_for(&store, &record)?;
-            let (results, failure) = crate::drive::drive(
+            crate::drive::drive(
                 &store,
                 id,
-                a.as_mut(),
+                agent,
                 (*count).max(1),
                 Some(prompt.as_deref()),
-            );
-            crate::drive::report(out, &results, *count > 1, failure)
+                cancel,
+                out,
+            )
         }
         ThreadCommand::Cancel { id, force } => {
             let store = cli.open(true)?;
             let id = store.resolve_thread(id)?;
-            let r = store.cancel_thread(id, *force)?;
+            let r = store.cancel_thread(id, &CancelOptions { force: *force })?;
             crate::drive::report(out, &[r], false, None)
         }
         ThreadCommand::Compact { id, summary } => {
@@ -285,7 +287,7 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
             let tree = store.thread_tree(id)?;
-            let driver_alive = uwf_db::engine::claim::is_held(&store, id);
+            let driver_alive = uwf_db::engine::claim::is_held(&store, id)?;
             show(&tree, driver_alive, out)
         }
         ThreadCommand::Log { id, limit, before } => {
@@ -317,7 +319,7 @@ pub fn run(cli: &Cli, cmd: &ThreadCommand, out: &mut Output) -> Result<(), CliEr
         ThreadCommand::Rm { id } => {
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
-            if uwf_db::engine::claim::is_held(&store, id) {
+            if uwf_db::engine::claim::is_held(&store, id)? {
                 return Err(CliError::Failed(format!(
                     "thread {id} is being driven by another process; stop that driver first"
                 )));

@@ -1,0 +1,101 @@
+//! Cancellation tokens: the caller of a drive or a batch owns one, and
+//! cancelling it stops only the work started under it.
+//!
+//! Work started under a token registers with it: the process groups of
+//! `cmd:` agents it runs and the claims it takes. [`Cancel::cancel`] marks
+//! the token, kills those process groups and releases those claims before it
+//! returns, so a Ctrl-C handler can call it and then exit at once with the
+//! threads left retryable. Tokens share nothing with each other: cancelling
+//! one batch leaves every other batch, on this store or another, running.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::store::Store;
+use crate::thread::ThreadId;
+
+/// A cancellation token (cheap to clone; clones are the same token).
+///
+/// ```
+/// use uwf_db::engine::Cancel;
+///
+/// let cancel = Cancel::new();
+/// let for_handler = cancel.clone();
+/// assert!(!cancel.is_cancelled());
+/// for_handler.cancel();
+/// assert!(cancel.is_cancelled());
+/// assert!(!Cancel::new().is_cancelled());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Cancel {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    cancelled: AtomicBool,
+    /// Process groups of agents running under the token.
+    agents: Mutex<HashSet<u32>>,
+    /// Claims taken under the token and not yet released.
+    claims: Mutex<Vec<(Store, ThreadId)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The sets hold no invariant a panic could break.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Cancel {
+    /// A token not cancelled yet.
+    pub fn new() -> Self {
+        Cancel::default()
+    }
+
+    /// Whether [`Cancel::cancel`] was called on this token (or a clone).
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Cancels: no new drive, claim or agent starts under the token; the
+    /// process groups of its running agents are killed (their steps fail as
+    /// [`EngineError::Interrupted`](super::EngineError::Interrupted), and
+    /// nothing is recorded); the threads it claimed get their status back
+    /// (retryable) before this returns. Idempotent.
+    pub fn cancel(&self) {
+        self.inner.cancelled.store(true, Ordering::SeqCst);
+        let groups: Vec<u32> = lock(&self.inner.agents).drain().collect();
+        for pgid in groups {
+            super::agent::kill_group(pgid);
+        }
+        let claims: Vec<(Store, ThreadId)> = lock(&self.inner.claims).clone();
+        for (store, id) in claims {
+            super::claim::release_status(&store, id);
+        }
+    }
+
+    /// Registers a running agent's process group (an agent that starts
+    /// processes in a group of their own calls this). Started while the token
+    /// was being cancelled: the group is killed at once.
+    pub fn agent_started(&self, pgid: u32) {
+        lock(&self.inner.agents).insert(pgid);
+        if self.is_cancelled() {
+            super::agent::kill_group(pgid);
+        }
+    }
+
+    /// Forgets a finished agent's process group.
+    pub fn agent_finished(&self, pgid: u32) {
+        lock(&self.inner.agents).remove(&pgid);
+    }
+
+    /// Registers a claim taken under the token.
+    pub(crate) fn claim_taken(&self, store: &Store, id: ThreadId) {
+        lock(&self.inner.claims).push((store.clone(), id));
+    }
+
+    /// Forgets a released claim.
+    pub(crate) fn claim_released(&self, store: &Store, id: ThreadId) {
+        lock(&self.inner.claims).retain(|(s, t)| !(*t == id && s.same_store(store)));
+    }
+}

@@ -1,0 +1,163 @@
+//! Child workflows: a `workflow: NAME` role runs a whole child thread
+//! (the Merkle call stack), driven with the parent's agent; the parent's
+//! step is written when the child ends, and a child that suspends suspends
+//! its parent (`docs/design.md` §5c).
+
+use super::EngineError;
+use super::drive::{Driver, Mode, StepResult, with_max_rounds};
+use crate::node::Blob;
+use crate::store::Store;
+use crate::thread::{NewThread, StepWrite, ThreadId, ThreadRecord, ThreadStatus};
+use crate::workflow::Workflow;
+
+/// Deepest child-workflow nesting (a top-level thread has depth 0).
+pub const MAX_DEPTH: u32 = 3;
+
+impl Store {
+    /// A step of a `workflow:` role: runs (or continues) the child thread
+    /// with the same agent; the parent's step is written when it ends.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_child_step(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        child_workflow: &str,
+        wf: &Workflow,
+        mode: Mode,
+        driver: Driver<'_>,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        if matches!(mode, Mode::ResumeEnded) {
+            return Err(self.fail(id, format!("role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread")));
+        }
+        let child = match record.active_child {
+            Some(c) => c,
+            None => {
+                let depth = self.start_node(record.start)?.depth + 1;
+                if depth > MAX_DEPTH {
+                    return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
+                }
+                let Some((hash, child_wf)) = self.workflow_by_name(child_workflow)? else {
+                    return Err(self.fail(
+                        id,
+                        format!(
+                            "child workflow '{child_workflow}' of role '{role}' is not registered"
+                        ),
+                    ));
+                };
+                let (first_role, first_instruction) =
+                    child_wf.first_in(Some(&self.engine_state().templates))?;
+                let c = self.start_thread(NewThread {
+                    workflow: child_wf.name.clone(),
+                    workflow_hash: hash,
+                    prompt: instruction.to_owned(),
+                    max_rounds: child_wf.max_rounds,
+                    depth,
+                    parent_state: Some(record.head),
+                    parent_thread: Some(id),
+                    next_role: first_role,
+                    next_instruction: first_instruction,
+                    agent: record.agent.clone(),
+                })?;
+                let child = c.id;
+                self.update_record(id, move |r| {
+                    r.active_child = Some(child);
+                    Ok(())
+                })?;
+                c.id
+            }
+        };
+        let latest = self.need_thread(id)?;
+        self.finish_child(&latest, role, instruction, child, wf, driver, None)
+    }
+
+    /// Drives the child (resuming it first when `resume` is given) until it
+    /// ends or suspends. Ended: the parent's step is written (`done` when the
+    /// child completed, else `failed`; the child's end summary; its end node
+    /// as `child_thread`). Suspended: the parent is suspended too, with the
+    /// child's message, and no parent step is written.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_child(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        child: ThreadId,
+        wf: &Workflow,
+        (agent, cancel): Driver<'_>,
+        resume: Option<Option<&str>>,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        let child_failed = |e: EngineError| {
+            let message = format!("child workflow thread {child}: {e}");
+            self.fail_with(id, message, Some(Box::new(e)))
+        };
+        if let Some(text) = resume
+            && let Err(e) = self.resume_inner(child, text, agent, cancel)
+        {
+            return Err(child_failed(e));
+        }
+        if self.need_thread(child)?.underlying_status() == ThreadStatus::Idle {
+            let outcome = self.run_thread(child, usize::MAX, agent, cancel);
+            if let Some(e) = outcome.error {
+                return Err(child_failed(e));
+            }
+        }
+        let c = self.need_thread(child)?;
+        match c.underlying_status() {
+            ThreadStatus::Suspended => {
+                let message = c.suspend_message.clone().unwrap_or_default();
+                let role = role.to_owned();
+                let r = self.update_record(id, move |r| {
+                    // A suspend ends the drive: release the claim in this
+                    // same commit, as a suspending step does.
+                    r.status = ThreadStatus::Suspended;
+                    r.claimed_status = None;
+                    r.suspended_role = Some(role.clone());
+                    r.suspend_message = Some(message.clone());
+                    r.active_child = Some(child);
+                    Ok(())
+                })?;
+                Ok(StepResult::of(&r))
+            }
+            done if done.is_done() => {
+                let status = if done == ThreadStatus::Completed {
+                    "done"
+                } else {
+                    "failed"
+                };
+                let summary = match self.get(&c.head)? {
+                    Some(Blob::State(s)) => self.text(&s.content)?,
+                    _ => String::new(),
+                };
+                let meta = std::collections::BTreeMap::from([(
+                    "$status".to_owned(),
+                    crate::node::Value::Str(status.into()),
+                )]);
+                let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta) {
+                    Ok(r) => r,
+                    Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
+                };
+                let (_, max_rounds) = self.task_of(record.start)?;
+                let after = with_max_rounds(route, record.rounds() + 1, max_rounds);
+                let step = StepWrite {
+                    role: role.to_owned(),
+                    meta,
+                    reply: summary,
+                    artifacts: Vec::new(),
+                    instruction: instruction.to_owned(),
+                    child_thread: Some(c.head),
+                };
+                let latest = self.need_thread(id)?;
+                let w = self.append_step(id, latest.head, step, after)?;
+                self.maybe_compact(wf, &w.record, agent, cancel)?;
+                Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
+            }
+            other => Err(self.fail(
+                id,
+                format!("child workflow thread {child} stopped while {other}"),
+            )),
+        }
+    }
+}
