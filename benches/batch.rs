@@ -87,6 +87,7 @@ fn group_commit_bench(per_writer: usize) -> Comparison {
                                     instruction: "Implement the change".into(),
                                 };
                                 head = g
+                                    .low_level()
                                     .append_step(t.id, head, step(w, i), next)
                                     .unwrap()
                                     .record

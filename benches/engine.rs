@@ -144,6 +144,7 @@ fn main() {
                 time(|| {
                     for i in 0..threads {
                         let t = store
+                            .low_level()
                             .start_thread(NewThread {
                                 workflow: "review".into(),
                                 workflow_hash: hash,
@@ -160,6 +161,7 @@ fn main() {
                         let mut head = t.head;
                         for (step, after) in &steps {
                             head = store
+                                .low_level()
                                 .append_step(t.id, head, step.clone(), after.clone())
                                 .unwrap()
                                 .record

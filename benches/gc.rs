@@ -46,6 +46,7 @@ fn build(store: &Store, threads: usize) -> Vec<ThreadId> {
                 instruction: "Implement the change".into(),
             };
             head = store
+                .low_level()
                 .append_step(rec.id, head, step, next)
                 .unwrap()
                 .record

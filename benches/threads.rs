@@ -68,6 +68,7 @@ fn next() -> Next {
 fn grow(store: &Store, id: ThreadId, mut head: Hash, n: usize) -> Hash {
     for i in 0..n {
         head = store
+            .low_level()
             .append_step(id, head, step(i), next())
             .unwrap()
             .record
@@ -246,6 +247,7 @@ fn main() {
             time(|| {
                 for _ in 0..forks {
                     fstore
+                        .low_level()
                         .fork_thread(long.id, long_head, fork_state())
                         .unwrap();
                 }
@@ -255,6 +257,7 @@ fn main() {
             time(|| {
                 for _ in 0..forks {
                     fstore
+                        .low_level()
                         .fork_thread(short.id, short_head, fork_state())
                         .unwrap();
                 }
@@ -280,6 +283,7 @@ fn main() {
     let mut ids = Vec::with_capacity(n_threads);
     for i in 0..n_threads {
         let r = lstore
+            .low_level()
             .start_thread(NewThread {
                 workflow: if i % 2 == 0 { "review" } else { "plan" }.into(),
                 workflow_hash: wf,

@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             Value::Str("review".into()),
         )])),
     }))?;
-    let t = store.start_thread(NewThread {
+    let t = store.low_level().start_thread(NewThread {
         workflow: "review".into(),
         workflow_hash: workflow,
         prompt: "Add a --json flag to the CLI".into(),
@@ -59,7 +59,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     })?;
     println!("started thread {} ({})", t.id, t.status);
 
-    let dev = store.append_step(
+    let dev = store.low_level().append_step(
         t.id,
         t.head,
         step(
@@ -73,7 +73,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             instruction: "Review the change".into(),
         },
     )?;
-    let rejected = store.append_step(
+    let rejected = store.low_level().append_step(
         t.id,
         dev.record.head,
         step(
@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         },
     )?;
     // A stale head is refused: compare-and-swap.
-    let stale = store.append_step(
+    let stale = store.low_level().append_step(
         t.id,
         dev.record.head,
         step("reviewer", "approved", "LGTM", "Review the change"),
@@ -104,7 +104,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     // Fork at the developer's step: the reviewer runs again on the fork, and
     // this time the fork suspends to ask a human.
-    let fork = store.fork_thread(
+    let fork = store.low_level().fork_thread(
         t.id,
         dev.record.head,
         Next::Role {
@@ -112,7 +112,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             instruction: "Review the change".into(),
         },
     )?;
-    let suspended = store.append_step(
+    let suspended = store.low_level().append_step(
         fork.id,
         fork.head,
         step(
@@ -131,7 +131,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         fork.id, fork.seq, suspended.record.status
     );
 
-    let fixed = store.append_step(
+    let fixed = store.low_level().append_step(
         t.id,
         rejected.record.head,
         step(
@@ -145,7 +145,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             instruction: "Review the change".into(),
         },
     )?;
-    let done = store.append_step(
+    let done = store.low_level().append_step(
         t.id,
         fixed.record.head,
         step("reviewer", "approved", "Approved.", "Review the change"),

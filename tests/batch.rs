@@ -101,6 +101,7 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
             s.spawn(|| {
                 // A stale head is a conflict, and only this request fails.
                 let err = g
+                    .low_level()
                     .append_step(
                         t.id,
                         Hash::of(b"stale"),
@@ -109,7 +110,8 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
                     )
                     .unwrap_err();
                 assert!(matches!(err, ThreadError::Conflict { .. }), "{err}");
-                g.append_step(t.id, t.head, step("dev", "ok", "first"), next("dev"))
+                g.low_level()
+                    .append_step(t.id, t.head, step("dev", "ok", "first"), next("dev"))
                     .unwrap();
             });
         });

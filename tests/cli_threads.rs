@@ -15,6 +15,7 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
     let done = new_thread(&store, "review");
     let r = append_n(&store, done.id, 2);
     store
+        .low_level()
         .append_step(
             done.id,
             r.head,
@@ -28,13 +29,16 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
         .unwrap();
     let idle = new_thread(&store, "plan");
     store
+        .low_level()
         .append_step(idle.id, idle.head, step("dev", "ok", "one"), next("rev"))
         .unwrap();
     store
+        .low_level()
         .record_failure(idle.id, "agent exited with status 3")
         .unwrap();
     let log = store.thread_log(done.id, 10, None).unwrap();
     let fork = store
+        .low_level()
         .fork_thread(
             done.id,
             log[2].hash,

@@ -67,6 +67,7 @@ fn nothing_reachable_is_collected(b: TestBackend) {
     let b = new_thread(&store, "b");
     append_n(&store, b.id, 3);
     store
+        .low_level()
         .end_thread(
             b.id,
             store.thread(b.id).unwrap().unwrap().head,
@@ -78,6 +79,7 @@ fn nothing_reachable_is_collected(b: TestBackend) {
         )
         .unwrap();
     let fork = store
+        .low_level()
         .fork_thread(
             a.id,
             a.head,
@@ -109,6 +111,7 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
     let at_10 = append_n(&store, a.id, 10);
     append_n(&store, a.id, 20);
     let fork = store
+        .low_level()
         .fork_thread(
             a.id,
             at_10.head,
@@ -147,6 +150,7 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
     assert_verified(&store);
     // The fork goes on.
     store
+        .low_level()
         .append_step(fork.id, fork.head, step("dev", "ok", "more"), next("dev"))
         .unwrap();
     assert_verified(&store);
@@ -220,6 +224,7 @@ fn blobs_relinked_between_mark_and_sweep_are_rescued(b: TestBackend) {
             store.put(&Blob::content("top", [mid])).unwrap();
             // ...and a step's reply is the same bytes as `same`.
             store
+                .low_level()
                 .append_step(t.id, t.head, step("dev", "ok", orphan_text), next("dev"))
                 .unwrap();
             injected.store(true, Ordering::SeqCst);
@@ -348,6 +353,7 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                             // a removed thread left unreachable.
                             let reply = format!("reply {}", rand(20));
                             let w = store
+                                .low_level()
                                 .append_step(id, rec.head, step("dev", "ok", &reply), next("dev"))
                                 .unwrap();
                             seen.push(w.record.head);
@@ -357,6 +363,7 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                             let log = store.thread_log(id, 20, None).unwrap();
                             if let Some(e) = log.get(rand(log.len() as u64 + 1) as usize) {
                                 let f = store
+                                    .low_level()
                                     .fork_thread(
                                         id,
                                         e.hash,

@@ -255,7 +255,7 @@ fn verify_finds_damaged_thread_indexes() {
     let (ended, active) = {
         let store = fast_store(dir.path());
         let a = new_thread(&store, "a");
-        store.end_thread(a.id, a.head, end(0)).unwrap();
+        store.low_level().end_thread(a.id, a.head, end(0)).unwrap();
         let b = new_thread(&store, "b");
         append_n(&store, b.id, 2);
         assert!(verify(&store, |_| {}).unwrap().is_ok());

@@ -186,6 +186,7 @@ fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
     let t = common::new_thread(&other, "shared");
     assert_eq!(store.thread(t.id).unwrap().unwrap(), t);
     store
+        .low_level()
         .append_step(
             t.id,
             t.head,
@@ -194,6 +195,7 @@ fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
         )
         .unwrap();
     let err = other
+        .low_level()
         .append_step(
             t.id,
             t.head,

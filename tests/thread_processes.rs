@@ -36,7 +36,7 @@ fn child_appender() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let tag = std::process::id().to_string();
-    match store.append_step(
+    match store.low_level().append_step(
         id,
         head,
         common::step("dev", "ok", &tag),

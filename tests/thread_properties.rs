@@ -90,7 +90,12 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Op::End(_, code) => Next::End(end_spec(code)),
                     _ => next("dev"),
                 };
-                let r = store.append_step(m.id, head, step("dev", "s", &format!("op {n}")), after);
+                let r = store.low_level().append_step(
+                    m.id,
+                    head,
+                    step("dev", "s", &format!("op {n}")),
+                    after,
+                );
                 if m.status.is_done() {
                     let refused = matches!(r, Err(ThreadError::WrongStatus { .. }));
                     prop_assert!(refused);
@@ -108,7 +113,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Resume(t) => {
                 let m = &mut models[t % len];
                 let head = *m.chain.last().unwrap_or(&m.start);
-                let r = store.resume_ended(
+                let r = store.low_level().resume_ended(
                     m.id,
                     head,
                     step("dev", "s", &format!("op {n}")),
@@ -130,7 +135,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let pos = at % (m.chain.len() + 1);
                 let node = if pos == 0 { m.start } else { m.chain[pos - 1] };
                 let before = store.thread(m.id).unwrap().unwrap();
-                let r = store.fork_thread(
+                let r = store.low_level().fork_thread(
                     m.id,
                     node,
                     Next::Role {

@@ -43,10 +43,12 @@ fn a_moved_head_is_a_conflict_and_writes_nothing(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "w");
     let first = store
+        .low_level()
         .append_step(t.id, t.head, step("dev", "ok", "one"), next("rev"))
         .unwrap();
     let blobs_before = store.stats().unwrap().blob_count;
     let err = store
+        .low_level()
         .append_step(t.id, t.head, step("dev", "ok", "stale"), next("rev"))
         .unwrap_err();
     match err {
@@ -71,7 +73,7 @@ fn racing_writer_threads_commit_exactly_once_per_head(b: TestBackend) {
             .map(|w| {
                 let s = store.clone();
                 std::thread::spawn(move || {
-                    s.append_step(
+                    s.low_level().append_step(
                         t.id,
                         head,
                         step("dev", "ok", &format!("round {round} writer {w}")),
@@ -102,6 +104,7 @@ fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "end");
     let w = store
+        .low_level()
         .append_step(
             t.id,
             t.head,
@@ -137,6 +140,7 @@ fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
     );
     // Appending to an ended thread is refused; it must be resumed.
     let err = store
+        .low_level()
         .append_step(t.id, rec.head, step("dev", "x", "y"), next("dev"))
         .unwrap_err();
     assert!(matches!(err, ThreadError::WrongStatus { .. }), "{err}");
@@ -152,8 +156,9 @@ fn history_day_ranges_read_only_their_days(b: TestBackend) {
     let mut ids = Vec::new();
     for (i, day) in [100u64, 200, 200, 300].into_iter().enumerate() {
         let t = new_thread(&store, &format!("w{i}"));
-        store.end_thread(t.id, t.head, end(0)).unwrap();
+        store.low_level().end_thread(t.id, t.head, end(0)).unwrap();
         store
+            .low_level()
             .update_record(t.id, move |r| {
                 r.completed_at = Some(day * day_ms + 5);
                 Ok(())
@@ -214,14 +219,23 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
         instruction: "again".into(),
     };
     // At a middle step, at the head and at the start.
-    let mid = store.fork_thread(t.id, log[2].hash, idle.clone()).unwrap();
+    let mid = store
+        .low_level()
+        .fork_thread(t.id, log[2].hash, idle.clone())
+        .unwrap();
     assert_eq!(mid.head, log[2].hash);
     assert_eq!(mid.seq, 3);
     assert_eq!(mid.forked_from.unwrap().thread, t.id);
     assert_eq!(store.stats().unwrap().blob_count, blobs, "nothing copied");
-    let at_start = store.fork_thread(t.id, src.start, idle.clone()).unwrap();
+    let at_start = store
+        .low_level()
+        .fork_thread(t.id, src.start, idle.clone())
+        .unwrap();
     assert_eq!(at_start.head, src.start);
-    let at_head = store.fork_thread(t.id, src.head, idle.clone()).unwrap();
+    let at_head = store
+        .low_level()
+        .fork_thread(t.id, src.head, idle.clone())
+        .unwrap();
 
     let f = append_n(&store, mid.id, 3);
     assert_eq!(f.seq, 6);
@@ -239,16 +253,24 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
 
     // A node of another thread is not on this chain; end nodes are refused.
     let err = store
+        .low_level()
         .fork_thread(t.id, flog[0].hash, idle.clone())
         .unwrap_err();
     assert!(matches!(err, ThreadError::NotOnChain { .. }), "{err}");
-    let ended = store.end_thread(t.id, src.head, end(2)).unwrap();
+    let ended = store
+        .low_level()
+        .end_thread(t.id, src.head, end(2))
+        .unwrap();
     let err = store
+        .low_level()
         .fork_thread(t.id, ended.end.unwrap(), idle.clone())
         .unwrap_err();
     assert!(matches!(err, ThreadError::ForkAtEnd { .. }), "{err}");
     // ...but a step of an ended thread can be forked.
-    let revived = store.fork_thread(t.id, log[0].hash, idle).unwrap();
+    let revived = store
+        .low_level()
+        .fork_thread(t.id, log[0].hash, idle)
+        .unwrap();
     assert_eq!(revived.status, ThreadStatus::Idle);
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
@@ -257,6 +279,7 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "plan");
     let s = store
+        .low_level()
         .append_step(
             t.id,
             t.head,
@@ -274,6 +297,7 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     let mut resumed = step("planner", "done", "using LMDB");
     resumed.instruction = "Which database?\n\nLMDB".into();
     let r = store
+        .low_level()
         .append_step(t.id, s.head, resumed, Next::End(end(0)))
         .unwrap()
         .record;
@@ -285,6 +309,7 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
 
     // Resume from history: back in the active index, seq continues.
     let back = store
+        .low_level()
         .resume_ended(t.id, r.head, step("dev", "ok", "more"), next("dev"))
         .unwrap()
         .record;
@@ -295,8 +320,13 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     let page = store.list_history(0, u32::MAX).unwrap();
     assert!(page.records.is_empty(), "no longer in history");
     // Cancelled threads cannot be resumed.
-    let c = store.end_thread(t.id, back.head, end(2)).unwrap().record;
+    let c = store
+        .low_level()
+        .end_thread(t.id, back.head, end(2))
+        .unwrap()
+        .record;
     let err = store
+        .low_level()
         .resume_ended(t.id, c.head, step("dev", "ok", "x"), next("dev"))
         .unwrap_err();
     assert!(
@@ -316,7 +346,10 @@ fn failures_are_recorded_listed_and_cleared_by_the_next_step(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "fail");
     let other = new_thread(&store, "fine");
-    let r = store.record_failure(t.id, "agent exited with 3").unwrap();
+    let r = store
+        .low_level()
+        .record_failure(t.id, "agent exited with 3")
+        .unwrap();
     assert_eq!(r.last_error.as_deref(), Some("agent exited with 3"));
     assert_eq!(r.head, t.head);
     assert_eq!(r.status, ThreadStatus::Idle);
@@ -328,6 +361,7 @@ fn failures_are_recorded_listed_and_cleared_by_the_next_step(b: TestBackend) {
         .unwrap();
     assert_eq!(failed.iter().map(|r| r.id).collect::<Vec<_>>(), vec![t.id]);
     let r = store
+        .low_level()
         .append_step(t.id, t.head, step("dev", "ok", "fixed"), next("dev"))
         .unwrap()
         .record;
@@ -350,7 +384,7 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
     for i in 0..30 {
         let t = new_thread(&store, if i % 3 == 0 { "alpha" } else { "beta" });
         if i % 5 == 0 {
-            store.end_thread(t.id, t.head, end(0)).unwrap();
+            store.low_level().end_thread(t.id, t.head, end(0)).unwrap();
         }
         ids.push(t.id);
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -433,6 +467,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
     let p1 = append_n(&store, parent.id, 2);
     let child_wf = common::workflow(&store, "child");
     let child = store
+        .low_level()
         .start_thread(NewThread {
             workflow: "child".into(),
             workflow_hash: child_wf,
@@ -447,6 +482,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
         })
         .unwrap();
     let c = store
+        .low_level()
         .append_step(
             child.id,
             child.head,
@@ -458,6 +494,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
     let mut s = step("tester", "done", "all green");
     s.child_thread = Some(child_end);
     let pstep = store
+        .low_level()
         .append_step(parent.id, p1.head, s, next("dev"))
         .unwrap()
         .step
@@ -502,6 +539,7 @@ fn compaction_is_used_at_once_and_written_on_the_next_node(b: TestBackend) {
     );
     assert!(ctx.steps.is_empty());
     let after = store
+        .low_level()
         .append_step(t.id, staged.head, step("dev", "ok", "fifth"), next("dev"))
         .unwrap();
     let Some(Blob::State(node)) = store.get(&after.step.unwrap()).unwrap() else {
@@ -552,11 +590,19 @@ fn rm_unlinks_and_keeps_blobs(b: TestBackend) {
 fn resume_from_history_replaces_the_activity_entry(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "r");
-    let ended = store.end_thread(t.id, t.head, end(0)).unwrap().record;
-    std::thread::sleep(std::time::Duration::from_millis(5));
-    store.record_failure(t.id, "a failed resume").unwrap();
+    let ended = store
+        .low_level()
+        .end_thread(t.id, t.head, end(0))
+        .unwrap()
+        .record;
     std::thread::sleep(std::time::Duration::from_millis(5));
     store
+        .low_level()
+        .record_failure(t.id, "a failed resume")
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    store
+        .low_level()
         .resume_ended(t.id, ended.head, step("dev", "ok", "back"), next("dev"))
         .unwrap();
     let report = verify(&store, |_| {}).unwrap();

@@ -37,7 +37,7 @@
 //!   does), so closures given to a write must have no effect outside the
 //!   transaction.
 //! - **Atomicity and durability**: a commit that returns `Ok` is durable
-//!   in the store's [`Durability`](crate::Durability) mode; a commit that
+//!   in the store's [`Durability`] mode; a commit that
 //!   fails, or a transaction dropped without commit, leaves no trace. A
 //!   lost connection is an error of the transaction in flight (nothing of
 //!   it applied) and never half-applies it.

@@ -48,7 +48,7 @@ impl Store {
                 };
                 let (first_role, first_instruction) =
                     child_wf.first_in(Some(&self.engine_state().templates))?;
-                let c = self.start_thread(NewThread {
+                let c = self.low_level().start_thread(NewThread {
                     workflow: child_wf.name.clone(),
                     workflow_hash: hash,
                     prompt: instruction.to_owned(),
@@ -61,7 +61,7 @@ impl Store {
                     agent: record.agent.clone(),
                 })?;
                 let child = c.id;
-                self.update_record(id, move |r| {
+                self.low_level().update_record(id, move |r| {
                     r.active_child = Some(child);
                     Ok(())
                 })?;
@@ -109,7 +109,7 @@ impl Store {
             ThreadStatus::Suspended => {
                 let message = c.suspend_message.clone().unwrap_or_default();
                 let role = role.to_owned();
-                let r = self.update_record(id, move |r| {
+                let r = self.low_level().update_record(id, move |r| {
                     // A suspend ends the drive: release the claim in this
                     // same commit, as a suspending step does.
                     r.status = ThreadStatus::Suspended;
@@ -150,7 +150,7 @@ impl Store {
                     child_thread: Some(c.head),
                 };
                 let latest = self.need_thread(id)?;
-                let w = self.append_step(id, latest.head, step, after)?;
+                let w = self.low_level().append_step(id, latest.head, step, after)?;
                 self.maybe_compact(wf, &w.record, agent, cancel)?;
                 Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
             }

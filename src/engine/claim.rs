@@ -71,7 +71,7 @@ pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
 
 impl Store {
     /// Takes the driver's lock for a thread that does not exist yet (see
-    /// [`Store::start_thread_as`]); dropping the claim releases it.
+    /// [`LowLevel::start_thread_as`](crate::thread::LowLevel::start_thread_as)); dropping the claim releases it.
     pub fn claim_new(&self, id: ThreadId, cancel: &Cancel) -> Result<Claim, EngineError> {
         self.lock_claim(id, false, cancel)
     }
@@ -114,19 +114,20 @@ impl Store {
         let marked = if !mark {
             Ok(())
         } else {
-            self.update_record(id, |r| {
-                match (r.status, r.claimed_status) {
-                    // A dead driver's claim: keep the status underneath.
-                    (ThreadStatus::Running, Some(_)) => {}
-                    (s, _) if s.is_done() => {}
-                    (s, _) => {
-                        r.claimed_status = Some(s);
-                        r.status = ThreadStatus::Running;
+            self.low_level()
+                .update_record(id, |r| {
+                    match (r.status, r.claimed_status) {
+                        // A dead driver's claim: keep the status underneath.
+                        (ThreadStatus::Running, Some(_)) => {}
+                        (s, _) if s.is_done() => {}
+                        (s, _) => {
+                            r.claimed_status = Some(s);
+                            r.status = ThreadStatus::Running;
+                        }
                     }
-                }
-                Ok(())
-            })
-            .map(|_| ())
+                    Ok(())
+                })
+                .map(|_| ())
         };
         if let Err(e) = marked {
             drop(file);
@@ -157,7 +158,7 @@ fn restore_status(store: &Store, id: ThreadId) -> Result<(), EngineError> {
         .thread(id)?
         .is_some_and(|r| r.status == ThreadStatus::Running || r.claimed_status.is_some());
     if claimed {
-        store.update_record(id, |r| {
+        store.low_level().update_record(id, |r| {
             if let (ThreadStatus::Running, Some(s)) = (r.status, r.claimed_status) {
                 r.status = s;
             }

@@ -32,7 +32,8 @@ impl Store {
             return Ok(false);
         }
         if let Err(e) = self.compact_now(wf, c, record, agent, cancel) {
-            self.record_failure(record.id, &format!("automatic compaction failed: {e}"))?;
+            self.low_level()
+                .record_failure(record.id, &format!("automatic compaction failed: {e}"))?;
         }
         Ok(true)
     }

@@ -211,7 +211,7 @@ impl Store {
             return Ok(());
         }
         let spec = spec.to_owned();
-        self.update_record(id, move |r| {
+        self.low_level().update_record(id, move |r| {
             r.agent = Some(spec.clone());
             Ok(())
         })?;
@@ -392,7 +392,7 @@ impl Store {
             summary: "cancelled".into(),
             prompt: "Cancelled".into(),
         };
-        let w = self.end_thread(id, record.head, end)?;
+        let w = self.low_level().end_thread(id, record.head, end)?;
         Ok(StepResult::of(&w.record))
     }
 
@@ -414,7 +414,7 @@ impl Store {
         message: String,
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     ) -> EngineError {
-        match self.record_failure(id, &message) {
+        match self.low_level().record_failure(id, &message) {
             Ok(_) => EngineError::StepFailed {
                 thread: id,
                 message,
@@ -589,8 +589,8 @@ impl Store {
             child_thread: None,
         };
         let written = match mode {
-            Mode::ResumeEnded => self.resume_ended(id, record.head, step, after),
-            _ => self.append_step(id, record.head, step, after),
+            Mode::ResumeEnded => self.low_level().resume_ended(id, record.head, step, after),
+            _ => self.low_level().append_step(id, record.head, step, after),
         };
         let written = match written {
             Ok(w) => w,

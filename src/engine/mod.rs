@@ -159,7 +159,7 @@ impl Store {
         options: &StartOptions,
     ) -> Result<ThreadRecord, EngineError> {
         let new = self.top_level_thread(workflow, prompt, options)?;
-        Ok(self.start_thread(new)?)
+        Ok(self.low_level().start_thread(new)?)
     }
 
     /// Starts a thread and drives it until it ends or suspends (what
@@ -176,7 +176,7 @@ impl Store {
         let new = self.top_level_thread(workflow, prompt, options)?;
         let id = ThreadId::generate();
         let claim = self.claim_new(id, &options.cancel)?;
-        let record = self.start_thread_as(new, id, true)?;
+        let record = self.low_level().start_thread_as(new, id, true)?;
         let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {
@@ -268,7 +268,7 @@ impl Store {
         };
         let wf = self.load_workflow(record.workflow_hash)?;
         let state = fork_state(self, &wf, &record, node)?;
-        Ok(self.fork_thread(source, node, state)?)
+        Ok(self.low_level().fork_thread(source, node, state)?)
     }
 
     /// The parent (or the start) of the newest step of `role` on the chain.

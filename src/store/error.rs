@@ -130,7 +130,7 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// The group-commit writer is gone (its handle outlived
-    /// [`Store::group_commit`]).
+    /// [`Store::group_commit`](crate::Store::group_commit)).
     #[error("the group-commit writer has stopped; nothing was written")]
     GroupStopped,
     /// A group commit failed; every write in the group was discarded.

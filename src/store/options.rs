@@ -47,11 +47,11 @@ pub struct StoreOptions {
     /// Commit durability for this process.
     pub durability: Durability,
     /// Largest size the data file may reach, in bytes. `None` reserves
-    /// [`DEFAULT_MAP_SIZE`]. A write that would pass it fails with
-    /// [`StoreError::MapFull`] and changes nothing.
+    /// [`DEFAULT_MAP_SIZE`](crate::store::DEFAULT_MAP_SIZE). A write that would pass it fails with
+    /// [`StoreError::MapFull`](crate::StoreError::MapFull) and changes nothing.
     pub max_map_size: Option<u64>,
     /// Create the store when it does not exist (else fail with
-    /// [`StoreError::NotInitialized`]).
+    /// [`StoreError::NotInitialized`](crate::StoreError::NotInitialized)).
     pub create: bool,
 }
 

@@ -6,6 +6,7 @@
 //! checks the head the caller expects (compare-and-swap), so two writers
 //! racing on one thread cannot both commit.
 
+mod fork;
 mod id;
 pub(crate) mod index;
 mod read;
@@ -15,7 +16,7 @@ mod write;
 pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
 pub use read::{Context, Frame, HistoryPage, LogEntry, ThreadQuery, ThreadTree};
 pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
-pub use write::{EndSpec, NewThread, Next, StepWrite, Written};
+pub use write::{EndSpec, LowLevel, NewThread, Next, StepWrite, Written};
 
 use crate::codec::CodecError;
 use crate::hash::Hash;

@@ -1,5 +1,13 @@
 //! Operations that change threads. Each is one write transaction; each that
 //! moves a head is a compare-and-swap on the head the caller expects.
+//!
+//! The record mutations the engine is built from (start, append, resume
+//! from history, end, failure, arbitrary record updates, and forks in
+//! `fork.rs`) are on [`LowLevel`], reached through [`Store::low_level`]:
+//! they write exactly what they are told, with no routing, no claims and
+//! no workflow. Embedders drive threads through the engine instead
+//! ([`Store::drive`](crate::Store::drive) and friends). Manual compaction
+//! and unlinking, which are user operations, stay on [`Store`].
 
 use std::collections::BTreeMap;
 
@@ -8,6 +16,36 @@ use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, Thread
 use crate::hash::Hash;
 use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors_raw};
 use crate::store::{Store, WriteTxn};
+
+/// Raw record mutation below the engine: see the module docs. Everything
+/// a [`Store`] offers is reachable through it too (it derefs to the store).
+///
+/// ```
+/// use uwf_db::Store;
+/// let store = Store::memory();
+/// let low = store.low_level();
+/// // `low.append_step(..)`, `low.update_record(..)`, … write exactly what
+/// // they are given; the engine (`store.drive(..)`) is what routes.
+/// assert!(low.thread(uwf_db::thread::ThreadId::generate()).unwrap().is_none());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct LowLevel<'s>(&'s Store);
+
+impl std::ops::Deref for LowLevel<'_> {
+    type Target = Store;
+
+    fn deref(&self) -> &Store {
+        self.0
+    }
+}
+
+impl Store {
+    /// Raw record mutation, below the engine (no routing, no claims):
+    /// [`LowLevel`]. For tests, tools and the engine itself.
+    pub fn low_level(&self) -> LowLevel<'_> {
+        LowLevel(self)
+    }
+}
 
 /// A new thread.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,8 +102,8 @@ pub struct EndSpec {
 
 /// What comes next for a thread: what a workflow routes a step to
 /// ([`Workflow::route`](crate::workflow::Workflow::route)), what a step
-/// write applies ([`Store::append_step`]), and the state a fork starts in
-/// ([`Store::fork_thread`], which refuses `End`).
+/// write applies ([`LowLevel::append_step`]), and the state a fork starts in
+/// ([`LowLevel::fork_thread`], which refuses `End`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
     /// A role runs next: status `idle`.
@@ -264,7 +302,7 @@ fn load_checked(
     Ok((record, location))
 }
 
-impl Store {
+impl LowLevel<'_> {
     /// Creates a thread: the prompt, the start node and the record, in one
     /// transaction. The workflow blob (and `parent_state`) must exist.
     pub fn start_thread(&self, new: NewThread) -> Result<ThreadRecord, ThreadError> {
@@ -411,114 +449,6 @@ impl Store {
         })
     }
 
-    /// Forks `source` at `at` (its start or any role step on its chain; not
-    /// an end node): a new record pointing at the shared node, nothing
-    /// copied. Checking that `at` is on the chain reads about
-    /// `distance / 11` nodes back from the head (none for a fork at the head).
-    pub fn fork_thread(
-        &self,
-        source: ThreadId,
-        at: Hash,
-        state: Next,
-    ) -> Result<ThreadRecord, ThreadError> {
-        self.write(|w| {
-            let (src, _) = index::find(w.tables(), source)?
-                .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
-            if let (ThreadStatus::Suspended, Some(child)) = (src.status, src.active_child) {
-                return Err(ThreadError::ForkInsideChild {
-                    thread: source,
-                    child,
-                });
-            }
-            let (seq, last_end_seq) = if at == src.start {
-                (0, 0)
-            } else {
-                let node = match w.get_blob(&at)? {
-                    Some(Blob::State(s)) => s,
-                    Some(_) => {
-                        return Err(ThreadError::WrongKind {
-                            hash: at,
-                            expected: "state",
-                        });
-                    }
-                    None => return Err(ThreadError::MissingNode { hash: at }),
-                };
-                if node.role == END_ROLE {
-                    return Err(ThreadError::ForkAtEnd {
-                        thread: source,
-                        node: at,
-                    });
-                }
-                if node.start != src.start || !super::read::on_chain(w, src.head, &at, node.seq)? {
-                    return Err(ThreadError::NotOnChain {
-                        node: at,
-                        thread: source,
-                    });
-                }
-                let last_end = if node.seq > src.last_end_seq {
-                    src.last_end_seq
-                } else {
-                    super::read::last_end_before(w, &node)?
-                };
-                (node.seq, last_end)
-            };
-            let now = w.now_ms();
-            let (status, next_role, next_instruction, suspended_role, suspend_message) =
-                match state.clone() {
-                    Next::Role { role, instruction } => (
-                        ThreadStatus::Idle,
-                        Some(role),
-                        Some(instruction),
-                        None,
-                        None,
-                    ),
-                    Next::Suspend { role, message } => (
-                        ThreadStatus::Suspended,
-                        None,
-                        None,
-                        Some(role),
-                        Some(message),
-                    ),
-                    Next::End(_) => {
-                        return Err(ThreadError::ForkIntoEnd {
-                            thread: source,
-                            node: at,
-                        });
-                    }
-                };
-            let record = ThreadRecord {
-                active_child: None,
-                agent: src.agent.clone(),
-                agent_steps: None,
-                claimed_status: None,
-                completed_at: None,
-                created_at: now,
-                forked_from: Some(super::ForkOrigin {
-                    node: at,
-                    thread: source,
-                }),
-                head: at,
-                id: ThreadId::generate(),
-                last_end_seq,
-                last_error: None,
-                next_instruction,
-                next_role,
-                parent_thread: src.parent_thread,
-                seq,
-                staged_compact: None,
-                start: src.start,
-                status,
-                suspend_message,
-                suspended_role,
-                updated_at: now,
-                workflow: src.workflow.clone(),
-                workflow_hash: src.workflow_hash,
-            };
-            index::put(w, None, &record)?;
-            Ok(record)
-        })
-    }
-
     /// Records a failed attempt on the thread (no node, no head move): the
     /// status stays, `last_error` is set until the next committed step.
     pub fn record_failure(&self, id: ThreadId, error: &str) -> Result<ThreadRecord, ThreadError> {
@@ -526,27 +456,6 @@ impl Store {
         self.update_record(id, move |r| {
             r.last_error = Some(error.clone());
             Ok(())
-        })
-    }
-
-    /// Stages a compaction summary covering everything up to the current
-    /// head: context assembly uses it at once, and the next node appended
-    /// records it as its `compact`.
-    pub fn stage_compact(
-        &self,
-        id: ThreadId,
-        expected_head: Hash,
-        summary: &str,
-    ) -> Result<(Hash, ThreadRecord), ThreadError> {
-        let summary = summary.to_owned();
-        self.write_op(move |w| {
-            let (mut record, location) = load_checked(w, id, expected_head)?;
-            let old = record.clone();
-            let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
-            record.staged_compact = Some(hash);
-            record.updated_at = w.now_ms();
-            index::put(w, Some((&old, location)), &record)?;
-            Ok((hash, record))
         })
     }
 
@@ -568,6 +477,29 @@ impl Store {
             record.updated_at = w.now_ms().max(old.updated_at);
             index::put(w, Some((&old, location)), &record)?;
             Ok(record)
+        })
+    }
+}
+
+impl Store {
+    /// Stages a compaction summary covering everything up to the current
+    /// head: context assembly uses it at once, and the next node appended
+    /// records it as its `compact`.
+    pub fn stage_compact(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        summary: &str,
+    ) -> Result<(Hash, ThreadRecord), ThreadError> {
+        let summary = summary.to_owned();
+        self.write_op(move |w| {
+            let (mut record, location) = load_checked(w, id, expected_head)?;
+            let old = record.clone();
+            let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
+            record.staged_compact = Some(hash);
+            record.updated_at = w.now_ms();
+            index::put(w, Some((&old, location)), &record)?;
+            Ok((hash, record))
         })
     }
 

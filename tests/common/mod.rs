@@ -151,7 +151,7 @@ pub fn try_new_thread(
     name: &str,
 ) -> Result<ThreadRecord, uwf_db::thread::ThreadError> {
     let wf = workflow(store, name);
-    store.start_thread(NewThread {
+    store.low_level().start_thread(NewThread {
         workflow: name.into(),
         workflow_hash: wf,
         prompt: format!("task for {name}"),
@@ -190,6 +190,7 @@ pub fn append_n(store: &Store, id: ThreadId, n: usize) -> ThreadRecord {
     let mut rec = store.thread(id).unwrap().unwrap();
     for i in 0..n {
         let w = store
+            .low_level()
             .append_step(
                 id,
                 rec.head,

@@ -1,0 +1,119 @@
+//! Forks: a new thread whose head is an existing node of the source's chain
+//! (`docs/design.md` §5b). Nothing is copied; the chain check jumps back
+//! through ancestor lists, 11 nodes per read.
+
+use super::index;
+use super::write::LowLevel;
+use super::{END_ROLE, Next, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use crate::hash::Hash;
+use crate::node::Blob;
+
+impl LowLevel<'_> {
+    /// Forks `source` at `at` (its start or any role step on its chain; not
+    /// an end node): a new record pointing at the shared node, nothing
+    /// copied. Checking that `at` is on the chain reads about
+    /// `distance / 11` nodes back from the head (none for a fork at the head).
+    pub fn fork_thread(
+        &self,
+        source: ThreadId,
+        at: Hash,
+        state: Next,
+    ) -> Result<ThreadRecord, ThreadError> {
+        self.write(|w| {
+            let (src, _) = index::find(w.tables(), source)?
+                .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
+            if let (ThreadStatus::Suspended, Some(child)) = (src.status, src.active_child) {
+                return Err(ThreadError::ForkInsideChild {
+                    thread: source,
+                    child,
+                });
+            }
+            let (seq, last_end_seq) = if at == src.start {
+                (0, 0)
+            } else {
+                let node = match w.get_blob(&at)? {
+                    Some(Blob::State(s)) => s,
+                    Some(_) => {
+                        return Err(ThreadError::WrongKind {
+                            hash: at,
+                            expected: "state",
+                        });
+                    }
+                    None => return Err(ThreadError::MissingNode { hash: at }),
+                };
+                if node.role == END_ROLE {
+                    return Err(ThreadError::ForkAtEnd {
+                        thread: source,
+                        node: at,
+                    });
+                }
+                if node.start != src.start || !super::read::on_chain(w, src.head, &at, node.seq)? {
+                    return Err(ThreadError::NotOnChain {
+                        node: at,
+                        thread: source,
+                    });
+                }
+                let last_end = if node.seq > src.last_end_seq {
+                    src.last_end_seq
+                } else {
+                    super::read::last_end_before(w, &node)?
+                };
+                (node.seq, last_end)
+            };
+            let now = w.now_ms();
+            let (status, next_role, next_instruction, suspended_role, suspend_message) =
+                match state.clone() {
+                    Next::Role { role, instruction } => (
+                        ThreadStatus::Idle,
+                        Some(role),
+                        Some(instruction),
+                        None,
+                        None,
+                    ),
+                    Next::Suspend { role, message } => (
+                        ThreadStatus::Suspended,
+                        None,
+                        None,
+                        Some(role),
+                        Some(message),
+                    ),
+                    Next::End(_) => {
+                        return Err(ThreadError::ForkIntoEnd {
+                            thread: source,
+                            node: at,
+                        });
+                    }
+                };
+            let record = ThreadRecord {
+                active_child: None,
+                agent: src.agent.clone(),
+                agent_steps: None,
+                claimed_status: None,
+                completed_at: None,
+                created_at: now,
+                forked_from: Some(super::ForkOrigin {
+                    node: at,
+                    thread: source,
+                }),
+                head: at,
+                id: ThreadId::generate(),
+                last_end_seq,
+                last_error: None,
+                next_instruction,
+                next_role,
+                parent_thread: src.parent_thread,
+                seq,
+                staged_compact: None,
+                start: src.start,
+                status,
+                suspend_message,
+                suspended_role,
+                updated_at: now,
+                workflow: src.workflow.clone(),
+                workflow_hash: src.workflow_hash,
+            };
+            index::put(w, None, &record)?;
+            Ok(record)
+        })
+    }
+}
