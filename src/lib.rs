@@ -31,6 +31,12 @@
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+// Storage and engine code never panics on data or I/O: no unwrap/expect,
+// no unchecked indexing (the few indexing-by-construction spots say why).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 pub mod backend;
 pub mod codec;
