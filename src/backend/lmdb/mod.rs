@@ -188,48 +188,38 @@ struct LmdbRead<'e> {
     backend: &'e LmdbBackend,
 }
 
-impl ReadTables for LmdbRead<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
-        get(self.backend, &self.txn, table, key)
-    }
-
-    fn range(
-        &self,
-        table: Table,
-        r: KeyRange<'_>,
-        direction: Direction,
-    ) -> Result<Entries<'_>, StoreError> {
-        range(self.backend, &self.txn, table, r, direction)
-    }
-
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
-        count(self.backend, &self.txn, table)
-    }
-}
-
 struct LmdbWrite<'e> {
     txn: RwTxn<'e>,
     backend: &'e LmdbBackend,
 }
 
-impl ReadTables for LmdbWrite<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
-        get(self.backend, &self.txn, table, key)
-    }
+/// Reads are the same for both kinds of transaction (a write transaction
+/// derefs to a read one).
+macro_rules! lmdb_reads {
+    ($txn:ident) => {
+        impl ReadTables for $txn<'_> {
+            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+                get(self.backend, &self.txn, table, key)
+            }
 
-    fn range(
-        &self,
-        table: Table,
-        r: KeyRange<'_>,
-        direction: Direction,
-    ) -> Result<Entries<'_>, StoreError> {
-        range(self.backend, &self.txn, table, r, direction)
-    }
+            fn range(
+                &self,
+                table: Table,
+                r: KeyRange<'_>,
+                direction: Direction,
+            ) -> Result<Entries<'_>, StoreError> {
+                range(self.backend, &self.txn, table, r, direction)
+            }
 
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
-        count(self.backend, &self.txn, table)
-    }
+            fn count(&self, table: Table) -> Result<u64, StoreError> {
+                count(self.backend, &self.txn, table)
+            }
+        }
+    };
 }
+
+lmdb_reads!(LmdbRead);
+lmdb_reads!(LmdbWrite);
 
 impl WriteTables for LmdbWrite<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
