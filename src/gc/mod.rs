@@ -57,12 +57,12 @@ pub enum GcError {
         blobs: usize,
     },
     /// The worker pool could not start.
-    #[error("cannot start {threads} GC worker threads: {detail}")]
+    #[error("cannot start {threads} GC worker threads: {source}")]
     Pool {
         /// Threads asked for.
         threads: usize,
         /// The cause.
-        detail: String,
+        source: rayon::ThreadPoolBuildError,
     },
 }
 
@@ -211,10 +211,7 @@ impl Store {
             Some(threads) => rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
-                .map_err(|e| GcError::Pool {
-                    threads,
-                    detail: e.to_string(),
-                })?
+                .map_err(|source| GcError::Pool { threads, source })?
                 .install(|| self.collect(options, progress)),
         }
     }

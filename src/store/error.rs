@@ -1,10 +1,24 @@
 //! What can go wrong in the store, whatever the backend.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::FORMAT_VERSION;
 use crate::codec::CodecError;
 use crate::hash::Hash;
+use crate::store::record::RecordError;
+
+/// Why a stored blob cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Damage {
+    /// The record's header is malformed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// The canonical bytes do not decode.
+    #[error(transparent)]
+    Encoding(#[from] CodecError),
+}
 
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
@@ -109,12 +123,12 @@ pub enum StoreError {
         truncated: bool,
     },
     /// A stored blob is damaged.
-    #[error("blob {hash} is corrupt: {detail}; run `uwf-db verify`")]
+    #[error("blob {hash} is corrupt: {source}; run `uwf-db verify`")]
     Corrupt {
         /// The blob's key.
         hash: Hash,
         /// What is wrong.
-        detail: String,
+        source: Damage,
     },
     /// A blob could not be encoded.
     #[error(transparent)]
@@ -134,10 +148,10 @@ pub enum StoreError {
     #[error("the group-commit writer has stopped; nothing was written")]
     GroupStopped,
     /// A group commit failed; every write in the group was discarded.
-    #[error("a group commit failed and nothing of the group was stored: {detail}")]
+    #[error("a group commit failed and nothing of the group was stored: {source}")]
     GroupCommit {
-        /// The failure.
-        detail: String,
+        /// The failure, shared by every request of the group.
+        source: Arc<StoreError>,
     },
     /// The backend could not serialize this transaction with a concurrent
     /// one; nothing of it was applied. [`crate::Store::write`] retries a
@@ -164,9 +178,9 @@ pub enum StoreError {
 impl StoreError {
     /// The error again, for each request of a failed group: the kinds a
     /// caller acts on (a full disk or map) are kept; others become
-    /// [`StoreError::GroupCommit`] with the message.
-    pub(crate) fn for_each_request(&self) -> StoreError {
-        match self {
+    /// [`StoreError::GroupCommit`] sharing the error as their source.
+    pub(crate) fn for_each_request(self: &Arc<Self>) -> StoreError {
+        match &**self {
             StoreError::DiskFull { path } => StoreError::DiskFull { path: path.clone() },
             StoreError::MapFull { path, map_size } => StoreError::MapFull {
                 path: path.clone(),
@@ -174,8 +188,8 @@ impl StoreError {
             },
             StoreError::MapResized { path } => StoreError::MapResized { path: path.clone() },
             StoreError::GroupStopped => StoreError::GroupStopped,
-            other => StoreError::GroupCommit {
-                detail: other.to_string(),
+            _ => StoreError::GroupCommit {
+                source: Arc::clone(self),
             },
         }
     }

@@ -199,7 +199,7 @@ fn writer(inner: &StoreInner, rx: &Receiver<Request>, max_group: usize, counters
                 Err(_) => break,
             }
         }
-        let outcome = commit_group(inner, &mut batch);
+        let outcome = commit_group(inner, &mut batch).map_err(Arc::new);
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters
             .requests

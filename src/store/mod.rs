@@ -34,7 +34,7 @@ use crate::hash::{Hash, HashPrefix};
 use crate::node::Blob;
 
 pub use crate::backend::lmdb::DEFAULT_MAP_SIZE;
-pub use error::StoreError;
+pub use error::{Damage, StoreError};
 pub use group::{DEFAULT_MAX_GROUP, GroupStats};
 pub use options::{Durability, StoreOptions};
 pub use record::{BlobRecord, RecordError};

@@ -33,7 +33,7 @@ impl StoredBlob {
     pub fn decode(&self) -> Result<Blob, StoreError> {
         Blob::decode_trusted(&self.bytes).map_err(|e| StoreError::Corrupt {
             hash: self.hash,
-            detail: e.to_string(),
+            source: e.into(),
         })
     }
 }
@@ -41,7 +41,7 @@ impl StoredBlob {
 fn parse_record<'v>(hash: &Hash, value: &'v [u8]) -> Result<BlobRecord<'v>, StoreError> {
     BlobRecord::parse(value).map_err(|e| StoreError::Corrupt {
         hash: *hash,
-        detail: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -110,7 +110,7 @@ macro_rules! blob_reads {
                 .map(Some)
                 .map_err(|e| StoreError::Corrupt {
                     hash: *hash,
-                    detail: e.to_string(),
+                    source: e.into(),
                 })
         }
 

@@ -169,7 +169,7 @@ fn decode_state(hash: &Hash, bytes: &[u8]) -> Result<StateNode, ThreadError> {
         }),
         Err(e) => Err(ThreadError::Store(StoreError::Corrupt {
             hash: *hash,
-            detail: e.to_string(),
+            source: e.into(),
         })),
     }
 }
