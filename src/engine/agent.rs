@@ -246,6 +246,16 @@ pub enum AgentSpec {
 
 impl AgentSpec {
     /// Parses `script:FILE` or `cmd:PROGRAM ARGS`.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{AgentError, AgentSpec};
+    ///
+    /// let spec = AgentSpec::parse("cmd:llm --model 'small one'")?;
+    /// assert_eq!(spec, AgentSpec::Cmd(vec!["llm".into(), "--model".into(), "small one".into()]));
+    /// assert_eq!(AgentSpec::parse("script:s.yaml")?, AgentSpec::Script("s.yaml".into()));
+    /// assert!(matches!(AgentSpec::parse("llm"), Err(AgentError::BadSpec(_))));
+    /// # Ok::<(), AgentError>(())
+    /// ```
     pub fn parse(spec: &str) -> Result<AgentSpec, AgentError> {
         if let Some(file) = spec.strip_prefix("script:") {
             return Ok(AgentSpec::Script(PathBuf::from(file)));
@@ -294,7 +304,30 @@ pub struct ScriptAgent {
 }
 
 impl ScriptAgent {
-    /// Loads a scenario file.
+    /// Loads a scenario file: `steps:` (step *i* is the role and the reply
+    /// for a thread with *i* answered steps), or `workflows:` (steps per
+    /// workflow name, for child workflows).
+    ///
+    /// ```
+    /// use uwf_db::Store;
+    /// use uwf_db::engine::StartOptions;
+    /// use uwf_db::engine::agent::ScriptAgent;
+    /// use uwf_db::thread::ThreadStatus;
+    /// use uwf_db::workflow::parse_workflow;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let file = dir.path().join("scenario.yaml");
+    /// std::fs::write(&file, "steps:\n  - role: worker\n    output: All done\n")?;
+    /// let mut agent = ScriptAgent::load(&file)?;
+    ///
+    /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let store = Store::memory();
+    /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let (_, report) = store.run_workflow(workflow, "a task", &StartOptions::default(), &mut agent)?;
+    /// assert_eq!(report.into_result()?[0].status, ThreadStatus::Completed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load(path: &Path) -> Result<ScriptAgent, AgentError> {
         let bad = |detail: String| AgentError::Scenario {
             path: path.to_path_buf(),
@@ -395,6 +428,18 @@ pub const DEFAULT_REASKS: usize = 2;
 
 impl AgentSpec {
     /// The agent this spec names: a loaded scenario, or a command agent.
+    /// ([`Store::build_agent`](crate::Store::build_agent) parses and builds
+    /// in one call, with the store's directory filled in.)
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{AgentError, AgentOptions, AgentSpec};
+    ///
+    /// let agent = AgentSpec::parse("cmd:cat")?.build(&AgentOptions::default())?;
+    /// assert_eq!(agent.reasks(), AgentOptions::default().reasks);
+    /// let missing = AgentSpec::parse("script:/no/such/scenario.yaml")?.build(&AgentOptions::default());
+    /// assert!(matches!(missing, Err(AgentError::Scenario { .. })));
+    /// # Ok::<(), AgentError>(())
+    /// ```
     pub fn build(&self, options: &AgentOptions) -> Result<Box<dyn Agent>, AgentError> {
         Ok(match self {
             AgentSpec::Script(file) => Box::new(ScriptAgent::load(file)?),
@@ -419,6 +464,17 @@ pub struct CmdAgent {
 impl CmdAgent {
     /// A command agent running `argv` (program, then arguments); an empty
     /// `argv` is [`AgentError::NoProgram`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentOptions, CmdAgent};
+    ///
+    /// let options = AgentOptions { timeout: Duration::from_secs(60), reasks: 0, ..AgentOptions::default() };
+    /// let agent = CmdAgent::new(vec!["llm".into(), "--quiet".into()], &options)?;
+    /// assert_eq!(agent.reasks(), 0);
+    /// assert!(matches!(CmdAgent::new(vec![], &options), Err(AgentError::NoProgram)));
+    /// # Ok::<(), AgentError>(())
+    /// ```
     pub fn new(argv: Vec<String>, options: &AgentOptions) -> Result<Self, AgentError> {
         let mut words = argv.into_iter();
         let program = words.next().ok_or(AgentError::NoProgram)?;

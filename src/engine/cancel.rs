@@ -124,6 +124,21 @@ impl Cancel {
     /// Registers a running agent's process group (an agent that starts
     /// processes in a group of their own calls this). Started while the token
     /// was being cancelled: the group is killed at once.
+    ///
+    /// ```
+    /// use std::os::unix::process::CommandExt;
+    /// use std::process::Command;
+    /// use uwf_db::engine::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// // An agent's program, in a process group of its own.
+    /// let mut child = Command::new("sleep").arg("30").process_group(0).spawn()?;
+    /// cancel.agent_started(child.id());
+    /// cancel.cancel(); // kills the group
+    /// assert!(!child.wait()?.success());
+    /// cancel.agent_finished(child.id());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn agent_started(&self, pgid: u32) {
         lock(&self.inner.agents).insert(pgid);
         if self.is_cancelled() {
