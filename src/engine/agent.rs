@@ -324,7 +324,8 @@ impl ScriptAgent {
     /// # let store = Store::memory();
     /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
     /// # let (workflow, _) = store.add_workflow(&wf)?;
-    /// let (_, report) = store.run_workflow(workflow, "a task", &StartOptions::default(), &mut agent)?;
+    /// let options = StartOptions::default();
+    /// let (_, report) = store.run_workflow(workflow, "a task", &options, &mut agent)?;
     /// assert_eq!(report.into_result()?[0].status, ThreadStatus::Completed);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -436,7 +437,8 @@ impl AgentSpec {
     ///
     /// let agent = AgentSpec::parse("cmd:cat")?.build(&AgentOptions::default())?;
     /// assert_eq!(agent.reasks(), AgentOptions::default().reasks);
-    /// let missing = AgentSpec::parse("script:/no/such/scenario.yaml")?.build(&AgentOptions::default());
+    /// let missing = AgentSpec::parse("script:/no/such/scenario.yaml")?;
+    /// let missing = missing.build(&AgentOptions::default());
     /// assert!(matches!(missing, Err(AgentError::Scenario { .. })));
     /// # Ok::<(), AgentError>(())
     /// ```
@@ -469,7 +471,11 @@ impl CmdAgent {
     /// use std::time::Duration;
     /// use uwf_db::engine::agent::{Agent, AgentError, AgentOptions, CmdAgent};
     ///
-    /// let options = AgentOptions { timeout: Duration::from_secs(60), reasks: 0, ..AgentOptions::default() };
+    /// let options = AgentOptions {
+    ///     timeout: Duration::from_secs(60),
+    ///     reasks: 0,
+    ///     ..AgentOptions::default()
+    /// };
     /// let agent = CmdAgent::new(vec!["llm".into(), "--quiet".into()], &options)?;
     /// assert_eq!(agent.reasks(), 0);
     /// assert!(matches!(CmdAgent::new(vec![], &options), Err(AgentError::NoProgram)));

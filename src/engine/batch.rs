@@ -136,7 +136,8 @@ impl Store {
     /// // Two agents: two driver threads.
     /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo), Box::new(Echo)];
     /// let mut ended = Vec::new();
-    /// let report = store.run_batch(workflow, &prompts, &BatchOptions::default(), agents, &mut |item: &BatchItem| {
+    /// let options = BatchOptions::default();
+    /// let report = store.run_batch(workflow, &prompts, &options, agents, &mut |item: &BatchItem| {
     ///     ended.push((item.index, item.steps));
     /// })?;
     /// assert_eq!((report.threads, report.completed, report.errors), (8, 8, 0));
@@ -200,8 +201,8 @@ impl Store {
     /// let threads = store.continuable_threads("review")?;
     /// assert_eq!(threads.len(), 3);
     /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo)];
-    /// let report =
-    ///     store.continue_threads(&threads, &BatchOptions::default(), agents, &mut |_: &BatchItem| {})?;
+    /// let options = BatchOptions::default();
+    /// let report = store.continue_threads(&threads, &options, agents, &mut |_: &BatchItem| {})?;
     /// assert_eq!((report.threads, report.completed), (3, 3));
     /// assert_eq!(report.steps, 3); // one reviewer step each
     /// assert!(store.continuable_threads("review")?.is_empty());

@@ -127,7 +127,7 @@ impl DriveReport {
 ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
 ///         self.0.push(req.instruction.to_owned());
 ///         let reply = match req.role_name {
-///             "planner" if req.instruction.contains("LMDB") => "---\n$status: planned\n---\n1. Use LMDB",
+///             "planner" if req.instruction.contains("LMDB") => "---\n$status: planned\n---\nUse LMDB",
 ///             "planner" => "---\n$status: need_info\nquestion: Which database?\n---\n",
 ///             _ => "Done as planned",
 ///         };

@@ -297,7 +297,10 @@ impl Store {
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
     /// # let (workflow, _) = store.add_workflow(&wf)?;
     /// // A thread that stores its agent spec: later drives reuse it.
-    /// let options = StartOptions { agent_spec: Some("cmd:echo done".into()), ..StartOptions::default() };
+    /// let options = StartOptions {
+    ///     agent_spec: Some("cmd:echo done".into()),
+    ///     ..StartOptions::default()
+    /// };
     /// let thread = store.start_workflow(workflow, "a task", &options)?;
     /// let (mut agent, spec) = store.agent_for(thread.id, None, &AgentOptions::default())?;
     /// assert_eq!(spec, "cmd:echo done");
