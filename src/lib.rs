@@ -18,6 +18,14 @@
 //!
 //! The on-disk format is described byte by byte in `docs/design.md`.
 //!
+//! An embedder starts with the engine surface, listed in [`engine`]: start
+//! and drive threads of a YAML workflow with an [`Agent`](engine::agent::Agent)
+//! written in Rust, resume, fork, cancel, run batches, collect garbage and
+//! verify; every method there has an example that runs, and
+//! `cargo run --example embed` shows them together on an LMDB store.
+//!
+//! The storage core alone, without the engine:
+//!
 //! ```
 //! use uwf_db::{Blob, Store, StoreOptions};
 //!

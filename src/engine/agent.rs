@@ -128,6 +128,99 @@ pub enum AgentError {
 }
 
 /// Something that answers role steps.
+///
+/// An agent gets the role, the instruction and the assembled prompt
+/// ([`AgentRequest`]) and answers with markdown whose YAML frontmatter
+/// carries `$status` (what the workflow routes on) and the role's other
+/// fields. An embedder's agent is a Rust type; this one calls no model and
+/// gets its first answer wrong, to show the re-ask:
+///
+/// ```
+/// use uwf_db::Store;
+/// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+/// use uwf_db::engine::StartOptions;
+/// use uwf_db::thread::ThreadStatus;
+/// use uwf_db::workflow::parse_workflow;
+///
+/// /// Approves, but forgets the frontmatter the first time.
+/// #[derive(Default)]
+/// struct Judge {
+///     prompts: Vec<String>,
+/// }
+///
+/// impl Agent for Judge {
+///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+///         self.prompts.push(req.prompt.to_owned());
+///         if self.prompts.len() == 1 {
+///             return Ok("Looks good to me".to_owned().into());
+///         }
+///         Ok("---\n$status: approved\n---\nLooks good to me".to_owned().into())
+///     }
+///     /// One more try after a reply the role's schema refuses.
+///     fn reasks(&self) -> usize {
+///         1
+///     }
+/// }
+///
+/// let yaml = "
+/// name: judge
+/// roles:
+///   judge:
+///     goal: Approve the change
+///     frontmatter: { properties: { $status: { const: approved } }, required: [$status] }
+/// graph:
+///   $START: { _: { role: judge, prompt: 'Judge the change' } }
+///   judge: { approved: { role: $END, prompt: 'Approved' } }
+/// ";
+/// let store = Store::memory();
+/// let wf = parse_workflow(yaml, Some("judge"), &|_| false).map_err(|p| format!("{p:?}"))?;
+/// let (workflow, _) = store.add_workflow(&wf)?;
+/// let mut judge = Judge::default();
+/// let (thread, report) =
+///     store.run_workflow(workflow, "Add a --json flag", &StartOptions::default(), &mut judge)?;
+/// assert_eq!(report.into_result()?[0].status, ThreadStatus::Completed);
+/// // The prompt holds the task; the second one says why the first reply was refused.
+/// assert!(judge.prompts[0].contains("Add a --json flag"));
+/// assert!(judge.prompts[1].contains("Your previous reply was invalid"));
+///
+/// // The stored step is the accepted reply, frontmatter and all.
+/// let log = store.thread_log(thread.id, 10, None)?;
+/// let step = log.iter().find(|e| e.node.role == "judge").ok_or("no judge step")?;
+/// assert_eq!(step.node.meta["$status"], uwf_db::Value::Str("approved".into()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// An agent that fails returns an error (an embedder's own as
+/// [`AgentError::Other`]): the step commits nothing, the error is recorded
+/// on the thread, and the thread stays as it was, ready to be driven again.
+///
+/// ```
+/// use uwf_db::Store;
+/// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+/// use uwf_db::engine::{EngineError, StartOptions};
+/// use uwf_db::thread::ThreadStatus;
+/// use uwf_db::workflow::parse_workflow;
+///
+/// struct Offline;
+/// impl Agent for Offline {
+///     fn call(&mut self, _: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+///         Err(AgentError::Other("the model is offline".into()))
+///     }
+/// }
+///
+/// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
+/// # let store = Store::memory();
+/// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
+/// # let (workflow, _) = store.add_workflow(&wf)?;
+/// let (thread, report) =
+///     store.run_workflow(workflow, "a task", &StartOptions::default(), &mut Offline)?;
+/// assert!(report.results.is_empty());
+/// assert!(matches!(report.error, Some(EngineError::StepFailed { .. })));
+/// let record = store.thread(thread.id)?.ok_or("no thread")?;
+/// assert_eq!(record.status, ThreadStatus::Idle);
+/// assert!(record.last_error.is_some_and(|e| e.contains("the model is offline")));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait Agent: Send {
     /// Answers one request.
     fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError>;
@@ -153,6 +246,16 @@ pub enum AgentSpec {
 
 impl AgentSpec {
     /// Parses `script:FILE` or `cmd:PROGRAM ARGS`.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{AgentError, AgentSpec};
+    ///
+    /// let spec = AgentSpec::parse("cmd:llm --model 'small one'")?;
+    /// assert_eq!(spec, AgentSpec::Cmd(vec!["llm".into(), "--model".into(), "small one".into()]));
+    /// assert_eq!(AgentSpec::parse("script:s.yaml")?, AgentSpec::Script("s.yaml".into()));
+    /// assert!(matches!(AgentSpec::parse("llm"), Err(AgentError::BadSpec(_))));
+    /// # Ok::<(), AgentError>(())
+    /// ```
     pub fn parse(spec: &str) -> Result<AgentSpec, AgentError> {
         if let Some(file) = spec.strip_prefix("script:") {
             return Ok(AgentSpec::Script(PathBuf::from(file)));
@@ -201,7 +304,31 @@ pub struct ScriptAgent {
 }
 
 impl ScriptAgent {
-    /// Loads a scenario file.
+    /// Loads a scenario file: `steps:` (step *i* is the role and the reply
+    /// for a thread with *i* answered steps), or `workflows:` (steps per
+    /// workflow name, for child workflows).
+    ///
+    /// ```
+    /// use uwf_db::Store;
+    /// use uwf_db::engine::StartOptions;
+    /// use uwf_db::engine::agent::ScriptAgent;
+    /// use uwf_db::thread::ThreadStatus;
+    /// use uwf_db::workflow::parse_workflow;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let file = dir.path().join("scenario.yaml");
+    /// std::fs::write(&file, "steps:\n  - role: worker\n    output: All done\n")?;
+    /// let mut agent = ScriptAgent::load(&file)?;
+    ///
+    /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let store = Store::memory();
+    /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let options = StartOptions::default();
+    /// let (_, report) = store.run_workflow(workflow, "a task", &options, &mut agent)?;
+    /// assert_eq!(report.into_result()?[0].status, ThreadStatus::Completed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn load(path: &Path) -> Result<ScriptAgent, AgentError> {
         let bad = |detail: String| AgentError::Scenario {
             path: path.to_path_buf(),
@@ -302,6 +429,19 @@ pub const DEFAULT_REASKS: usize = 2;
 
 impl AgentSpec {
     /// The agent this spec names: a loaded scenario, or a command agent.
+    /// ([`Store::build_agent`](crate::Store::build_agent) parses and builds
+    /// in one call, with the store's directory filled in.)
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{AgentError, AgentOptions, AgentSpec};
+    ///
+    /// let agent = AgentSpec::parse("cmd:cat")?.build(&AgentOptions::default())?;
+    /// assert_eq!(agent.reasks(), AgentOptions::default().reasks);
+    /// let missing = AgentSpec::parse("script:/no/such/scenario.yaml")?;
+    /// let missing = missing.build(&AgentOptions::default());
+    /// assert!(matches!(missing, Err(AgentError::Scenario { .. })));
+    /// # Ok::<(), AgentError>(())
+    /// ```
     pub fn build(&self, options: &AgentOptions) -> Result<Box<dyn Agent>, AgentError> {
         Ok(match self {
             AgentSpec::Script(file) => Box::new(ScriptAgent::load(file)?),
@@ -326,6 +466,21 @@ pub struct CmdAgent {
 impl CmdAgent {
     /// A command agent running `argv` (program, then arguments); an empty
     /// `argv` is [`AgentError::NoProgram`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentOptions, CmdAgent};
+    ///
+    /// let options = AgentOptions {
+    ///     timeout: Duration::from_secs(60),
+    ///     reasks: 0,
+    ///     ..AgentOptions::default()
+    /// };
+    /// let agent = CmdAgent::new(vec!["llm".into(), "--quiet".into()], &options)?;
+    /// assert_eq!(agent.reasks(), 0);
+    /// assert!(matches!(CmdAgent::new(vec![], &options), Err(AgentError::NoProgram)));
+    /// # Ok::<(), AgentError>(())
+    /// ```
     pub fn new(argv: Vec<String>, options: &AgentOptions) -> Result<Self, AgentError> {
         let mut words = argv.into_iter();
         let program = words.next().ok_or(AgentError::NoProgram)?;

@@ -112,6 +112,40 @@ impl Store {
     /// drive ends, on the calling thread; returning
     /// [`ControlFlow::Break`] starts no new thread (for a reader that went
     /// away), and the drives under way finish.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::batch::{BatchItem, BatchOptions};
+    ///
+    /// /// Answers every role in plain text (the default status `_`).
+    /// struct Echo;
+    /// impl Agent for Echo {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         Ok(format!("{} did it", req.role_name).into())
+    ///     }
+    /// }
+    ///
+    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let prompts: Vec<String> = (1..=8).map(|i| format!("haiku #{i}")).collect();
+    /// // Two agents: two driver threads.
+    /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo), Box::new(Echo)];
+    /// let mut ended = Vec::new();
+    /// let options = BatchOptions::default();
+    /// let report = store.run_batch(workflow, &prompts, &options, agents, &mut |item: &BatchItem| {
+    ///     ended.push((item.index, item.steps));
+    /// })?;
+    /// assert_eq!((report.threads, report.completed, report.errors), (8, 8, 0));
+    /// assert_eq!(report.steps, 16);
+    /// ended.sort();
+    /// assert_eq!(ended, (0..8).map(|i| (i, 2)).collect::<Vec<_>>());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run_batch<R: ItemFlow>(
         &self,
         workflow: Hash,
@@ -138,6 +172,42 @@ impl Store {
     /// over; one a live driver holds is reported as an error). For
     /// finishing what an interrupted batch left; see
     /// [`Store::continuable_threads`] for which threads.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::batch::{BatchItem, BatchOptions};
+    /// use uwf_db::engine::{DriveOptions, StartOptions};
+    ///
+    /// # struct Echo;
+    /// # impl Agent for Echo {
+    /// #     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    /// #         Ok(format!("{} did it", req.role_name).into())
+    /// #     }
+    /// # }
+    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// // Three threads that stopped after their writer's step.
+    /// let one_step = DriveOptions { max_steps: Some(1), ..DriveOptions::default() };
+    /// for prompt in ["first", "second", "third"] {
+    ///     let thread = store.start_workflow(workflow, prompt, &StartOptions::default())?;
+    ///     store.drive(thread.id, &one_step, &mut Echo).into_result()?;
+    /// }
+    ///
+    /// let threads = store.continuable_threads("review")?;
+    /// assert_eq!(threads.len(), 3);
+    /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo)];
+    /// let options = BatchOptions::default();
+    /// let report = store.continue_threads(&threads, &options, agents, &mut |_: &BatchItem| {})?;
+    /// assert_eq!((report.threads, report.completed), (3, 3));
+    /// assert_eq!(report.steps, 3); // one reviewer step each
+    /// assert!(store.continuable_threads("review")?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn continue_threads<R: ItemFlow>(
         &self,
         threads: &[ThreadId],
@@ -174,6 +244,31 @@ impl Store {
     /// The threads of workflow `name` a `batch --continue` drives, oldest
     /// first: idle ones, and running ones whose driver is gone; not
     /// suspended ones (they wait for a human) nor ones a live driver holds.
+    ///
+    /// ```
+    /// use uwf_db::engine::{Cancel, CancelOptions, StartOptions};
+    ///
+    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let start = |prompt| store.start_workflow(workflow, prompt, &StartOptions::default());
+    /// let (idle, held, cancelled) = (start("idle")?, start("held")?, start("cancelled")?);
+    /// store.cancel_thread(cancelled.id, &CancelOptions::default())?;
+    /// // Another driver holds this one.
+    /// let claim = store.claim(held.id, &Cancel::new())?;
+    ///
+    /// assert_eq!(store.continuable_threads("review")?, [idle.id]);
+    /// claim.release()?;
+    /// let mut both = vec![idle.id, held.id];
+    /// both.sort();
+    /// assert_eq!(store.continuable_threads("review")?, both);
+    /// assert!(store.continuable_threads("another workflow")?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn continuable_threads(&self, name: &str) -> Result<Vec<ThreadId>, EngineError> {
         let query = ThreadQuery {
             statuses: vec![ThreadStatus::Idle, ThreadStatus::Running],

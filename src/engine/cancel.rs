@@ -62,6 +62,53 @@ impl Cancel {
     /// [`EngineError::Interrupted`](super::EngineError::Interrupted), and
     /// nothing is recorded); the threads it claimed get their status back
     /// (retryable) before this returns. Idempotent.
+    ///
+    /// A Ctrl-C handler (here another thread) cancels a drive whose agent
+    /// waits on the token:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use uwf_db::Store;
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::{Cancel, DriveOptions, EngineError, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    /// use uwf_db::workflow::parse_workflow;
+    ///
+    /// /// Waits for an answer that never comes, until the drive is cancelled.
+    /// struct Slow;
+    /// impl Agent for Slow {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         while !req.cancel.is_cancelled() {
+    ///             std::thread::sleep(Duration::from_millis(1));
+    ///         }
+    ///         Err(AgentError::Other("stopped waiting".into()))
+    ///     }
+    /// }
+    ///
+    /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let store = Store::memory();
+    /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// let cancel = Cancel::new();
+    /// let handler = cancel.clone();
+    /// std::thread::spawn(move || {
+    ///     std::thread::sleep(Duration::from_millis(20));
+    ///     handler.cancel();
+    /// });
+    /// let options = DriveOptions { cancel: cancel.clone(), ..DriveOptions::default() };
+    /// let report = store.drive(thread.id, &options, &mut Slow);
+    /// assert!(matches!(report.error, Some(EngineError::Interrupted)));
+    ///
+    /// // Nothing was recorded: the thread is idle again, not failed.
+    /// let record = store.thread(thread.id)?.ok_or("no thread")?;
+    /// assert_eq!(record.status, ThreadStatus::Idle);
+    /// assert_eq!(record.last_error, None);
+    /// // Nothing new starts under a cancelled token.
+    /// let again = store.drive(thread.id, &options, &mut Slow);
+    /// assert!(matches!(again.error, Some(EngineError::Interrupted)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel(&self) {
         self.inner.cancelled.store(true, Ordering::SeqCst);
         let groups: Vec<u32> = lock(&self.inner.agents).drain().collect();
@@ -77,6 +124,21 @@ impl Cancel {
     /// Registers a running agent's process group (an agent that starts
     /// processes in a group of their own calls this). Started while the token
     /// was being cancelled: the group is killed at once.
+    ///
+    /// ```
+    /// use std::os::unix::process::CommandExt;
+    /// use std::process::Command;
+    /// use uwf_db::engine::Cancel;
+    ///
+    /// let cancel = Cancel::new();
+    /// // An agent's program, in a process group of its own.
+    /// let mut child = Command::new("sleep").arg("30").process_group(0).spawn()?;
+    /// cancel.agent_started(child.id());
+    /// cancel.cancel(); // kills the group
+    /// assert!(!child.wait()?.success());
+    /// cancel.agent_finished(child.id());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn agent_started(&self, pgid: u32) {
         lock(&self.inner.agents).insert(pgid);
         if self.is_cancelled() {

@@ -87,6 +87,79 @@ impl DriveReport {
 }
 
 /// How to drive a thread ([`Store::drive`]).
+///
+/// With `resume`, a suspended thread runs its suspended role again with the
+/// suspend message (plus `resume_text`), and an ended one runs its first
+/// role again after the end node; then the drive steps on as usual.
+///
+/// A planner that asks a human, is resumed with the answer, and goes on:
+///
+/// ```
+/// use uwf_db::Store;
+/// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+/// use uwf_db::engine::{DriveOptions, StartOptions};
+/// use uwf_db::thread::ThreadStatus;
+/// use uwf_db::workflow::parse_workflow;
+///
+/// let yaml = "
+/// name: planner
+/// roles:
+///   planner:
+///     goal: Plan the task, or ask for what is missing
+///     frontmatter:
+///       oneOf:
+///         - { properties: { $status: { const: planned } }, required: [$status] }
+///         - properties: { $status: { const: need_info }, question: { type: string } }
+///           required: [$status, question]
+///   developer: { goal: Carry out the plan }
+/// graph:
+///   $START: { _: { role: planner, prompt: 'Plan the task' } }
+///   planner:
+///     need_info: { role: $SUSPEND, prompt: 'The planner asks: {{{question}}}' }
+///     planned: { role: developer, prompt: 'Carry out the plan' }
+///   developer: { _: { role: $END, prompt: 'Done' } }
+/// ";
+///
+/// /// Plans once it knows which database to use; remembers every instruction.
+/// #[derive(Default)]
+/// struct Planner(Vec<String>);
+/// impl Agent for Planner {
+///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+///         self.0.push(req.instruction.to_owned());
+///         let reply = match req.role_name {
+///             "planner" if req.instruction.contains("LMDB") => "---\n$status: planned\n---\nUse LMDB",
+///             "planner" => "---\n$status: need_info\nquestion: Which database?\n---\n",
+///             _ => "Done as planned",
+///         };
+///         Ok(reply.to_owned().into())
+///     }
+/// }
+///
+/// let store = Store::memory();
+/// let wf = parse_workflow(yaml, Some("planner"), &|_| false).map_err(|p| format!("{p:?}"))?;
+/// let (workflow, _) = store.add_workflow(&wf)?;
+/// let mut agent = Planner::default();
+/// let (thread, report) =
+///     store.run_workflow(workflow, "Store the threads", &StartOptions::default(), &mut agent)?;
+/// let suspended = report.into_result()?;
+/// assert_eq!(suspended.len(), 1);
+/// assert_eq!(suspended[0].status, ThreadStatus::Suspended);
+/// assert_eq!(suspended[0].suspended_role.as_deref(), Some("planner"));
+/// assert_eq!(suspended[0].suspend_message.as_deref(), Some("The planner asks: Which database?"));
+///
+/// // The human's answer: the planner runs again, then the developer.
+/// let resume = DriveOptions {
+///     resume: true,
+///     resume_text: Some("Use LMDB.".into()),
+///     ..DriveOptions::default()
+/// };
+/// let results = store.drive(thread.id, &resume, &mut agent).into_result()?;
+/// assert_eq!(results.len(), 2);
+/// assert_eq!(results[1].status, ThreadStatus::Completed);
+/// assert_eq!(agent.0[1], "The planner asks: Which database?\n\nUse LMDB.");
+/// assert_eq!(agent.0[2], "Carry out the plan");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct DriveOptions {
     /// Most steps to run (the resumed step counts); `None`: until the
@@ -133,7 +206,7 @@ impl Store {
     /// use uwf_db::engine::{Cancel, DriveOptions, StartOptions};
     /// use uwf_db::thread::ThreadStatus;
     /// use uwf_db::workflow::parse_workflow;
-    /// use uwf_db::{Store, StoreOptions};
+    /// use uwf_db::Store;
     ///
     /// /// Answers every role with plain text (the default status `_`).
     /// struct Echo;
@@ -143,8 +216,7 @@ impl Store {
     ///     }
     /// }
     ///
-    /// let dir = tempfile::tempdir()?;
-    /// let store = Store::open(dir.path(), StoreOptions::default())?;
+    /// let store = Store::memory();
     /// let yaml = "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n";
     /// let parsed = parse_workflow(yaml, None, &|_| false).map_err(|p| format!("{p:?}"))?;
     /// let (workflow, _) = store.add_workflow(&parsed)?;
@@ -366,6 +438,32 @@ impl Store {
     /// Cancels an active thread: end node with return code 2, into history;
     /// its suspended children are cancelled too. Refused while a live
     /// driver holds it, unless [`CancelOptions::force`].
+    ///
+    /// ```
+    /// use uwf_db::engine::{Cancel, CancelOptions, EngineError, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    ///
+    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let thread = store.start_workflow(workflow, "never mind", &StartOptions::default())?;
+    ///
+    /// // While a driver holds the thread, cancelling needs `force`.
+    /// let claim = store.claim(thread.id, &Cancel::new())?;
+    /// let refused = store.cancel_thread(thread.id, &CancelOptions::default());
+    /// assert!(matches!(refused, Err(EngineError::Claimed { .. })));
+    /// claim.release()?;
+    ///
+    /// let result = store.cancel_thread(thread.id, &CancelOptions::default())?;
+    /// assert_eq!(result.status, ThreadStatus::Cancelled);
+    /// assert!(result.done);
+    /// assert_eq!(store.thread(thread.id)?.map(|r| r.status), Some(ThreadStatus::Cancelled));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn cancel_thread(
         &self,
         id: ThreadId,

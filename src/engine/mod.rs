@@ -2,6 +2,28 @@
 //! workflows, stepping them with agents, routing, suspend and resume,
 //! child workflows, compaction, cancel and forks that compute their state
 //! from the pinned workflow.
+//!
+//! # The engine surface
+//!
+//! What an embedder calls, all on [`Store`], each with an example that runs:
+//!
+//! - [`Store::start_workflow`] starts a thread of a registered workflow;
+//!   [`Store::run_workflow`] starts one and drives it to its end.
+//! - [`Store::drive`] steps a thread with an [`agent::Agent`]; with
+//!   [`DriveOptions::resume`] it first resumes a suspended or ended one.
+//! - [`Store::fork`] branches a thread; [`Store::cancel_thread`] ends one.
+//! - [`Store::run_batch`] drives one new thread per prompt on several
+//!   driver threads; [`Store::continuable_threads`] and
+//!   [`Store::continue_threads`] finish what an interrupted batch left.
+//! - [`agent::Agent`] is what answers a role step: your own type, or one
+//!   built from a spec (`script:FILE`, `cmd:PROGRAM ARGS`) by
+//!   [`Store::build_agent`] or [`Store::agent_for`].
+//! - [`Cancel`] is the token a drive or a batch runs under (for Ctrl-C).
+//! - [`Store::collect_garbage`] and [`Store::verify`] look after the store.
+//!
+//! Raw record mutation without routing or claims is below this layer, in
+//! [`Store::low_level`]. `examples/embed.rs` puts the surface together: an
+//! LMDB store, a YAML workflow, an agent written in Rust and a batch.
 
 pub mod agent;
 pub mod batch;
@@ -152,6 +174,37 @@ pub struct StartOptions {
 impl Store {
     /// Starts a thread of a registered workflow (or one already stored, by
     /// hash) with the task `prompt`; it is `idle` with the first role.
+    /// Nothing runs until the thread is driven ([`Store::drive`]).
+    ///
+    /// ```
+    /// use uwf_db::Store;
+    /// use uwf_db::engine::StartOptions;
+    /// use uwf_db::thread::ThreadStatus;
+    /// use uwf_db::workflow::parse_workflow;
+    ///
+    /// let store = Store::memory();
+    /// // A writer, then a reviewer, then the end; `_` is the status of a
+    /// // reply without frontmatter.
+    /// let yaml = "
+    /// name: review
+    /// roles:
+    ///   writer: { goal: Write the text }
+    ///   reviewer: { goal: Review the text }
+    /// graph:
+    ///   $START: { _: { role: writer, prompt: 'Write it' } }
+    ///   writer: { _: { role: reviewer, prompt: 'Review it' } }
+    ///   reviewer: { _: { role: $END, prompt: 'Reviewed' } }
+    /// ";
+    /// let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// let (workflow, _) = store.add_workflow(&wf)?;
+    ///
+    /// let thread = store.start_workflow(workflow, "a haiku about LMDB", &StartOptions::default())?;
+    /// assert_eq!(thread.status, ThreadStatus::Idle);
+    /// assert_eq!(thread.workflow, "review");
+    /// assert_eq!(thread.next_role.as_deref(), Some("writer"));
+    /// assert_eq!(thread.next_instruction.as_deref(), Some("Write it"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start_workflow(
         &self,
         workflow: Hash,
@@ -166,6 +219,39 @@ impl Store {
     /// `uwf-db run` does): the thread is created already claimed, so the
     /// drive costs no separate claim commit. An error before the thread
     /// exists is `Err`; a failure of a step is in the report.
+    ///
+    /// ```
+    /// use uwf_db::engine::StartOptions;
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::thread::ThreadStatus;
+    ///
+    /// /// Answers in plain text and remembers what it was asked.
+    /// #[derive(Default)]
+    /// struct Scribe(Vec<String>);
+    /// impl Agent for Scribe {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         self.0.push(format!("{}: {}", req.role_name, req.instruction));
+    ///         Ok(format!("{} did it", req.role_name).into())
+    ///     }
+    /// }
+    ///
+    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let mut agent = Scribe::default();
+    /// let options = StartOptions::default();
+    /// let (thread, report) = store.run_workflow(workflow, "a haiku", &options, &mut agent)?;
+    /// let results = report.into_result()?;
+    /// assert_eq!(results.len(), 2);
+    /// assert_eq!(results[1].status, ThreadStatus::Completed);
+    /// assert_eq!(agent.0, ["writer: Write it", "reviewer: Review it"]);
+    /// assert_eq!(store.thread(thread.id)?.map(|r| r.status), Some(ThreadStatus::Completed));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run_workflow(
         &self,
         workflow: Hash,
@@ -198,6 +284,37 @@ impl Store {
     /// agent is built here, so a spec that does not work fails before
     /// anything is stored; give the spec as [`DriveOptions::agent_spec`] to
     /// store it on the thread.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::AgentOptions;
+    /// use uwf_db::engine::{DriveOptions, EngineError, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    ///
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// // A thread that stores its agent spec: later drives reuse it.
+    /// let options = StartOptions {
+    ///     agent_spec: Some("cmd:echo done".into()),
+    ///     ..StartOptions::default()
+    /// };
+    /// let thread = store.start_workflow(workflow, "a task", &options)?;
+    /// let (mut agent, spec) = store.agent_for(thread.id, None, &AgentOptions::default())?;
+    /// assert_eq!(spec, "cmd:echo done");
+    /// let results = store.drive(thread.id, &DriveOptions::default(), &mut *agent).into_result()?;
+    /// assert_eq!(results.last().map(|r| r.status), Some(ThreadStatus::Completed));
+    ///
+    /// // Without a stored spec, the caller names one.
+    /// let bare = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// let none = store.agent_for(bare.id, None, &AgentOptions::default());
+    /// assert!(matches!(none, Err(EngineError::NoAgent { .. })));
+    /// let (_agent, spec) = store.agent_for(bare.id, Some("cmd:cat"), &AgentOptions::default())?;
+    /// assert_eq!(spec, "cmd:cat");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn agent_for(
         &self,
         id: ThreadId,
@@ -218,6 +335,29 @@ impl Store {
 
     /// Builds the agent a spec names (`script:FILE` or `cmd:PROGRAM ARGS`),
     /// with this store's directory as a `cmd:` program's `UWF_STORE`.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{AgentError, AgentOptions};
+    /// use uwf_db::engine::{DriveOptions, EngineError, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    ///
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// // `echo` ignores the prompt on stdin; its stdout is the reply.
+    /// let mut agent = store.build_agent("cmd:echo looks fine", &AgentOptions::default())?;
+    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// let results = store.drive(thread.id, &DriveOptions::default(), &mut *agent).into_result()?;
+    /// assert_eq!(results.len(), 2);
+    /// assert_eq!(results[1].status, ThreadStatus::Completed);
+    ///
+    /// let bad = store.build_agent("http://localhost", &AgentOptions::default());
+    /// assert!(matches!(bad, Err(EngineError::Agent(AgentError::BadSpec(_)))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn build_agent(
         &self,
         spec: &str,
@@ -256,7 +396,44 @@ impl Store {
     /// Forks a thread, computing the fork's status once from the node and
     /// the pinned workflow: the start → `idle` with the first role; a step
     /// that routed to a role → `idle` with that role; a step that routed to
-    /// `$SUSPEND` → `suspended` with the same role and message.
+    /// `$SUSPEND` → `suspended` with the same role and message. The source
+    /// is not changed.
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::{DriveOptions, ForkAt, StartOptions};
+    /// use uwf_db::thread::ThreadStatus;
+    ///
+    /// # struct Echo;
+    /// # impl Agent for Echo {
+    /// #     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    /// #         Ok(format!("{} did it", req.role_name).into())
+    /// #     }
+    /// # }
+    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let (thread, report) =
+    ///     store.run_workflow(workflow, "a haiku", &StartOptions::default(), &mut Echo)?;
+    /// assert_eq!(report.into_result()?.len(), 2);
+    ///
+    /// // A second review of the same text: fork just before the reviewer's step.
+    /// let fork = store.fork(thread.id, ForkAt::BeforeRole("reviewer".into()))?;
+    /// assert_eq!(fork.status, ThreadStatus::Idle);
+    /// assert_eq!(fork.next_role.as_deref(), Some("reviewer"));
+    /// assert_eq!(fork.forked_from.map(|o| o.thread), Some(thread.id));
+    /// let results = store.drive(fork.id, &DriveOptions::default(), &mut Echo).into_result()?;
+    /// assert_eq!(results.len(), 1);
+    /// assert_eq!(results[0].status, ThreadStatus::Completed);
+    ///
+    /// // The head of an ended thread is its end node: resume it instead.
+    /// assert!(store.fork(thread.id, ForkAt::Head).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fork(&self, source: ThreadId, at: ForkAt) -> Result<ThreadRecord, EngineError> {
         let record = self
             .thread(source)?
