@@ -85,6 +85,12 @@ fn a_child_that_suspends_suspends_its_parent_and_resumes_through_it(b: TestBacke
     let o = env.uwf(&["thread", "resume", &child, "-p", "PostgreSQL"]);
     assert_eq!(code(&o), Some(1));
     assert!(stderr(&o).contains("resume the parent"), "{}", stderr(&o));
+    // The binary adds the command line; the library names the problem.
+    assert!(
+        stderr(&o).contains(&format!("hint: uwf-db thread resume {parent}")),
+        "{}",
+        stderr(&o)
+    );
     // Forking the suspended parent is refused too.
     assert_eq!(code(&env.uwf(&["thread", "fork", &parent])), Some(1));
     let r = env.json(&["thread", "resume", &parent, "-p", "PostgreSQL"]);

@@ -163,7 +163,14 @@ fn cancel_ends_with_return_code_2(b: TestBackend) {
     let r = env.json(&["thread", "cancel", id]);
     assert_eq!(r["status"], "cancelled");
     assert_eq!(env.log(id)[0]["meta"]["return_code"], 2);
-    assert_eq!(code(&env.uwf(&["thread", "cancel", id])), Some(1));
+    let again = env.uwf(&["thread", "cancel", id]);
+    assert_eq!(code(&again), Some(1));
+    // A regression: this said "only idle threads take steps".
+    assert!(
+        stderr(&again).contains("has already ended (cancelled)"),
+        "{}",
+        stderr(&again)
+    );
     let o = env.uwf(&[
         "thread",
         "resume",

@@ -69,6 +69,22 @@ pub enum AgentError {
     /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
     #[error("unknown agent spec '{0}': use script:FILE or cmd:PROGRAM ARGS")]
     BadSpec(String),
+    /// The scenario file cannot be read.
+    #[error("cannot read scenario {path}: {source}")]
+    ScenarioUnreadable {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The scenario file is not YAML of the expected shape.
+    #[error("scenario {path} is not a valid scenario: {source}")]
+    ScenarioYaml {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The scenario file cannot be used.
     #[error("scenario {path}: {detail}")]
     Scenario {
@@ -334,8 +350,16 @@ impl ScriptAgent {
             path: path.to_path_buf(),
             detail,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let scenario: Scenario = serde_saphyr::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| AgentError::ScenarioUnreadable {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let scenario: Scenario =
+            serde_saphyr::from_str(&text).map_err(|e| AgentError::ScenarioYaml {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            })?;
         if scenario.steps.is_none() == scenario.workflows.is_none() {
             return Err(bad("give exactly one of `steps:` or `workflows:`".into()));
         }
@@ -439,7 +463,7 @@ impl AgentSpec {
     /// assert_eq!(agent.reasks(), AgentOptions::default().reasks);
     /// let missing = AgentSpec::parse("script:/no/such/scenario.yaml")?;
     /// let missing = missing.build(&AgentOptions::default());
-    /// assert!(matches!(missing, Err(AgentError::Scenario { .. })));
+    /// assert!(matches!(missing, Err(AgentError::ScenarioUnreadable { .. })));
     /// # Ok::<(), AgentError>(())
     /// ```
     pub fn build(&self, options: &AgentOptions) -> Result<Box<dyn Agent>, AgentError> {

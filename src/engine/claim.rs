@@ -1,16 +1,16 @@
 //! Driver claims: a thread is held by one driving process at a time.
 //!
-//! A claim is an exclusive open-file-description lock (`F_OFD_SETLK`) on one
-//! byte of `<store>/claims.lock`, at an offset derived from the thread id,
-//! held for the whole drive, plus the record's status `running` (the status
-//! underneath kept in `claimed_status`). One lock file serves every thread,
-//! so a claim costs one `fcntl`, not a file creation. The lock dies with its
-//! process, so a driver killed with `kill -9` leaves a record that says
-//! `running` but a lock anyone can take: the next driver takes it over.
-//! Each store handle tracks the claims it holds (in its engine state), so
-//! nested calls reuse the outer claim (OFD locks of one open file never
-//! conflict with each other). A claim is taken under a [`Cancel`] token,
-//! which gives the thread its status back when it is cancelled.
+//! A claim is the backend's claim lock on the thread
+//! ([`Backend::try_lock_claim`](crate::backend::Backend::try_lock_claim):
+//! on LMDB an open-file-description lock on one byte of
+//! `<store>/claims.lock`; in memory, a set in the backend), held for the
+//! whole drive, plus the record's status `running` (the status underneath
+//! kept in `claimed_status`). The lock dies with its holder, so a driver
+//! killed with `kill -9` leaves a record that says `running` but a lock
+//! anyone can take: the next driver takes it over. Each store handle tracks
+//! the claims it holds (in its engine state), so nested calls reuse the
+//! outer claim. A claim is taken under a [`Cancel`] token, which gives the
+//! thread its status back when it is cancelled.
 
 use std::collections::HashSet;
 

@@ -475,7 +475,7 @@ impl Store {
         }
         let record = self.need_thread(id)?;
         if record.status.is_done() {
-            return Err(EngineError::NotSteppable {
+            return Err(EngineError::AlreadyEnded {
                 thread: id,
                 status: record.status,
             });

@@ -92,6 +92,14 @@ pub enum EngineError {
         /// Its status.
         status: crate::thread::ThreadStatus,
     },
+    /// An ended thread cannot be cancelled.
+    #[error("thread {thread} has already ended ({status}): there is nothing to cancel")]
+    AlreadyEnded {
+        /// The thread.
+        thread: ThreadId,
+        /// Its status.
+        status: crate::thread::ThreadStatus,
+    },
     /// The thread cannot be resumed in its status.
     #[error(
         "thread {thread} is {status}: only suspended, completed or failed threads can be resumed"
@@ -104,7 +112,7 @@ pub enum EngineError {
     },
     /// A child suspended inside its parent is resumed through the parent.
     #[error(
-        "thread {thread} is a child workflow suspended inside thread {parent}: resume the parent (uwf-db thread resume {parent})"
+        "thread {thread} is a child workflow suspended inside thread {parent}: resume the parent, which resumes it"
     )]
     ResumeThroughParent {
         /// The child.
@@ -113,7 +121,9 @@ pub enum EngineError {
         parent: ThreadId,
     },
     /// No agent spec was given and none is stored on the thread.
-    #[error("thread {thread} has no agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'")]
+    #[error(
+        "thread {thread} has no agent: none was given and none is stored on the thread (an agent spec is script:FILE or cmd:PROGRAM ARGS)"
+    )]
     NoAgent {
         /// The thread.
         thread: ThreadId,
@@ -364,7 +374,7 @@ impl Store {
         options: &agent::AgentOptions,
     ) -> Result<Box<dyn agent::Agent>, EngineError> {
         let options = agent::AgentOptions {
-            store: self.path().to_path_buf(),
+            store: std::path::PathBuf::from(self.location()),
             ..options.clone()
         };
         Ok(agent::AgentSpec::parse(spec)?.build(&options)?)

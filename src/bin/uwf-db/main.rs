@@ -254,7 +254,25 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = out.flush();
             eprintln!("error: {e}");
+            if let Some(hint) = hint(&e) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::from(1)
         }
+    }
+}
+
+/// What to type next, for the errors whose remedy is a command line (the
+/// library's messages name the problem, not our flags).
+fn hint(e: &CliError) -> Option<String> {
+    use uwf_db::engine::EngineError;
+    match e {
+        CliError::Engine(EngineError::NoAgent { .. }) => {
+            Some("pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'".into())
+        }
+        CliError::Engine(EngineError::ResumeThroughParent { parent, .. }) => {
+            Some(format!("uwf-db thread resume {parent}"))
+        }
+        _ => None,
     }
 }
