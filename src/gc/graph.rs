@@ -26,10 +26,12 @@ pub(super) type Id = u32;
 
 const LOCAL_BITS: u32 = 24;
 
+#[inline]
 fn id(chunk: usize, local: usize) -> Id {
     ((chunk as u32) << LOCAL_BITS) | local as u32
 }
 
+#[inline]
 fn split(id: Id) -> (usize, usize) {
     (
         (id >> LOCAL_BITS) as usize,
@@ -40,6 +42,7 @@ fn split(id: Id) -> (usize, usize) {
 /// The first 8 bytes of a hash, big-endian: what the graph looks refs up
 /// by. Two blobs sharing them are both treated as the target of such a ref,
 /// which can only keep more, never less.
+#[inline]
 pub(super) fn key_of(hash: &[u8]) -> u64 {
     let mut k = [0u8; 8];
     k.copy_from_slice(&hash[..8]);
@@ -65,6 +68,7 @@ pub(super) struct Chunk {
 
 impl Chunk {
     /// When blob `i` of this chunk was last touched.
+    #[inline]
     pub(super) fn touched_at(&self, i: usize) -> u64 {
         self.touched[i]
     }
@@ -97,6 +101,7 @@ impl Chunk {
             .push(u32::try_from(self.refs.len()).unwrap_or(u32::MAX));
     }
 
+    #[inline]
     pub(super) fn bucket(&self, key: u64) -> usize {
         ((key << 8) >> (64 - self.bits)) as usize
     }
@@ -115,6 +120,7 @@ impl Chunk {
         self.buckets = buckets;
     }
 
+    #[inline]
     pub(super) fn refs_of(&self, i: usize) -> &[u64] {
         let start = if i == 0 {
             0
@@ -131,20 +137,24 @@ pub(super) struct Graph {
 }
 
 impl Graph {
+    #[inline]
     pub(super) fn len(&self) -> usize {
         self.chunks.iter().map(|c| c.keys.len()).sum()
     }
 
+    #[inline]
     pub(super) fn hash(&self, id: Id) -> Hash {
         let (c, i) = split(id);
         self.chunks[c].hashes[i]
     }
 
+    #[inline]
     pub(super) fn size(&self, id: Id) -> u32 {
         let (c, i) = split(id);
         self.chunks[c].sizes[i]
     }
 
+    #[inline]
     pub(super) fn refs_of(&self, id: Id) -> &[u64] {
         let (c, i) = split(id);
         self.chunks[c].refs_of(i)
@@ -152,6 +162,7 @@ impl Graph {
 
     /// The scanned blobs a ref key names (one, or none if the target was
     /// not scanned: written after its range was read).
+    #[inline]
     pub(super) fn targets(&self, key: u64) -> impl Iterator<Item = Id> + '_ {
         let c = (key >> 56) as usize;
         let chunk = &self.chunks[c];
@@ -200,11 +211,13 @@ impl Marks {
         )
     }
     /// Sets the bit; true if this call set it.
+    #[inline]
     pub(super) fn set(&self, id: Id) -> bool {
         let (c, i) = split(id);
         let bit = 1u64 << (i % 64);
         self.0[c][i / 64].fetch_or(bit, Ordering::Relaxed) & bit == 0
     }
+    #[inline]
     pub(super) fn get(&self, id: Id) -> bool {
         let (c, i) = split(id);
         self.0[c][i / 64].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0
