@@ -195,6 +195,26 @@ pub trait ReadTables {
 
     /// Number of entries in `table`.
     fn count(&self, table: Table) -> Result<u64, StoreError>;
+
+    /// Calls `visit` with each entry of `range` in key order until it
+    /// returns `Ok(false)` or an error: what [`ReadTables::range`] gives,
+    /// without an iterator object or a per-entry dynamic call, for the long
+    /// scans (garbage collection, `verify`). A backend may override it with
+    /// a tighter loop; the default walks [`ReadTables::range`].
+    fn visit_range(
+        &self,
+        table: Table,
+        range: KeyRange<'_>,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        for entry in self.range(table, range, Direction::Forward)? {
+            let (key, value) = entry?;
+            if !visit(&key, &value)? {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A write transaction: reads see its own writes; dropping it without

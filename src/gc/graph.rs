@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use super::{GcError, GcProgress, SCAN_RANGES};
-use crate::backend::{Direction, KeyRange, Table};
+use crate::backend::{KeyRange, Table};
 use crate::hash::{HASH_LEN, Hash, hex};
 use crate::node::{Kind, state_ancestors_raw};
 use crate::store::{BlobRecord, Store};
@@ -261,23 +261,21 @@ impl Store {
         };
         let mut chunk = self.read(|r| {
             let mut c = Chunk::with_capacity(capacity);
-            for entry in r.tables().range(Table::Blobs, range, Direction::Forward)? {
-                let (key, value) = entry?;
-                let corrupt = |detail: String| GcError::Corrupt {
-                    what: format!("the blob record under key {}", hex(&key)),
-                    detail,
-                };
-                let hash = Hash::from_slice(&key).ok_or_else(|| corrupt("bad key".into()))?;
-                let rec = BlobRecord::parse(&value).map_err(|e| corrupt(e.to_string()))?;
-                let refs = marking_refs(&rec);
-                c.push(
-                    hash,
-                    rec.touched_at,
-                    value.len(),
-                    refs.chunks_exact(HASH_LEN).map(key_of),
-                );
+            let mut damaged = None;
+            r.tables()
+                .visit_range(Table::Blobs, range, &mut |key, value| {
+                    match scan_one(&mut c, key, value) {
+                        Ok(()) => Ok(true),
+                        Err(e) => {
+                            damaged = Some(e);
+                            Ok(false)
+                        }
+                    }
+                })?;
+            match damaged {
+                Some(e) => Err(e),
+                None => Ok::<_, GcError>(c),
             }
-            Ok::<_, GcError>(c)
         })?;
         if chunk.keys.len() >= 1 << LOCAL_BITS {
             return Err(GcError::TooLarge {
@@ -294,6 +292,24 @@ impl Store {
 /// (`ancestors[1..]` of a node are `ancestors[..10]` of its parent). This
 /// is what cuts a state node's edges from up to 16 to at most 6. If the
 /// layout is not the expected one, every ref is kept.
+/// Reads one blob record's header into the chunk.
+fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8]) -> Result<(), GcError> {
+    let corrupt = |detail: String| GcError::Corrupt {
+        what: format!("the blob record under key {}", hex(key)),
+        detail,
+    };
+    let hash = Hash::from_slice(key).ok_or_else(|| corrupt("bad key".into()))?;
+    let rec = BlobRecord::parse(value).map_err(|e| corrupt(e.to_string()))?;
+    let refs = marking_refs(&rec);
+    c.push(
+        hash,
+        rec.touched_at,
+        value.len(),
+        refs.chunks_exact(HASH_LEN).map(key_of),
+    );
+    Ok(())
+}
+
 fn marking_refs<'a>(rec: &BlobRecord<'a>) -> std::borrow::Cow<'a, [u8]> {
     let refs = rec.refs_bytes();
     if rec.kind != Kind::State {

@@ -172,6 +172,29 @@ fn range<'t>(
     Ok(entries)
 }
 
+/// A forward scan straight over heed's cursor: no boxing, borrowed slices.
+fn visit_range(
+    backend: &LmdbBackend,
+    txn: &RoTxn<'_, WithoutTls>,
+    table: Table,
+    range: KeyRange<'_>,
+    visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    let bounds = (range.lower, range.upper);
+    let op = || format!("scanning {table}");
+    let iter = backend
+        .db(table)
+        .range(txn, &bounds)
+        .map_err(|e| backend.error(op(), e))?;
+    for entry in iter {
+        let (key, value) = entry.map_err(|e| backend.error(op(), e))?;
+        if !visit(key, value)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 fn count(
     backend: &LmdbBackend,
     txn: &RoTxn<'_, WithoutTls>,
@@ -213,6 +236,15 @@ macro_rules! lmdb_reads {
 
             fn count(&self, table: Table) -> Result<u64, StoreError> {
                 count(self.backend, &self.txn, table)
+            }
+
+            fn visit_range(
+                &self,
+                table: Table,
+                r: KeyRange<'_>,
+                visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+            ) -> Result<(), StoreError> {
+                visit_range(self.backend, &self.txn, table, r, visit)
             }
         }
     };
