@@ -137,6 +137,10 @@ pub type Entry<'t> = (Cow<'t, [u8]>, Cow<'t, [u8]>);
 /// The entries of a range scan, in key order (or reverse key order).
 pub type Entries<'t> = Box<dyn Iterator<Item = Result<Entry<'t>, StoreError>> + 't>;
 
+/// The callback of [`ReadTables::visit_range`]: gets each key and value,
+/// returns whether to go on.
+pub type Visitor<'v> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError> + 'v;
+
 /// Key bounds of a range scan (inclusive, exclusive or open on each side).
 #[derive(Debug, Clone, Copy)]
 pub struct KeyRange<'k> {
@@ -205,7 +209,7 @@ pub trait ReadTables {
         &self,
         table: Table,
         range: KeyRange<'_>,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+        visit: &mut Visitor<'_>,
     ) -> Result<(), StoreError> {
         for entry in self.range(table, range, Direction::Forward)? {
             let (key, value) = entry?;

@@ -263,13 +263,13 @@ impl Store {
             let mut c = Chunk::with_capacity(capacity);
             let mut damaged = None;
             r.tables()
-                .visit_range(Table::Blobs, range, &mut |key, value| {
-                    match scan_one(&mut c, key, value) {
-                        Ok(()) => Ok(true),
-                        Err(e) => {
-                            damaged = Some(e);
-                            Ok(false)
-                        }
+                .visit_range(Table::Blobs, range, &mut |key, value| match scan_one(
+                    &mut c, key, value,
+                ) {
+                    Ok(()) => Ok(true),
+                    Err(e) => {
+                        damaged = Some(e);
+                        Ok(false)
                     }
                 })?;
             match damaged {

@@ -15,7 +15,8 @@ use heed::types::Bytes;
 use heed::{Database, Env, MdbError, PutFlags, RoTxn, RwTxn, WithoutTls};
 
 use super::{
-    Backend, Direction, Entries, HeldLock, KeyRange, ReadTables, StorageStats, Table, WriteTables,
+    Backend, Direction, Entries, HeldLock, KeyRange, ReadTables, StorageStats, Table, Visitor,
+    WriteTables,
 };
 use crate::store::{Durability, FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError, parse_format};
 use crate::thread::ThreadId;
@@ -178,7 +179,7 @@ fn visit_range(
     txn: &RoTxn<'_, WithoutTls>,
     table: Table,
     range: KeyRange<'_>,
-    visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+    visit: &mut Visitor<'_>,
 ) -> Result<(), StoreError> {
     let bounds = (range.lower, range.upper);
     let op = || format!("scanning {table}");
@@ -242,7 +243,7 @@ macro_rules! lmdb_reads {
                 &self,
                 table: Table,
                 r: KeyRange<'_>,
-                visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+                visit: &mut Visitor<'_>,
             ) -> Result<(), StoreError> {
                 visit_range(self.backend, &self.txn, table, r, visit)
             }
