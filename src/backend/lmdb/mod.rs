@@ -395,7 +395,7 @@ struct TableDbs([Database<Bytes, Bytes>; Table::ALL.len()]);
 
 impl TableDbs {
     #[allow(clippy::indexing_slicing)] // `Table::index` is below `Table::ALL.len()` by construction
-    fn get(self, table: Table) -> Database<Bytes, Bytes> {
+    fn get(&self, table: Table) -> Database<Bytes, Bytes> {
         self.0[table.index()]
     }
 }
