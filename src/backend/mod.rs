@@ -49,6 +49,14 @@
 
 pub mod lmdb;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
+/// Whether a store location names a PostgreSQL database
+/// (`postgres://…` or `postgresql://…`) rather than an LMDB directory.
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
 
 use std::borrow::Cow;
 use std::fmt;

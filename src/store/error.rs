@@ -163,6 +163,58 @@ pub enum StoreError {
         /// The backend's message.
         detail: String,
     },
+    /// A PostgreSQL statement or connection failed; the transaction in
+    /// flight was not applied.
+    #[cfg(feature = "postgres")]
+    #[error("PostgreSQL error while {op} in {location}: {source}")]
+    Postgres {
+        /// What was being done.
+        op: String,
+        /// The store (its URL, password hidden).
+        location: String,
+        /// The cause.
+        source: postgres::Error,
+    },
+    /// A transaction's connection was already given up (after an error).
+    #[error(
+        "the connection of this transaction to {location} was lost while {op}; nothing of it was applied"
+    )]
+    ConnectionLost {
+        /// The store.
+        location: String,
+        /// What was being done.
+        op: String,
+    },
+    /// The database holds a schema newer than this build reads.
+    #[error(
+        "the store at {location} has schema version {found}; this build reads version {supported} or older"
+    )]
+    UnsupportedSchema {
+        /// The store.
+        location: String,
+        /// The version found.
+        found: i32,
+        /// The newest version this build reads.
+        supported: i32,
+    },
+    /// A table of a server backend does not have the columns this build
+    /// expects (it was changed by hand).
+    #[error("the table {table} does not have the expected columns: {detail}")]
+    BadSchema {
+        /// The table.
+        table: &'static str,
+        /// What did not match.
+        detail: String,
+    },
+    /// A `postgres://` store was named but this build has no PostgreSQL
+    /// support (the `postgres` cargo feature is off).
+    #[error(
+        "{location} is a PostgreSQL store, but this build of uwf-db has no PostgreSQL support (the `postgres` feature)"
+    )]
+    NoPostgres {
+        /// The URL given.
+        location: String,
+    },
     /// Any other LMDB failure.
     #[error("LMDB error while {op} in {path}: {source}")]
     Lmdb {

@@ -85,6 +85,30 @@ impl Store {
 }
 
 impl Store {
+    /// Opens the store `location` names: a `postgres://` or
+    /// `postgresql://` URL (the PostgreSQL backend, when built with the
+    /// `postgres` feature), else an LMDB directory ([`Store::open`]).
+    /// `options.durability` applies to both; the map size only to LMDB.
+    /// Each call to a URL makes a new handle with its own connections and
+    /// engine state.
+    pub fn open_location(location: &str, options: StoreOptions) -> Result<Store, StoreError> {
+        if !crate::backend::is_postgres_url(location) {
+            return Store::open(location, options);
+        }
+        #[cfg(feature = "postgres")]
+        {
+            let backend =
+                crate::backend::postgres::PostgresBackend::connect(location, options.durability)?;
+            Ok(Store::from_backend(backend))
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            Err(StoreError::NoPostgres {
+                location: location.to_owned(),
+            })
+        }
+    }
+
     /// A store on any backend (see [`crate::backend`] for what a backend
     /// must guarantee). Each call makes a new handle with its own engine
     /// state; the backend should not be shared with another handle.

@@ -76,7 +76,7 @@ impl Store {
         })?;
         let storage = self.backend().storage_stats()?;
         Ok(Stats {
-            path: self.path().to_path_buf(),
+            path: self.location().into(),
             format_version,
             blob_count: counts[0],
             active_threads: counts[1],

@@ -36,6 +36,91 @@ pub enum TestBackend {
     /// The in-memory backend (`Store::memory`): owned rows, as a server
     /// backend returns them. In-process only: no CLI, no second process.
     Memory,
+    /// PostgreSQL: a fresh database per store on the server named by
+    /// `UWF_TEST_POSTGRES` (default [`DEFAULT_POSTGRES`]), dropped with
+    /// the location.
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+/// The server the PostgreSQL tests use when `UWF_TEST_POSTGRES` is unset:
+/// the local one, trust authentication (`README.md`, "The two commands").
+pub const DEFAULT_POSTGRES: &str = "postgres://root@127.0.0.1:5432/postgres";
+
+/// The admin URL of the test server.
+#[cfg(feature = "postgres")]
+fn postgres_admin_url() -> String {
+    std::env::var("UWF_TEST_POSTGRES").unwrap_or_else(|_| DEFAULT_POSTGRES.to_owned())
+}
+
+/// Whether the PostgreSQL server can be reached. When it cannot, a
+/// PostgreSQL test says so loudly on stderr and passes without running,
+/// except under CI (`CI` set), where it fails: `.ci/run` must run them.
+#[cfg(feature = "postgres")]
+pub fn postgres_available() -> bool {
+    static REACHABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let url = postgres_admin_url();
+    let reachable = REACHABLE.get_or_init(|| {
+        postgres::Client::connect(&url, postgres::NoTls)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
+    match reachable {
+        Ok(()) => true,
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("PostgreSQL is not reachable at {url} ({e}); CI must run the PostgreSQL suite")
+        }
+        Err(e) => {
+            eprintln!(
+                "\n!!! PostgreSQL NOT REACHABLE at {url} ({e}): this PostgreSQL test did NOT run.\n\
+                 !!! Start a server or point UWF_TEST_POSTGRES at one (a URL whose user may CREATE DATABASE).\n"
+            );
+            false
+        }
+    }
+}
+
+/// A database made for one test, dropped (with any session still on it)
+/// when the test's location goes.
+#[cfg(feature = "postgres")]
+struct TestDatabase {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+#[cfg(feature = "postgres")]
+impl TestDatabase {
+    fn create() -> TestDatabase {
+        let admin = postgres_admin_url();
+        let name = format!(
+            "uwf_test_{}",
+            uwf_db::thread::ThreadId::generate()
+                .to_string()
+                .to_lowercase()
+        );
+        let mut client = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let url = match admin.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("UWF_TEST_POSTGRES must end in /DATABASE: {admin}"),
+        };
+        TestDatabase { admin, name, url }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if let Ok(mut client) = postgres::Client::connect(&self.admin, postgres::NoTls) {
+            let _ = client.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
 }
 
 impl TestBackend {
@@ -45,6 +130,8 @@ impl TestBackend {
         match self {
             TestBackend::Lmdb => "lmdb",
             TestBackend::Memory => "memory",
+            #[cfg(feature = "postgres")]
+            TestBackend::Postgres => "postgres",
         }
     }
 
@@ -52,6 +139,8 @@ impl TestBackend {
         match name {
             "lmdb" => Some(TestBackend::Lmdb),
             "memory" => Some(TestBackend::Memory),
+            #[cfg(feature = "postgres")]
+            "postgres" => Some(TestBackend::Postgres),
             _ => None,
         }
     }
@@ -71,6 +160,22 @@ impl TestBackend {
                 place: Place::Memory(Store::memory()),
                 scratch,
             },
+            #[cfg(feature = "postgres")]
+            TestBackend::Postgres => Location {
+                backend: self,
+                place: Place::Database(TestDatabase::create()),
+                scratch,
+            },
+        }
+    }
+
+    /// Whether this backend can run here (PostgreSQL needs a server; see
+    /// [`postgres_available`]).
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            TestBackend::Postgres => postgres_available(),
+            _ => true,
         }
     }
 
@@ -93,6 +198,8 @@ impl TestBackend {
             TestBackend::Memory => {
                 panic!("the memory backend cannot be opened by name ({arg}): it is in-process only")
             }
+            #[cfg(feature = "postgres")]
+            TestBackend::Postgres => Store::open_location(arg, options(durability)).unwrap(),
         }
     }
 }
@@ -118,6 +225,9 @@ enum Place {
     /// An in-memory store: every handle opened on this location is a clone
     /// of this one.
     Memory(Store),
+    /// A PostgreSQL database made for this test.
+    #[cfg(feature = "postgres")]
+    Database(TestDatabase),
 }
 
 impl Location {
@@ -130,6 +240,8 @@ impl Location {
         match &self.place {
             Place::Dir(p) => p.clone().into_os_string(),
             Place::Memory(_) => panic!("the memory backend has no --store value"),
+            #[cfg(feature = "postgres")]
+            Place::Database(db) => OsString::from(&db.url),
         }
     }
 
@@ -143,6 +255,8 @@ impl Location {
         match &self.place {
             Place::Dir(p) => p.exists(),
             Place::Memory(_) => true,
+            #[cfg(feature = "postgres")]
+            Place::Database(_) => true,
         }
     }
 
@@ -155,7 +269,7 @@ impl Location {
     pub fn open(&self, durability: Durability) -> Store {
         match &self.place {
             Place::Memory(store) => store.clone(),
-            Place::Dir(_) => self.backend.open_arg(&self.arg_str(), durability),
+            _ => self.backend.open_arg(&self.arg_str(), durability),
         }
     }
 
@@ -165,6 +279,8 @@ impl Location {
         match &self.place {
             Place::Dir(p) => p,
             Place::Memory(_) => panic!("the memory backend has no LMDB directory"),
+            #[cfg(feature = "postgres")]
+            Place::Database(_) => panic!("the PostgreSQL backend has no LMDB directory"),
         }
     }
 
@@ -249,6 +365,8 @@ macro_rules! conformance {
         // The backend list: one line per backend.
         $crate::conformance!(@backend lmdb, Lmdb; $($(#[$attr])* $name),*);
         $crate::conformance!(@backend memory, Memory; $($(#[$attr])* $name),*);
+        #[cfg(feature = "postgres")]
+        $crate::conformance!(@backend postgres, Postgres; $($(#[$attr])* $name),*);
     };
     (@backend $module:ident, $variant:ident; $($(#[$attr:meta])* $name:ident),*) => {
         mod $module {
@@ -256,7 +374,10 @@ macro_rules! conformance {
                 #[test]
                 $(#[$attr])*
                 fn $name() {
-                    super::$name($crate::common::backend::TestBackend::$variant);
+                    let backend = $crate::common::backend::TestBackend::$variant;
+                    if backend.available() {
+                        super::$name(backend);
+                    }
                 }
             )*
         }

@@ -13,19 +13,19 @@ pub fn init(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     let store = cli.open(true)?;
     if out.json {
         out.json_value(&serde_json::json!({
-            "path": store.path(),
+            "path": store.location(),
             "format_version": FORMAT_VERSION,
             "created": !existed,
         }))?;
     } else if existed {
         out.line(format_args!(
             "store at {} already exists (format version {FORMAT_VERSION})",
-            store.path().display()
+            store.location()
         ))?;
     } else {
         out.line(format_args!(
             "initialized store at {} (format version {FORMAT_VERSION})",
-            store.path().display()
+            store.location()
         ))?;
     }
     Ok(())

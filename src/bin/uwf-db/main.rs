@@ -29,8 +29,8 @@ use output::Output;
     propagate_version = true
 )]
 struct Cli {
-    /// Store directory [default: $UWF_STORE, else ~/.uwf]
-    #[arg(long, global = true, env = "UWF_STORE", value_name = "DIR")]
+    /// Store: a directory (LMDB), or a postgres://USER@HOST/DB URL [default: $UWF_STORE, else ~/.uwf]
+    #[arg(long, global = true, env = "UWF_STORE", value_name = "DIR|URL")]
     store: Option<PathBuf>,
     /// Print machine-readable JSON
     #[arg(long, global = true)]
@@ -175,14 +175,18 @@ impl Cli {
             DurabilityArg::Sync => Durability::Sync,
             DurabilityArg::None => Durability::None,
         };
-        Ok(Store::open(
-            self.store_path()?,
-            StoreOptions {
-                durability,
-                max_map_size: self.max_map_size,
-                create,
-            },
-        )?)
+        let options = StoreOptions {
+            durability,
+            max_map_size: self.max_map_size,
+            create,
+        };
+        let location = self.store_path()?;
+        match location.to_str() {
+            Some(url) if uwf_db::backend::is_postgres_url(url) => {
+                Ok(Store::open_location(url, options)?)
+            }
+            _ => Ok(Store::open(location, options)?),
+        }
     }
 }
 

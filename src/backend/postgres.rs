@@ -1,0 +1,661 @@
+//! The PostgreSQL backend: one store in one database, shared by runner
+//! processes on many machines (SPEC §10).
+//!
+//! **Schema** (version [`SCHEMA_VERSION`], in `uwf_schema`): one table per
+//! [`Table`], `uwf_<name>(k bytea PRIMARY KEY, v bytea NOT NULL)`, holding
+//! exactly the keys and values of `docs/design.md` §4 — bytea compares
+//! byte-wise, so every range scan sorts as on LMDB. Created on first use;
+//! a database with a newer schema version is refused.
+//!
+//! **Isolation.** A write transaction runs at `READ COMMITTED` and first
+//! takes a transaction-scoped advisory lock ([`WRITER_LOCK`]): writers are
+//! serialized across every process and machine, as LMDB serializes them
+//! on one machine, and each statement of the writer sees every earlier
+//! commit. So a read of a record and the write that depends on it never
+//! interleave with another writer, and the engine's compare-and-swap works
+//! unchanged. (A `REPEATABLE READ` writer would take its snapshot before
+//! the lock is granted and fail with serialization errors instead.) A read
+//! transaction is `REPEATABLE READ READ ONLY`: one snapshot.
+//!
+//! **Statements** are sent with `query_typed` (the unnamed statement, no
+//! prepare round trip), and transactions are opened and closed with simple
+//! queries, so the backend works behind a transaction-mode pooler.
+//!
+//! **Failures.** A serialization failure or deadlock is
+//! [`StoreError::Serialization`] (the store re-runs the transaction); any
+//! other error, a lost connection included, fails the transaction in
+//! flight with nothing applied, and that connection is dropped rather than
+//! returned to the pool.
+//!
+//! **Locks.** Claims and the GC lock are session advisory locks held by one
+//! connection of this backend; PostgreSQL releases them when that session
+//! ends (the process exits or dies, or its connection is lost).
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+
+use postgres::types::{ToSql, Type};
+use postgres::{Client, NoTls};
+
+use super::{
+    Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
+    WriteTables,
+};
+use crate::store::{Durability, FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError};
+use crate::thread::ThreadId;
+
+/// The schema version this build creates and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The advisory lock every write transaction takes (an arbitrary constant:
+/// `'uwfwrite'` in ASCII).
+pub const WRITER_LOCK: i64 = 0x7577_6677_7269_7465;
+
+/// The advisory lock of a running garbage collection (`'uwf gc'`).
+const GC_LOCK: i64 = 0x7577_6620_6763;
+
+/// A key and its value, as fetched.
+type Row = (Vec<u8>, Vec<u8>);
+
+/// Rows fetched per round trip of a range scan.
+const PAGE: i64 = 512;
+
+/// Idle connections kept for reuse.
+const POOL_SIZE: usize = 16;
+
+/// `uwf_<table>`.
+fn sql_table(table: Table) -> &'static str {
+    match table {
+        Table::Meta => "uwf_meta",
+        Table::Blobs => "uwf_blobs",
+        Table::Threads => "uwf_threads",
+        Table::History => "uwf_history",
+        Table::HistoryIds => "uwf_history_ids",
+        Table::Activity => "uwf_activity",
+        Table::Children => "uwf_children",
+        Table::Workflows => "uwf_workflows",
+        Table::Pins => "uwf_pins",
+    }
+}
+
+/// A store in a PostgreSQL database.
+pub struct PostgresBackend {
+    url: String,
+    /// The URL with any password hidden, for messages.
+    location: String,
+    durability: Durability,
+    idle: Mutex<Vec<Client>>,
+    /// The session that holds this backend's advisory locks.
+    locks: Arc<Mutex<Client>>,
+    /// The keys that session holds now. PostgreSQL lets one session take
+    /// the same advisory lock again (the locks stack), so a second take
+    /// within this process must be refused here.
+    held: Arc<Mutex<std::collections::HashSet<i64>>>,
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("location", &self.location)
+            .field("durability", &self.durability)
+            .finish()
+    }
+}
+
+/// The URL with the password, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreError {
+    use postgres::error::SqlState;
+    match e.code() {
+        Some(c)
+            if *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::T_R_DEADLOCK_DETECTED =>
+        {
+            StoreError::Serialization {
+                detail: e.to_string(),
+            }
+        }
+        Some(c) if *c == SqlState::DISK_FULL => StoreError::DiskFull {
+            path: location.into(),
+        },
+        _ => StoreError::Postgres {
+            op,
+            location: location.to_owned(),
+            source: e,
+        },
+    }
+}
+
+impl PostgresBackend {
+    /// Connects to the database at `url`, creating the schema on first use
+    /// and refusing a newer one.
+    pub fn connect(url: &str, durability: Durability) -> Result<PostgresBackend, StoreError> {
+        let location = redact(url);
+        let backend = PostgresBackend {
+            url: url.to_owned(),
+            locks: Arc::new(Mutex::new(Self::open_client(url, &location, durability)?)),
+            location,
+            durability,
+            idle: Mutex::new(Vec::new()),
+            held: Arc::new(Mutex::new(std::collections::HashSet::new())),
+        };
+        backend.migrate()?;
+        Ok(backend)
+    }
+
+    fn open_client(
+        url: &str,
+        location: &str,
+        durability: Durability,
+    ) -> Result<Client, StoreError> {
+        let mut client =
+            Client::connect(url, NoTls).map_err(|e| pg_error(location, "connecting".into(), e))?;
+        if durability == Durability::None {
+            client
+                .batch_execute("SET synchronous_commit = off")
+                .map_err(|e| pg_error(location, "setting durability".into(), e))?;
+        }
+        Ok(client)
+    }
+
+    fn error(&self, op: String, e: postgres::Error) -> StoreError {
+        pg_error(&self.location, op, e)
+    }
+
+    /// A connection from the pool, or a new one.
+    fn client(&self) -> Result<Client, StoreError> {
+        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match reused {
+            Some(c) if !c.is_closed() => Ok(c),
+            _ => Self::open_client(&self.url, &self.location, self.durability),
+        }
+    }
+
+    /// Gives a connection back (only one outside any transaction).
+    fn release(&self, client: Client) {
+        if client.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < POOL_SIZE {
+            idle.push(client);
+        }
+    }
+
+    /// Creates the tables and the schema version in one transaction under
+    /// the writer lock (so two processes starting at once do not race), or
+    /// checks the version of an existing schema.
+    fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.client()?;
+        let mut ddl = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK}); \
+             CREATE TABLE IF NOT EXISTS uwf_schema (version integer NOT NULL);"
+        );
+        for table in Table::ALL {
+            ddl.push_str(&format!(
+                " CREATE TABLE IF NOT EXISTS {} (k bytea PRIMARY KEY, v bytea NOT NULL);",
+                sql_table(table)
+            ));
+        }
+        client
+            .batch_execute(&ddl)
+            .map_err(|e| self.error("creating the schema".into(), e))?;
+        let found: Option<i32> = client
+            .query_typed("SELECT max(version) FROM uwf_schema", &[])
+            .map_err(|e| self.error("reading the schema version".into(), e))?
+            .first()
+            .and_then(|row| row.try_get(0).ok().flatten());
+        let outcome = match found {
+            Some(v) if v > SCHEMA_VERSION => Err(StoreError::UnsupportedSchema {
+                location: self.location.clone(),
+                found: v,
+                supported: SCHEMA_VERSION,
+            }),
+            Some(_) => Ok(()),
+            None => client
+                .query_typed(
+                    "INSERT INTO uwf_schema (version) VALUES ($1)",
+                    &[(&SCHEMA_VERSION, Type::INT4)],
+                )
+                .and_then(|_| {
+                    client.query_typed(
+                        "INSERT INTO uwf_meta (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING",
+                        &[
+                            (&FORMAT_VERSION_KEY.as_bytes(), Type::BYTEA),
+                            (&&FORMAT_VERSION.to_be_bytes()[..], Type::BYTEA),
+                        ],
+                    )
+                })
+                .map(|_| ())
+                .map_err(|e| self.error("writing the schema version".into(), e)),
+        };
+        let end = if outcome.is_ok() {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        client
+            .batch_execute(end)
+            .map_err(|e| self.error("creating the schema".into(), e))?;
+        outcome?;
+        self.release(client);
+        Ok(())
+    }
+
+    fn advisory(&self, sql: &str, key: i64) -> Result<bool, StoreError> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let rows = locks
+            .query_typed(sql, &[(&key, Type::INT8)])
+            .map_err(|e| self.error("taking an advisory lock".into(), e))?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.try_get::<_, Option<bool>>(0).ok().flatten())
+            .unwrap_or(false))
+    }
+}
+
+/// Column `i` of a row, typed; a type that does not match (a schema
+/// changed by hand) is a clear error, not a panic.
+fn column<'r, T: postgres::types::FromSql<'r>>(
+    row: &'r postgres::Row,
+    i: usize,
+    table: Table,
+) -> Result<T, StoreError> {
+    row.try_get(i).map_err(|e| StoreError::BadSchema {
+        table: sql_table(table),
+        detail: e.to_string(),
+    })
+}
+
+/// A claim's advisory lock key: the thread id's 16 bytes folded into 63
+/// bits (the two halves XORed, sign bit cleared).
+pub(crate) fn claim_key(id: ThreadId) -> i64 {
+    let v = u128::from_be_bytes(id.to_bytes());
+    let folded = ((v >> 64) as u64) ^ (v as u64);
+    i64::try_from(folded >> 1).unwrap_or(0)
+}
+
+/// A transaction's connection, shared by its reads (which take `&self`).
+struct Txn<'b> {
+    backend: &'b PostgresBackend,
+    client: RefCell<Option<Client>>,
+}
+
+impl Txn<'_> {
+    fn with<R>(
+        &self,
+        op: impl Fn() -> String,
+        f: impl FnOnce(&mut Client) -> Result<R, postgres::Error>,
+    ) -> Result<R, StoreError> {
+        let mut slot = self.client.borrow_mut();
+        let Some(client) = slot.as_mut() else {
+            return Err(StoreError::ConnectionLost {
+                location: self.backend.location.clone(),
+                op: op(),
+            });
+        };
+        f(client).map_err(|e| self.backend.error(op(), e))
+    }
+
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'static, [u8]>>, StoreError> {
+        let sql = format!("SELECT v FROM {} WHERE k = $1", sql_table(table));
+        let rows = self.with(
+            || format!("reading {table}"),
+            |c| c.query_typed(&sql, &[(&key, Type::BYTEA)]),
+        )?;
+        rows.first()
+            .map(|r| column(r, 0, table).map(Cow::Owned))
+            .transpose()
+    }
+
+    fn page(
+        &self,
+        table: Table,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        direction: Direction,
+    ) -> Result<Vec<Row>, StoreError> {
+        let mut sql = format!("SELECT k, v FROM {} WHERE true", sql_table(table));
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::new();
+        for (bound, inclusive, exclusive) in [(lower, ">=", ">"), (upper, "<=", "<")] {
+            let (op, key) = match bound {
+                Bound::Included(k) => (inclusive, k),
+                Bound::Excluded(k) => (exclusive, k),
+                Bound::Unbounded => continue,
+            };
+            params.push((key, Type::BYTEA));
+            sql.push_str(&format!(" AND k {op} ${}", params.len()));
+        }
+        sql.push_str(match direction {
+            Direction::Forward => " ORDER BY k ASC",
+            Direction::Reverse => " ORDER BY k DESC",
+        });
+        sql.push_str(&format!(" LIMIT {PAGE}"));
+        let rows = self.with(
+            || format!("scanning {table}"),
+            |c| c.query_typed(&sql, &params),
+        )?;
+        rows.iter()
+            .map(|r| Ok((column(r, 0, table)?, column(r, 1, table)?)))
+            .collect()
+    }
+
+    fn count(&self, table: Table) -> Result<u64, StoreError> {
+        let sql = format!("SELECT count(*) FROM {}", sql_table(table));
+        let rows = self.with(|| format!("counting {table}"), |c| c.query_typed(&sql, &[]))?;
+        let n: i64 = rows.first().map_or(Ok(0), |r| column(r, 0, table))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Ends the transaction; the connection goes back to the pool when it
+    /// ended cleanly.
+    fn finish(&self, sql: &str) -> Result<(), StoreError> {
+        let outcome = self.with(|| "ending a transaction".into(), |c| c.batch_execute(sql));
+        if let Some(client) = self.client.borrow_mut().take()
+            && outcome.is_ok()
+        {
+            self.backend.release(client);
+        }
+        outcome
+    }
+}
+
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        // Not committed: roll back. A connection that cannot is dropped.
+        if self.client.borrow().is_some() {
+            let _ = self.finish("ROLLBACK");
+        }
+    }
+}
+
+/// Pages through a range, one round trip per [`PAGE`] rows.
+struct Pages<'t> {
+    txn: &'t Txn<'t>,
+    table: Table,
+    lower: Bound<Vec<u8>>,
+    upper: Bound<Vec<u8>>,
+    direction: Direction,
+    buffered: std::vec::IntoIter<Row>,
+    done: bool,
+}
+
+impl<'t> Iterator for Pages<'t> {
+    type Item = Result<Entry<'t>, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some((k, v)) = self.buffered.next() {
+            return Some(Ok((Cow::Owned(k), Cow::Owned(v))));
+        }
+        if self.done {
+            return None;
+        }
+        let page = match self
+            .txn
+            .page(self.table, &self.lower, &self.upper, self.direction)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        if page.len() < usize::try_from(PAGE).unwrap_or(usize::MAX) {
+            self.done = true;
+        }
+        if let Some((last, _)) = page.last() {
+            // The next page starts after the last key seen.
+            match self.direction {
+                Direction::Forward => self.lower = Bound::Excluded(last.clone()),
+                Direction::Reverse => self.upper = Bound::Excluded(last.clone()),
+            }
+        }
+        self.buffered = page.into_iter();
+        self.buffered
+            .next()
+            .map(|(k, v)| Ok((Cow::Owned(k), Cow::Owned(v))))
+    }
+}
+
+fn owned_bound(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+macro_rules! pg_reads {
+    ($txn:ident) => {
+        impl ReadTables for $txn<'_> {
+            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+                self.0.get(table, key)
+            }
+
+            fn range(
+                &self,
+                table: Table,
+                range: KeyRange<'_>,
+                direction: Direction,
+            ) -> Result<Entries<'_>, StoreError> {
+                Ok(Box::new(Pages {
+                    txn: &self.0,
+                    table,
+                    lower: owned_bound(range.lower),
+                    upper: owned_bound(range.upper),
+                    direction,
+                    buffered: Vec::new().into_iter(),
+                    done: false,
+                }))
+            }
+
+            fn count(&self, table: Table) -> Result<u64, StoreError> {
+                self.0.count(table)
+            }
+        }
+    };
+}
+
+struct PgRead<'b>(Txn<'b>);
+struct PgWrite<'b>(Txn<'b>);
+
+pg_reads!(PgRead);
+pg_reads!(PgWrite);
+
+impl PgWrite<'_> {
+    fn rows(
+        &self,
+        op: &str,
+        table: Table,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<usize, StoreError> {
+        self.0
+            .with(|| format!("{op} {table}"), |c| c.query_typed(sql, params))
+            .map(|rows| rows.len())
+    }
+}
+
+impl WriteTables for PgWrite<'_> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+            sql_table(table)
+        );
+        self.rows(
+            "writing",
+            table,
+            &sql,
+            &[(&key, Type::BYTEA), (&value, Type::BYTEA)],
+        )
+        .map(|_| ())
+    }
+
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1",
+            sql_table(table)
+        );
+        self.rows(
+            "writing",
+            table,
+            &sql,
+            &[(&key, Type::BYTEA), (&value, Type::BYTEA)],
+        )
+        .map(|n| n == 1)
+    }
+
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+        let sql = format!("DELETE FROM {} WHERE k = $1 RETURNING 1", sql_table(table));
+        self.rows("deleting from", table, &sql, &[(&key, Type::BYTEA)])
+            .map(|n| n == 1)
+    }
+
+    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        self.0.finish("COMMIT")
+    }
+}
+
+/// A session advisory lock; unlocked when dropped.
+struct AdvisoryLock {
+    session: Arc<Mutex<Client>>,
+    held: Arc<Mutex<std::collections::HashSet<i64>>>,
+    key: i64,
+}
+
+impl fmt::Debug for Txn<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Txn")
+    }
+}
+
+impl fmt::Debug for AdvisoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdvisoryLock")
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl HeldLock for AdvisoryLock {}
+
+impl Drop for AdvisoryLock {
+    fn drop(&mut self) {
+        // If the session is gone, so is the lock.
+        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = session.query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)]);
+        drop(session);
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl PostgresBackend {
+    fn begin(&self, sql: &str) -> Result<Txn<'_>, StoreError> {
+        let mut client = self.client()?;
+        client
+            .batch_execute(sql)
+            .map_err(|e| self.error("starting a transaction".into(), e))?;
+        Ok(Txn {
+            backend: self,
+            client: RefCell::new(Some(client)),
+        })
+    }
+
+    fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.contains(&key) || !self.advisory("SELECT pg_try_advisory_lock($1)", key)? {
+            return Ok(None);
+        }
+        held.insert(key);
+        Ok(Some(Box::new(AdvisoryLock {
+            session: Arc::clone(&self.locks),
+            held: Arc::clone(&self.held),
+            key,
+        })))
+    }
+}
+
+impl Backend for PostgresBackend {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+        Ok(Box::new(PgRead(self.begin(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        )?)))
+    }
+
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+        Ok(Box::new(PgWrite(self.begin(&format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
+        ))?)))
+    }
+
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn dir(&self) -> Option<&std::path::Path> {
+        None
+    }
+
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        self.try_advisory(claim_key(id))
+    }
+
+    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+        // Held by any session, this backend's own included.
+        let mut client = self.client()?;
+        let rows = client
+            .query_typed(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND ((classid::bigint << 32) | objid::bigint) = $1 AND objsubid = 1",
+                &[(&claim_key(id), Type::INT8)],
+            )
+            .map_err(|e| self.error("probing a claim".into(), e))?;
+        self.release(client);
+        let n: i64 = rows.first().map_or(Ok(0), |r| column(r, 0, Table::Meta))?;
+        Ok(n > 0)
+    }
+
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        self.try_advisory(GC_LOCK)
+    }
+
+    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+        let mut client = self.client()?;
+        let rows = client
+            .query_typed("SELECT pg_total_relation_size('uwf_blobs')", &[])
+            .map_err(|e| self.error("reading statistics".into(), e))?;
+        self.release(client);
+        let bytes: i64 = rows.first().map_or(Ok(0), |r| column(r, 0, Table::Blobs))?;
+        Ok(StorageStats {
+            blob_bytes: u64::try_from(bytes).unwrap_or(0),
+            ..StorageStats::default()
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
