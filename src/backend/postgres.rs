@@ -143,8 +143,13 @@ fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreError {
 
 impl PostgresBackend {
     /// Connects to the database at `url`, creating the schema on first use
-    /// and refusing a newer one.
-    pub fn connect(url: &str, durability: Durability) -> Result<PostgresBackend, StoreError> {
+    /// when `create` (else a database without it is
+    /// [`StoreError::NotInitialized`]) and refusing a newer one.
+    pub fn connect(
+        url: &str,
+        durability: Durability,
+        create: bool,
+    ) -> Result<PostgresBackend, StoreError> {
         let location = redact(url);
         let backend = PostgresBackend {
             url: url.to_owned(),
@@ -154,7 +159,7 @@ impl PostgresBackend {
             idle: Mutex::new(Vec::new()),
             held: Arc::new(Mutex::new(std::collections::HashSet::new())),
         };
-        backend.migrate()?;
+        backend.migrate(create)?;
         Ok(backend)
     }
 
@@ -200,8 +205,20 @@ impl PostgresBackend {
     /// Creates the tables and the schema version in one transaction under
     /// the writer lock (so two processes starting at once do not race), or
     /// checks the version of an existing schema.
-    fn migrate(&self) -> Result<(), StoreError> {
+    fn migrate(&self, create: bool) -> Result<(), StoreError> {
         let mut client = self.client()?;
+        if !create {
+            let exists: Option<bool> = client
+                .query_typed("SELECT to_regclass('uwf_schema') IS NOT NULL", &[])
+                .map_err(|e| self.error("looking for the schema".into(), e))?
+                .first()
+                .and_then(|r| r.try_get(0).ok());
+            if exists != Some(true) {
+                return Err(StoreError::NotInitialized {
+                    path: self.location.clone().into(),
+                });
+            }
+        }
         let mut ddl = format!(
             "BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK}); \
              CREATE TABLE IF NOT EXISTS uwf_schema (version integer NOT NULL);"

@@ -97,8 +97,11 @@ impl Store {
         }
         #[cfg(feature = "postgres")]
         {
-            let backend =
-                crate::backend::postgres::PostgresBackend::connect(location, options.durability)?;
+            let backend = crate::backend::postgres::PostgresBackend::connect(
+                location,
+                options.durability,
+                options.create,
+            )?;
             Ok(Store::from_backend(backend))
         }
         #[cfg(not(feature = "postgres"))]

@@ -112,6 +112,18 @@ impl TestDatabase {
 }
 
 #[cfg(feature = "postgres")]
+impl TestDatabase {
+    /// Whether a store was created in it.
+    fn has_schema(&self) -> bool {
+        let mut client = postgres::Client::connect(&self.url, postgres::NoTls).unwrap();
+        client
+            .query_one("SELECT to_regclass('uwf_schema') IS NOT NULL", &[])
+            .unwrap()
+            .get(0)
+    }
+}
+
+#[cfg(feature = "postgres")]
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         if let Ok(mut client) = postgres::Client::connect(&self.admin, postgres::NoTls) {
@@ -256,7 +268,7 @@ impl Location {
             Place::Dir(p) => p.exists(),
             Place::Memory(_) => true,
             #[cfg(feature = "postgres")]
-            Place::Database(_) => true,
+            Place::Database(db) => db.has_schema(),
         }
     }
 
@@ -392,5 +404,7 @@ macro_rules! process_conformance {
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         // The backend list: one line per backend another process can reach.
         $crate::conformance!(@backend lmdb, Lmdb; $($(#[$attr])* $name),*);
+        #[cfg(feature = "postgres")]
+        $crate::conformance!(@backend postgres, Postgres; $($(#[$attr])* $name),*);
     };
 }

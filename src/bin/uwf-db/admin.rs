@@ -9,7 +9,12 @@ use crate::{Cli, CliError};
 
 pub fn init(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     let path = cli.store_path()?;
-    let existed = path.join("data.mdb").is_file();
+    // A PostgreSQL store exists when its schema does: opening it without
+    // creating tells.
+    let existed = match path.to_str() {
+        Some(url) if uwf_db::backend::is_postgres_url(url) => cli.open(false).is_ok(),
+        _ => path.join("data.mdb").is_file(),
+    };
     let store = cli.open(true)?;
     if out.json {
         out.json_value(&serde_json::json!({
