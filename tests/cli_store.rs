@@ -227,3 +227,29 @@ process_conformance!(
     a_writer_process_and_a_reader_process_share_the_store,
     a_closed_pipe_is_not_an_error,
 );
+
+/// A PostgreSQL URL naming a database that does not exist: the server's
+/// own words reach the user (they hide in the driver error's source).
+#[cfg(feature = "postgres")]
+#[test]
+fn a_missing_postgres_database_is_named_with_the_servers_message() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let admin = std::env::var("UWF_TEST_POSTGRES")
+        .unwrap_or_else(|_| common::backend::DEFAULT_POSTGRES.to_owned());
+    let (server, _) = admin.rsplit_once('/').unwrap();
+    let url = format!("{server}/uwf_no_such_database");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_uwf-db"))
+        .args(["--store", &url, "stats"])
+        .env_remove("UWF_STORE")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("uwf_no_such_database"), "{err}");
+    assert!(
+        err.contains("caused by:") && err.contains("does not exist"),
+        "{err}"
+    );
+}

@@ -258,6 +258,18 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = out.flush();
             eprintln!("error: {e}");
+            // Causes the message does not already say (a driver's terse
+            // "db error" hides the server's message in its source).
+            let mut said = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                let text = c.to_string();
+                if !said.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                    said.push_str(&text);
+                }
+                cause = c.source();
+            }
             if let Some(hint) = hint(&e) {
                 eprintln!("hint: {hint}");
             }
