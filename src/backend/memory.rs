@@ -93,7 +93,7 @@ impl MemoryBackend {
     }
 }
 
-fn bounds(range: KeyRange<'_>) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+fn bounds(range: KeyRange<'_>) -> OwnedRange {
     let own = |b: Bound<&[u8]>| match b {
         Bound::Included(k) => Bound::Included(k.to_vec()),
         Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
@@ -103,12 +103,33 @@ fn bounds(range: KeyRange<'_>) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
 }
 
 /// An empty or inverted range would make `BTreeMap::range` panic.
-fn is_empty(range: &(Bound<Vec<u8>>, Bound<Vec<u8>>)) -> bool {
+fn is_empty(range: &OwnedRange) -> bool {
     match range {
         (Bound::Included(a), Bound::Included(b)) => a > b,
         (Bound::Included(a) | Bound::Excluded(a), Bound::Excluded(b))
         | (Bound::Excluded(a), Bound::Included(b)) => a >= b,
         _ => false,
+    }
+}
+
+/// Owned key bounds.
+type OwnedRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// The owned bounds of `range`, or `None` when it is empty or inverted
+/// (`BTreeMap::range` would panic on those).
+fn nonempty(range: KeyRange<'_>) -> Option<OwnedRange> {
+    let range = bounds(range);
+    (!is_empty(&range)).then_some(range)
+}
+
+/// Entries in `direction`.
+fn ordered<'t>(
+    entries: impl DoubleEndedIterator<Item = Result<Entry<'t>, StoreError>> + 't,
+    direction: Direction,
+) -> Entries<'t> {
+    match direction {
+        Direction::Forward => Box::new(entries),
+        Direction::Reverse => Box::new(entries.rev()),
     }
 }
 
@@ -135,15 +156,11 @@ impl ReadTables for MemoryRead {
         range: KeyRange<'_>,
         direction: Direction,
     ) -> Result<Entries<'_>, StoreError> {
-        let range = bounds(range);
-        if is_empty(&range) {
+        let Some(range) = nonempty(range) else {
             return Ok(Box::new(std::iter::empty()));
-        }
-        let iter = self.snapshot.get(table).range(range);
-        Ok(match direction {
-            Direction::Forward => Box::new(iter.map(|(k, v)| owned(k, v))),
-            Direction::Reverse => Box::new(iter.rev().map(|(k, v)| owned(k, v))),
-        })
+        };
+        let entries = self.snapshot.get(table).range(range);
+        Ok(ordered(entries.map(|(k, v)| owned(k, v)), direction))
     }
 
     fn count(&self, table: Table) -> Result<u64, StoreError> {
@@ -181,10 +198,9 @@ impl ReadTables for MemoryWrite<'_> {
         range: KeyRange<'_>,
         direction: Direction,
     ) -> Result<Entries<'_>, StoreError> {
-        let range = bounds(range);
-        if is_empty(&range) {
+        let Some(range) = nonempty(range) else {
             return Ok(Box::new(std::iter::empty()));
-        }
+        };
         // Base entries overridden by the overlay, in key order.
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = self
             .base
@@ -204,10 +220,7 @@ impl ReadTables for MemoryWrite<'_> {
         let entries = merged
             .into_iter()
             .map(|(k, v)| Ok((Cow::Owned(k), Cow::Owned(v))));
-        Ok(match direction {
-            Direction::Forward => Box::new(entries),
-            Direction::Reverse => Box::new(entries.rev()),
-        })
+        Ok(ordered(entries, direction))
     }
 
     fn count(&self, table: Table) -> Result<u64, StoreError> {
