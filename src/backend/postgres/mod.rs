@@ -37,6 +37,12 @@ use std::fmt;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
+mod locks;
+mod schema;
+
+pub use schema::SCHEMA_VERSION;
+
+use locks::claim_key;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
 
@@ -44,11 +50,8 @@ use super::{
     Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
     WriteTables,
 };
-use crate::store::{Durability, FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError};
+use crate::store::{Durability, StoreError};
 use crate::thread::ThreadId;
-
-/// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
 
 /// The advisory lock every write transaction takes (an arbitrary constant:
 /// `'uwfwrite'` in ASCII).
@@ -67,7 +70,7 @@ const PAGE: i64 = 512;
 const POOL_SIZE: usize = 16;
 
 /// `uwf_<table>`.
-fn sql_table(table: Table) -> &'static str {
+pub(super) fn sql_table(table: Table) -> &'static str {
     match table {
         Table::Meta => "uwf_meta",
         Table::Blobs => "uwf_blobs",
@@ -119,7 +122,7 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreError {
+pub(super) fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreError {
     use postgres::error::SqlState;
     match e.code() {
         Some(c)
@@ -178,12 +181,12 @@ impl PostgresBackend {
         Ok(client)
     }
 
-    fn error(&self, op: String, e: postgres::Error) -> StoreError {
+    pub(super) fn error(&self, op: String, e: postgres::Error) -> StoreError {
         pg_error(&self.location, op, e)
     }
 
     /// A connection from the pool, or a new one.
-    fn client(&self) -> Result<Client, StoreError> {
+    pub(super) fn client(&self) -> Result<Client, StoreError> {
         let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match reused {
             Some(c) if !c.is_closed() => Ok(c),
@@ -192,7 +195,7 @@ impl PostgresBackend {
     }
 
     /// Gives a connection back (only one outside any transaction).
-    fn release(&self, client: Client) {
+    pub(super) fn release(&self, client: Client) {
         if client.is_closed() {
             return;
         }
@@ -201,94 +204,11 @@ impl PostgresBackend {
             idle.push(client);
         }
     }
-
-    /// Creates the tables and the schema version in one transaction under
-    /// the writer lock (so two processes starting at once do not race), or
-    /// checks the version of an existing schema.
-    fn migrate(&self, create: bool) -> Result<(), StoreError> {
-        let mut client = self.client()?;
-        if !create {
-            let exists: Option<bool> = client
-                .query_typed("SELECT to_regclass('uwf_schema') IS NOT NULL", &[])
-                .map_err(|e| self.error("looking for the schema".into(), e))?
-                .first()
-                .and_then(|r| r.try_get(0).ok());
-            if exists != Some(true) {
-                return Err(StoreError::NotInitialized {
-                    path: self.location.clone().into(),
-                });
-            }
-        }
-        let mut ddl = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK}); \
-             CREATE TABLE IF NOT EXISTS uwf_schema (version integer NOT NULL);"
-        );
-        for table in Table::ALL {
-            ddl.push_str(&format!(
-                " CREATE TABLE IF NOT EXISTS {} (k bytea PRIMARY KEY, v bytea NOT NULL);",
-                sql_table(table)
-            ));
-        }
-        client
-            .batch_execute(&ddl)
-            .map_err(|e| self.error("creating the schema".into(), e))?;
-        let found: Option<i32> = client
-            .query_typed("SELECT max(version) FROM uwf_schema", &[])
-            .map_err(|e| self.error("reading the schema version".into(), e))?
-            .first()
-            .and_then(|row| row.try_get(0).ok().flatten());
-        let outcome = match found {
-            Some(v) if v > SCHEMA_VERSION => Err(StoreError::UnsupportedSchema {
-                location: self.location.clone(),
-                found: v,
-                supported: SCHEMA_VERSION,
-            }),
-            Some(_) => Ok(()),
-            None => client
-                .query_typed(
-                    "INSERT INTO uwf_schema (version) VALUES ($1)",
-                    &[(&SCHEMA_VERSION, Type::INT4)],
-                )
-                .and_then(|_| {
-                    client.query_typed(
-                        "INSERT INTO uwf_meta (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING",
-                        &[
-                            (&FORMAT_VERSION_KEY.as_bytes(), Type::BYTEA),
-                            (&&FORMAT_VERSION.to_be_bytes()[..], Type::BYTEA),
-                        ],
-                    )
-                })
-                .map(|_| ())
-                .map_err(|e| self.error("writing the schema version".into(), e)),
-        };
-        let end = if outcome.is_ok() {
-            "COMMIT"
-        } else {
-            "ROLLBACK"
-        };
-        client
-            .batch_execute(end)
-            .map_err(|e| self.error("creating the schema".into(), e))?;
-        outcome?;
-        self.release(client);
-        Ok(())
-    }
-
-    fn advisory(&self, sql: &str, key: i64) -> Result<bool, StoreError> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        let rows = locks
-            .query_typed(sql, &[(&key, Type::INT8)])
-            .map_err(|e| self.error("taking an advisory lock".into(), e))?;
-        Ok(rows
-            .first()
-            .and_then(|r| r.try_get::<_, Option<bool>>(0).ok().flatten())
-            .unwrap_or(false))
-    }
 }
 
 /// Column `i` of a row, typed; a type that does not match (a schema
 /// changed by hand) is a clear error, not a panic.
-fn column<'r, T: postgres::types::FromSql<'r>>(
+pub(super) fn column<'r, T: postgres::types::FromSql<'r>>(
     row: &'r postgres::Row,
     i: usize,
     table: Table,
@@ -297,14 +217,6 @@ fn column<'r, T: postgres::types::FromSql<'r>>(
         table: sql_table(table),
         detail: e.to_string(),
     })
-}
-
-/// A claim's advisory lock key: the thread id's 16 bytes folded into 63
-/// bits (the two halves XORed, sign bit cleared).
-pub(crate) fn claim_key(id: ThreadId) -> i64 {
-    let v = u128::from_be_bytes(id.to_bytes());
-    let folded = ((v >> 64) as u64) ^ (v as u64);
-    i64::try_from(folded >> 1).unwrap_or(0)
 }
 
 /// A transaction's connection, shared by its reads (which take `&self`).
@@ -548,39 +460,9 @@ impl WriteTables for PgWrite<'_> {
     }
 }
 
-/// A session advisory lock; unlocked when dropped.
-struct AdvisoryLock {
-    session: Arc<Mutex<Client>>,
-    held: Arc<Mutex<std::collections::HashSet<i64>>>,
-    key: i64,
-}
-
 impl fmt::Debug for Txn<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Txn")
-    }
-}
-
-impl fmt::Debug for AdvisoryLock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdvisoryLock")
-            .field("key", &self.key)
-            .finish()
-    }
-}
-
-impl HeldLock for AdvisoryLock {}
-
-impl Drop for AdvisoryLock {
-    fn drop(&mut self) {
-        // If the session is gone, so is the lock.
-        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = session.query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)]);
-        drop(session);
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
     }
 }
 
@@ -594,19 +476,6 @@ impl PostgresBackend {
             backend: self,
             client: RefCell::new(Some(client)),
         })
-    }
-
-    fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.contains(&key) || !self.advisory("SELECT pg_try_advisory_lock($1)", key)? {
-            return Ok(None);
-        }
-        held.insert(key);
-        Ok(Some(Box::new(AdvisoryLock {
-            session: Arc::clone(&self.locks),
-            held: Arc::clone(&self.held),
-            key,
-        })))
     }
 }
 
