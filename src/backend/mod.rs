@@ -249,7 +249,15 @@ pub trait WriteTables: ReadTables {
 /// A lock held until dropped (a driver's claim, a collector's lock). It
 /// must also be released when its holder dies (`kill -9`, a lost
 /// connection), so that another process can take over.
-pub trait HeldLock: Send + Sync + fmt::Debug {}
+pub trait HeldLock: Send + Sync + fmt::Debug {
+    /// Whether the lock is still held: a lock that lives in a server
+    /// connection (PostgreSQL) is lost with that connection, and its
+    /// holder must stop ([`StoreError::LockLost`]). A lock of this
+    /// process's own (a file lock) cannot be lost while held.
+    fn check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
 
 /// Backend-specific figures for `uwf-db stats`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

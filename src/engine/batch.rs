@@ -2,10 +2,11 @@
 //! several driver threads at once, every step committed through one
 //! group-commit writer, so durable throughput is not one fsync per step.
 
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -97,6 +98,10 @@ pub struct BatchReport {
     pub errors: u64,
     /// Steps committed in all.
     pub steps: u64,
+    /// Threads of a `continue` run that another runner took (or finished)
+    /// between the listing and this runner's claim: not driven here, and
+    /// not counted in `threads`.
+    pub skipped: u64,
     /// Wall time (ms).
     pub elapsed_ms: u64,
     /// Commit groups.
@@ -156,13 +161,14 @@ impl Store {
     ) -> Result<BatchReport, EngineError> {
         // Fails early on an unknown or invalid workflow.
         self.load_workflow(workflow)?;
+        let mut agents = agents;
         self.drive_pool(
             prompts,
             options,
-            agents,
+            &mut agents,
             on_item,
             &|store, index, prompt, agent| {
-                drive_one(store, workflow, index, prompt, options, agent)
+                Some(drive_one(store, workflow, index, prompt, options, agent))
             },
         )
     }
@@ -215,6 +221,104 @@ impl Store {
         agents: Vec<Box<dyn Agent>>,
         on_item: &mut dyn FnMut(&BatchItem) -> R,
     ) -> Result<BatchReport, EngineError> {
+        let mut agents = agents;
+        self.continue_ids(threads, options, &mut agents, on_item, false)
+    }
+
+    /// Drives workflow `name`'s continuable threads
+    /// ([`Store::continuable_threads`]) on, sharing them with any other
+    /// runner doing the same on this store, in this process or another,
+    /// on this machine or another (`docs/design.md` §5d, "Fleets"): each
+    /// thread is driven by whichever runner claims it first; one another
+    /// runner took first is skipped (counted in
+    /// [`BatchReport::skipped`]), never driven twice. When a pass is done
+    /// the runner lists again, so threads a dead runner left are taken
+    /// over; a thread whose drive stopped with an error here is not
+    /// retried by this run.
+    ///
+    /// With `wait`, the runner also stays while another live runner holds
+    /// a thread of the workflow, polling every `wait`: if that runner dies,
+    /// its threads are finished here. Without it, the run ends when a
+    /// listing finds nothing this runner can take.
+    pub fn continue_workflow<R: ItemFlow>(
+        &self,
+        name: &str,
+        options: &BatchOptions,
+        wait: Option<Duration>,
+        agents: Vec<Box<dyn Agent>>,
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
+    ) -> Result<BatchReport, EngineError> {
+        let started = Instant::now();
+        let mut agents = agents;
+        let mut total = BatchReport::default();
+        // Threads driven by this run (whatever the outcome).
+        let mut driven: HashSet<ThreadId> = HashSet::new();
+        let mut stopped = false;
+        while !stopped && !options.cancel.is_cancelled() {
+            let mut ids: Vec<ThreadId> = self
+                .continuable_threads(name)?
+                .into_iter()
+                .filter(|id| !driven.contains(id))
+                .collect();
+            if ids.is_empty() {
+                match wait {
+                    Some(poll) if self.live_drives(name)? => {
+                        options.cancel.sleep(poll);
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            // Runners start their passes at different threads, so a fleet
+            // does not queue up on the oldest one.
+            let len = ids.len();
+            ids.rotate_left(spread() % len);
+            let mut on_driven = |item: &BatchItem| {
+                if let Some(id) = item.thread {
+                    driven.insert(id);
+                }
+                let stop = on_item(item).stop();
+                stopped |= stop;
+                if stop {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            };
+            let pass = self.continue_ids(&ids, options, &mut agents, &mut on_driven, true)?;
+            total.merge(&pass);
+        }
+        total.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Ok(total)
+    }
+
+    /// Whether a live runner (another process, or a claim of this store
+    /// handle) is driving a thread of workflow `name`.
+    fn live_drives(&self, name: &str) -> Result<bool, EngineError> {
+        let query = ThreadQuery {
+            statuses: vec![ThreadStatus::Running],
+            workflow: Some(name.to_owned()),
+            limit: usize::MAX,
+            ..ThreadQuery::default()
+        };
+        for r in self.list_threads(&query)? {
+            if claim::is_held(self, r.id)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`Store::continue_threads`]; with `skip_taken`, a thread another
+    /// runner claimed or finished first is skipped instead of reported.
+    fn continue_ids<R: ItemFlow>(
+        &self,
+        threads: &[ThreadId],
+        options: &BatchOptions,
+        agents: &mut [Box<dyn Agent>],
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
+        skip_taken: bool,
+    ) -> Result<BatchReport, EngineError> {
         let drive = DriveOptions {
             agent_spec: options.agent_spec.clone(),
             cancel: options.cancel.clone(),
@@ -227,16 +331,19 @@ impl Store {
             on_item,
             &|store, index, &id, agent| {
                 let outcome = store.drive(id, &drive, agent);
+                if skip_taken && outcome.results.is_empty() && taken_by_another(&outcome) {
+                    return None;
+                }
                 let after = match store.thread(id) {
                     Ok(r) => r.map(|r| r.underlying_status()),
                     Err(e) => {
-                        return BatchItem {
+                        return Some(BatchItem {
                             thread: Some(id),
                             ..BatchItem::failed(index, e.into())
-                        };
+                        });
                     }
                 };
-                BatchItem::of(index, id, after, outcome)
+                Some(BatchItem::of(index, id, after, outcome))
             },
         )
     }
@@ -293,24 +400,25 @@ impl Store {
         &self,
         items: &[T],
         options: &BatchOptions,
-        agents: Vec<Box<dyn Agent>>,
+        agents: &mut [Box<dyn Agent>],
         on_item: &mut dyn FnMut(&BatchItem) -> R,
-        work: &(dyn Fn(&Store, usize, &T, &mut dyn Agent) -> BatchItem + Sync),
+        work: &(dyn Fn(&Store, usize, &T, &mut dyn Agent) -> Option<BatchItem> + Sync),
     ) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
         if agents.is_empty() && !items.is_empty() {
             return Err(EngineError::NoAgents);
         }
         let next = AtomicUsize::new(0);
+        let skipped = AtomicUsize::new(0);
         // Set when `on_item` asks to stop: no new thread starts.
         let stop = AtomicBool::new(false);
         let mut report = BatchReport::default();
         let ((), stats) = self.group_commit(options.max_group, |store| {
             let (tx, rx) = crossbeam_channel::unbounded::<BatchItem>();
             std::thread::scope(|scope| {
-                for mut agent in agents {
+                for agent in agents.iter_mut() {
                     let tx = tx.clone();
-                    let (next, stop) = (&next, &stop);
+                    let (next, stop, skipped) = (&next, &stop, &skipped);
                     scope.spawn(move || {
                         loop {
                             if options.cancel.is_cancelled() || stop.load(Ordering::SeqCst) {
@@ -320,7 +428,11 @@ impl Store {
                             let Some(item) = items.get(index) else {
                                 break;
                             };
-                            if tx.send(work(store, index, item, &mut *agent)).is_err() {
+                            let Some(done) = work(store, index, item, &mut **agent) else {
+                                skipped.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            };
+                            if tx.send(done).is_err() {
                                 break;
                             }
                         }
@@ -335,6 +447,7 @@ impl Store {
                 }
             });
         });
+        report.skipped = skipped.load(Ordering::Relaxed) as u64;
         report.groups = stats.groups;
         report.average_group = stats.average_group();
         report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -396,7 +509,43 @@ impl BatchItem {
     }
 }
 
+/// Whether a drive that committed nothing found its thread taken by
+/// another runner: claimed by it, or already past what a continue drives
+/// (ended or suspended by it).
+fn taken_by_another(outcome: &DriveReport) -> bool {
+    matches!(
+        outcome.error,
+        Some(EngineError::Claimed { .. }) | Some(EngineError::NotSteppable { .. })
+    )
+}
+
+/// A per-process starting offset for a pass over a listing.
+fn spread() -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish() as usize
+}
+
 impl BatchReport {
+    /// Adds a pass of a continue run (its figures, not its wall time).
+    fn merge(&mut self, pass: &BatchReport) {
+        let groups = self.groups + pass.groups;
+        if groups > 0 {
+            self.average_group = (self.average_group * self.groups as f64
+                + pass.average_group * pass.groups as f64)
+                / groups as f64;
+        }
+        self.groups = groups;
+        self.threads += pass.threads;
+        self.completed += pass.completed;
+        self.failed += pass.failed;
+        self.suspended += pass.suspended;
+        self.errors += pass.errors;
+        self.steps += pass.steps;
+        self.skipped += pass.skipped;
+    }
+
     fn add(&mut self, item: &BatchItem) {
         self.threads += 1;
         self.steps += item.steps as u64;

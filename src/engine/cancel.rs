@@ -57,6 +57,19 @@ impl Cancel {
         self.inner.cancelled.load(Ordering::SeqCst)
     }
 
+    /// Sleeps for `duration`, or less when the token is cancelled
+    /// meanwhile (checked every 50 ms).
+    pub fn sleep(&self, duration: std::time::Duration) {
+        let until = std::time::Instant::now() + duration;
+        while !self.is_cancelled() {
+            let now = std::time::Instant::now();
+            if now >= until {
+                break;
+            }
+            std::thread::sleep((until - now).min(std::time::Duration::from_millis(50)));
+        }
+    }
+
     /// Cancels: no new drive, claim or agent starts under the token; the
     /// process groups of its running agents are killed (their steps fail as
     /// [`EngineError::Interrupted`](super::EngineError::Interrupted), and

@@ -12,7 +12,8 @@
 //! outer claim. A claim is taken under a [`Cancel`] token, which gives the
 //! thread its status back when it is cancelled.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::EngineError;
 use super::cancel::Cancel;
@@ -28,8 +29,9 @@ pub struct Claim {
     store: Store,
     id: ThreadId,
     /// The backend's lock, when this claim took it (not a nested claim);
-    /// dropping it unlocks.
-    lock: Option<Box<dyn HeldLock>>,
+    /// dropping it (with the store handle's copy, which `forget` drops
+    /// first) unlocks.
+    lock: Option<Arc<dyn HeldLock>>,
     /// The token the claim was taken under (it releases the claim when
     /// cancelled).
     cancel: Cancel,
@@ -50,7 +52,7 @@ fn is_locked(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
 }
 
 /// The threads this store handle holds claims on.
-fn held(store: &Store) -> std::sync::MutexGuard<'_, HashSet<ThreadId>> {
+fn held(store: &Store) -> std::sync::MutexGuard<'_, HashMap<ThreadId, Option<Arc<dyn HeldLock>>>> {
     store
         .engine_state()
         .claims
@@ -63,7 +65,7 @@ fn held(store: &Store) -> std::sync::MutexGuard<'_, HashSet<ThreadId>> {
 /// handle) holds the thread. A lock file that cannot be read is an error,
 /// not "not held".
 pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
-    if held(store).contains(&id) {
+    if held(store).contains_key(&id) {
         return Ok(true);
     }
     is_locked(store, id)
@@ -88,8 +90,23 @@ impl Store {
         if cancel.is_cancelled() {
             return Err(EngineError::Interrupted);
         }
-        if !held(self).insert(id) {
-            // Nested: the outer claim of this store handle covers it.
+        let outer = {
+            let mut held = held(self);
+            match held.get(&id) {
+                Some(lock) => Some(lock.clone()),
+                None => {
+                    held.insert(id, None);
+                    None
+                }
+            }
+        };
+        if let Some(lock) = outer {
+            // Nested: the outer claim of this store handle covers it, if
+            // its lock is still held (a lock in a lost server connection
+            // may belong to another runner by now).
+            if let Some(lock) = lock {
+                lock.check()?;
+            }
             return Ok(Claim {
                 store: self.clone(),
                 id,
@@ -100,8 +117,8 @@ impl Store {
         let unhold = || {
             held(self).remove(&id);
         };
-        let file = match try_lock(self, id) {
-            Ok(Some(f)) => f,
+        let file: Arc<dyn HeldLock> = match try_lock(self, id) {
+            Ok(Some(f)) => Arc::from(f),
             Ok(None) => {
                 unhold();
                 return Err(EngineError::Claimed { thread: id });
@@ -134,6 +151,7 @@ impl Store {
             unhold();
             return Err(e.into());
         }
+        held(self).insert(id, Some(Arc::clone(&file)));
         cancel.claim_taken(self, id);
         let claim = Claim {
             store: self.clone(),

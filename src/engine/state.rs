@@ -8,10 +8,11 @@
 //! template's own text), so an entry can never go stale; each is bounded
 //! and simply cleared when full.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::Hash as StdHash;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::backend::HeldLock;
 use crate::hash::Hash;
 use crate::thread::ThreadId;
 use crate::workflow::Workflow;
@@ -73,8 +74,10 @@ pub(crate) type Task = (Arc<str>, u32);
 /// The claims this store handle holds, and its claim lock file.
 #[derive(Debug, Default)]
 pub(crate) struct ClaimState {
-    /// Threads claimed through this store now (nested claims reuse them).
-    pub(crate) held: Mutex<HashSet<ThreadId>>,
+    /// Threads claimed through this store now, with the backend's lock
+    /// (nested claims reuse it and check it is still held; `None` while
+    /// the outer claim is being taken).
+    pub(crate) held: Mutex<HashMap<ThreadId, Option<Arc<dyn HeldLock>>>>,
 }
 
 /// The engine's per-store state, owned by the store handle.

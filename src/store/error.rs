@@ -185,6 +185,18 @@ pub enum StoreError {
         /// What was being done.
         op: String,
     },
+    /// A lock this process held in a server connection (a driver's claim,
+    /// the GC lock) was lost with that connection: another runner may
+    /// hold it now, so the holder must stop.
+    #[error(
+        "the lock held in {location} was lost with its connection ({detail}); another runner may have taken over"
+    )]
+    LockLost {
+        /// The store.
+        location: String,
+        /// Why the connection is gone.
+        detail: String,
+    },
     /// The database holds a schema newer than this build reads.
     #[error(
         "the store at {location} has schema version {found}; this build reads version {supported} or older"

@@ -1,5 +1,24 @@
-//! Claims and the GC lock on PostgreSQL: advisory locks that die with the
-//! session holding them.
+//! Claims and the GC lock on PostgreSQL: transaction-scoped advisory locks,
+//! each held by a transaction kept open on a connection of its own.
+//!
+//! A held lock is a connection inside `BEGIN` that took
+//! `pg_try_advisory_xact_lock(key)`; releasing it is `ROLLBACK`. Because
+//! the lock lives in a transaction, not a session, it works behind a
+//! transaction-mode pooler (the pooler pins one server connection to the
+//! client for the transaction's life), and it is gone as soon as the
+//! server ends that transaction: the holder rolls back, exits, is killed,
+//! or its connection is lost. The transaction writes nothing and, at
+//! `READ COMMITTED`, holds no snapshot between statements, so keeping it
+//! open does not hold back vacuum.
+//!
+//! **Takeover bound** (`docs/design.md` §4b): a holder that exits or is
+//! killed closes its socket and the server releases its locks at once. A
+//! holder whose machine or network vanishes without a word is detected by
+//! the server's TCP keepalive, which the lock transaction sets for itself
+//! (`SET LOCAL`, so nothing leaks to a pooled connection): probes after
+//! [`KEEPALIVE_IDLE_S`] idle seconds, every [`KEEPALIVE_INTERVAL_S`],
+//! given up after [`KEEPALIVE_COUNT`] unanswered, and `tcp_user_timeout`
+//! for data never acknowledged: at most [`TAKEOVER_BOUND_S`] seconds.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -12,6 +31,18 @@ use crate::backend::HeldLock;
 use crate::store::StoreError;
 use crate::thread::ThreadId;
 
+/// Idle seconds before the server probes a lock holder's connection.
+pub const KEEPALIVE_IDLE_S: u32 = 10;
+/// Seconds between unanswered probes.
+pub const KEEPALIVE_INTERVAL_S: u32 = 5;
+/// Unanswered probes after which the server drops the connection.
+pub const KEEPALIVE_COUNT: u32 = 3;
+/// The longest a silently vanished holder keeps its locks, in seconds.
+pub const TAKEOVER_BOUND_S: u32 = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT;
+
+/// Connections kept for reuse by locks.
+const LOCK_POOL_SIZE: usize = 16;
+
 /// A claim's advisory lock key: the thread id's 16 bytes folded into 63
 /// bits (the two halves XORed, sign bit cleared).
 pub(crate) fn claim_key(id: ThreadId) -> i64 {
@@ -20,10 +51,16 @@ pub(crate) fn claim_key(id: ThreadId) -> i64 {
     i64::try_from(folded >> 1).unwrap_or(0)
 }
 
-/// A session advisory lock; unlocked when dropped.
+/// Idle connections for locks, shared by the backend and its held locks
+/// (which give their connection back when released).
+pub(super) type LockPool = Arc<Mutex<Vec<Client>>>;
+
+/// A transaction-scoped advisory lock held by an open transaction; rolled
+/// back (so unlocked) when dropped.
 struct AdvisoryLock {
-    session: Arc<Mutex<Client>>,
-    held: Arc<Mutex<std::collections::HashSet<i64>>>,
+    client: Mutex<Option<Client>>,
+    pool: LockPool,
+    location: String,
     key: i64,
 }
 
@@ -35,42 +72,93 @@ impl fmt::Debug for AdvisoryLock {
     }
 }
 
-impl HeldLock for AdvisoryLock {}
+impl HeldLock for AdvisoryLock {
+    fn check(&self) -> Result<(), StoreError> {
+        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        let alive = match slot.as_mut() {
+            Some(client) => client.batch_execute("SELECT 1").map_err(|e| e.to_string()),
+            None => Err("its connection was given up".into()),
+        };
+        alive.map_err(|detail| {
+            // The server ended the transaction with the connection: the
+            // lock is gone; this connection is never reused.
+            slot.take();
+            StoreError::LockLost {
+                location: self.location.clone(),
+                detail,
+            }
+        })
+    }
+}
 
 impl Drop for AdvisoryLock {
     fn drop(&mut self) {
-        // If the session is gone, so is the lock.
-        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = session.query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)]);
-        drop(session);
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.key);
+        let slot = self.client.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut client) = slot.take()
+            && client.batch_execute("ROLLBACK").is_ok()
+        {
+            give_back(&self.pool, client);
+        }
+        // A connection that cannot roll back is dropped: closing it ends
+        // the transaction, and the lock with it.
+    }
+}
+
+fn give_back(pool: &LockPool, client: Client) {
+    if client.is_closed() {
+        return;
+    }
+    let mut idle = pool.lock().unwrap_or_else(|p| p.into_inner());
+    if idle.len() < LOCK_POOL_SIZE {
+        idle.push(client);
     }
 }
 
 impl PostgresBackend {
-    fn advisory(&self, sql: &str, key: i64) -> Result<bool, StoreError> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        let rows = locks
-            .query_typed(sql, &[(&key, Type::INT8)])
+    /// Takes advisory lock `key` in a transaction of its own connection:
+    /// `None` when another transaction (anywhere) holds it.
+    pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        let reused = self
+            .lock_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let mut client = match reused {
+            Some(c) if !c.is_closed() => c,
+            _ => self.connect_client()?,
+        };
+        let begin = format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SET LOCAL idle_in_transaction_session_timeout = 0; \
+             SET LOCAL statement_timeout = 0; \
+             SET LOCAL tcp_keepalives_idle = {KEEPALIVE_IDLE_S}; \
+             SET LOCAL tcp_keepalives_interval = {KEEPALIVE_INTERVAL_S}; \
+             SET LOCAL tcp_keepalives_count = {KEEPALIVE_COUNT}; \
+             SET LOCAL tcp_user_timeout = {}",
+            TAKEOVER_BOUND_S * 1000
+        );
+        client
+            .batch_execute(&begin)
             .map_err(|e| self.error("taking an advisory lock".into(), e))?;
-        Ok(rows
+        let taken = client
+            .query_typed(
+                "SELECT pg_try_advisory_xact_lock($1)",
+                &[(&key, Type::INT8)],
+            )
+            .map_err(|e| self.error("taking an advisory lock".into(), e))?
             .first()
             .and_then(|r| r.try_get::<_, Option<bool>>(0).ok().flatten())
-            .unwrap_or(false))
-    }
-
-    pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if held.contains(&key) || !self.advisory("SELECT pg_try_advisory_lock($1)", key)? {
+            .unwrap_or(false);
+        if !taken {
+            if client.batch_execute("ROLLBACK").is_ok() {
+                give_back(&self.lock_pool, client);
+            }
             return Ok(None);
         }
-        held.insert(key);
         Ok(Some(Box::new(AdvisoryLock {
-            session: Arc::clone(&self.locks),
-            held: Arc::clone(&self.held),
+            client: Mutex::new(Some(client)),
+            pool: Arc::clone(&self.lock_pool),
+            location: self.location.clone(),
             key,
         })))
     }

@@ -86,17 +86,14 @@ pub(super) fn sql_table(table: Table) -> &'static str {
 
 /// A store in a PostgreSQL database.
 pub struct PostgresBackend {
-    url: String,
+    /// How to connect: the URL's settings plus our keepalive defaults.
+    config: postgres::Config,
     /// The URL with any password hidden, for messages.
     location: String,
     durability: Durability,
     idle: Mutex<Vec<Client>>,
-    /// The session that holds this backend's advisory locks.
-    locks: Arc<Mutex<Client>>,
-    /// The keys that session holds now. PostgreSQL lets one session take
-    /// the same advisory lock again (the locks stack), so a second take
-    /// within this process must be refused here.
-    held: Arc<Mutex<std::collections::HashSet<i64>>>,
+    /// Idle connections for claims and the GC lock (`locks.rs`).
+    lock_pool: locks::LockPool,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -144,6 +141,33 @@ pub(super) fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreE
     }
 }
 
+/// The connection settings of `url`, with TCP keepalives (probes after
+/// [`locks::KEEPALIVE_IDLE_S`] s, every [`locks::KEEPALIVE_INTERVAL_S`] s,
+/// [`locks::KEEPALIVE_COUNT`] of them), a `tcp_user_timeout` of
+/// [`locks::TAKEOVER_BOUND_S`] s and a 10 s connect timeout, each unless the
+/// URL sets it.
+fn client_config(url: &str) -> Result<postgres::Config, postgres::Error> {
+    use std::time::Duration;
+    let mut config: postgres::Config = url.parse()?;
+    let given = |name: &str| url.contains(name);
+    if !given("keepalives_idle") {
+        config.keepalives_idle(Duration::from_secs(locks::KEEPALIVE_IDLE_S.into()));
+    }
+    if !given("keepalives_interval") {
+        config.keepalives_interval(Duration::from_secs(locks::KEEPALIVE_INTERVAL_S.into()));
+    }
+    if !given("keepalives_retries") {
+        config.keepalives_retries(locks::KEEPALIVE_COUNT);
+    }
+    if !given("tcp_user_timeout") {
+        config.tcp_user_timeout(Duration::from_secs(locks::TAKEOVER_BOUND_S.into()));
+    }
+    if !given("connect_timeout") {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    Ok(config)
+}
+
 impl PostgresBackend {
     /// Connects to the database at `url`, creating the schema on first use
     /// when `create` (else a database without it is
@@ -154,31 +178,27 @@ impl PostgresBackend {
         create: bool,
     ) -> Result<PostgresBackend, StoreError> {
         let location = redact(url);
+        let config =
+            client_config(url).map_err(|e| pg_error(&location, "reading the URL".into(), e))?;
         let backend = PostgresBackend {
-            url: url.to_owned(),
-            locks: Arc::new(Mutex::new(Self::open_client(url, &location, durability)?)),
+            config,
             location,
             durability,
             idle: Mutex::new(Vec::new()),
-            held: Arc::new(Mutex::new(std::collections::HashSet::new())),
+            lock_pool: Arc::new(Mutex::new(Vec::new())),
         };
         backend.migrate(create)?;
         Ok(backend)
     }
 
-    fn open_client(
-        url: &str,
-        location: &str,
-        durability: Durability,
-    ) -> Result<Client, StoreError> {
-        let mut client =
-            Client::connect(url, NoTls).map_err(|e| pg_error(location, "connecting".into(), e))?;
-        if durability == Durability::None {
-            client
-                .batch_execute("SET synchronous_commit = off")
-                .map_err(|e| pg_error(location, "setting durability".into(), e))?;
-        }
-        Ok(client)
+    /// Connects with the backend's configuration: the URL's settings,
+    /// plus TCP keepalives and a connect timeout unless the URL sets its
+    /// own (so a connection to a vanished server fails within
+    /// [`locks::TAKEOVER_BOUND_S`] seconds instead of hanging).
+    pub(super) fn connect_client(&self) -> Result<Client, StoreError> {
+        self.config
+            .connect(NoTls)
+            .map_err(|e| self.error("connecting".into(), e))
     }
 
     pub(super) fn error(&self, op: String, e: postgres::Error) -> StoreError {
@@ -190,7 +210,7 @@ impl PostgresBackend {
         let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match reused {
             Some(c) if !c.is_closed() => Ok(c),
-            _ => Self::open_client(&self.url, &self.location, self.durability),
+            _ => self.connect_client(),
         }
     }
 
@@ -487,8 +507,14 @@ impl Backend for PostgresBackend {
     }
 
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+        // `SET LOCAL`, not a session setting, so nothing leaks to other
+        // clients of a pooled server connection.
+        let relaxed = match self.durability {
+            Durability::None => "SET LOCAL synchronous_commit = off; ",
+            _ => "",
+        };
         Ok(Box::new(PgWrite(self.begin(&format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
+            "BEGIN ISOLATION LEVEL READ COMMITTED; {relaxed}SELECT pg_advisory_xact_lock({WRITER_LOCK})"
         ))?)))
     }
 

@@ -6,7 +6,6 @@ use std::path::Path;
 use serde_json::json;
 use uwf_db::engine::Cancel;
 use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchReport};
-use uwf_db::thread::ThreadId;
 
 use crate::drive::AgentArgs;
 use crate::output::{self, Output};
@@ -16,8 +15,9 @@ use crate::{Cli, CliError};
 enum Work {
     /// New threads, one per prompt.
     Start(Vec<String>),
-    /// Existing threads.
-    Continue(Vec<ThreadId>),
+    /// The workflow's continuable threads (as many as were listed first;
+    /// more may come), shared with other runners.
+    Continue(usize),
 }
 
 /// The prompts: one per non-empty line of `file` (in a `.jsonl` file each
@@ -80,6 +80,9 @@ pub struct Args<'a> {
     /// Drive the workflow's idle threads (and those a dead driver left
     /// `running`) on instead of starting new ones.
     pub continue_: bool,
+    /// With `continue_`: stay while another runner drives a thread of the
+    /// workflow, polling this often, to finish its threads if it dies.
+    pub wait: Option<std::time::Duration>,
     /// Driver threads.
     pub jobs: usize,
     /// Most writes per commit group (0: the default).
@@ -105,7 +108,7 @@ pub fn run(
         let store = cli.open(false)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
         let ids = store.continuable_threads(&wf.name)?;
-        (store, hash, wf, Work::Continue(ids))
+        (store, hash, wf, Work::Continue(ids.len()))
     } else {
         let prompts = prompts(source.file, source.count, source.prompt)?;
         let store = cli.open(true)?;
@@ -114,9 +117,9 @@ pub fn run(
     };
     let total = match &work {
         Work::Start(p) => p.len(),
-        Work::Continue(ids) => ids.len(),
+        Work::Continue(n) => *n,
     };
-    if total == 0 {
+    if total == 0 && source.wait.is_none() {
         if out.json {
             out.json_value(&json!({ "summary": BatchReport::default() }))?;
         } else {
@@ -136,12 +139,19 @@ pub fn run(
     let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
-    let jobs = source.jobs.min(total).max(1);
+    let jobs = match work {
+        Work::Start(_) => source.jobs.min(total).max(1),
+        // More threads may come (a dead runner's): all the jobs asked for.
+        Work::Continue(_) => source.jobs.max(1),
+    };
     let agents = (0..jobs)
         .map(|_| agent.build(&store, &spec))
         .collect::<Result<Vec<_>, _>>()?;
     let mut written = Ok(());
     let mut on_item = |item: &BatchItem| {
+        if bar.length().is_some_and(|len| bar.position() >= len) {
+            bar.inc_length(1);
+        }
         bar.inc(1);
         if out.json && written.is_ok() {
             written = out.json_value(item).and_then(|()| out.flush());
@@ -162,7 +172,9 @@ pub fn run(
     };
     let report = match &work {
         Work::Start(prompts) => store.run_batch(hash, prompts, &options, agents, &mut on_item)?,
-        Work::Continue(ids) => store.continue_threads(ids, &options, agents, &mut on_item)?,
+        Work::Continue(_) => {
+            store.continue_workflow(&wf.name, &options, source.wait, agents, &mut on_item)?
+        }
     };
     bar.finish_and_clear();
     written?;
@@ -180,12 +192,16 @@ pub fn run(
             (
                 "threads",
                 format!(
-                    "{}: {} completed, {} failed, {} suspended, {} stopped by an error",
+                    "{}: {} completed, {} failed, {} suspended, {} stopped by an error{}",
                     report.threads,
                     report.completed,
                     report.failed,
                     report.suspended,
-                    report.errors
+                    report.errors,
+                    match report.skipped {
+                        0 => String::new(),
+                        n => format!(" ({n} taken by other runners first)"),
+                    }
                 ),
             ),
             (

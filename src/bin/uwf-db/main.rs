@@ -85,6 +85,11 @@ enum Command {
         /// left running) instead of starting new ones
         #[arg(long = "continue", conflicts_with_all = ["prompts", "count", "prompt"])]
         continue_: bool,
+        /// With --continue, in a fleet of runners: stay while another
+        /// runner drives a thread of the workflow (polling each second), to
+        /// finish its threads if it dies
+        #[arg(long, requires = "continue_")]
+        wait: bool,
         /// Start N threads with the prompt given by -p
         #[arg(short = 'n', long = "count", value_name = "N", requires = "prompt",
               value_parser = clap::value_parser!(u32).range(1..))]
@@ -207,6 +212,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             agent,
             prompts,
             continue_,
+            wait,
             count,
             prompt,
             jobs,
@@ -221,6 +227,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
                 count: count.map(|n| n as usize),
                 prompt: prompt.as_deref(),
                 continue_: *continue_,
+                wait: wait.then(|| std::time::Duration::from_secs(1)),
                 jobs: usize::from(*jobs),
                 max_group: max_group.map_or(0, |g| g as usize),
                 max_rounds: *max_rounds,
