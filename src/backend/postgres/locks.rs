@@ -24,7 +24,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use postgres::Client;
-use postgres::types::Type;
 
 use super::PostgresBackend;
 use crate::backend::HeldLock;
@@ -140,14 +139,17 @@ impl PostgresBackend {
         client
             .batch_execute(&begin)
             .map_err(|e| self.error("taking an advisory lock".into(), e))?;
+        // A simple query, not the extended protocol: an unnamed portal
+        // would stay open, holding its snapshot (and vacuum's horizon)
+        // for the lock's whole life. The key is a number we formatted.
         let taken = client
-            .query_typed(
-                "SELECT pg_try_advisory_xact_lock($1)",
-                &[(&key, Type::INT8)],
-            )
+            .simple_query(&format!("SELECT pg_try_advisory_xact_lock({key})"))
             .map_err(|e| self.error("taking an advisory lock".into(), e))?
-            .first()
-            .and_then(|r| r.try_get::<_, Option<bool>>(0).ok().flatten())
+            .iter()
+            .find_map(|m| match m {
+                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+                _ => None,
+            })
             .unwrap_or(false);
         if !taken {
             if client.batch_execute("ROLLBACK").is_ok() {

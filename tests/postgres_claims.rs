@@ -1,0 +1,172 @@
+//! Claims across machines on PostgreSQL (`docs/design.md` §4b, "Claims on
+//! PostgreSQL"): a claim is an advisory lock held by a transaction on a
+//! connection of its own. When that connection is lost (here: the server
+//! terminates it, as it does when its TCP keepalive gives up on a
+//! vanished machine) another runner takes the thread over at once; the
+//! runner that lost it is stopped before its next agent call, and a late
+//! step it still tries to commit is refused by the head compare-and-swap.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use common::backend::TestBackend;
+use common::{next, step};
+use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+use uwf_db::engine::{Cancel, DriveOptions, EngineError, StartOptions};
+use uwf_db::thread::{ThreadError, ThreadStatus};
+use uwf_db::workflow::parse_workflow;
+use uwf_db::{Store, StoreError};
+
+const WORKFLOW: &str = "name: two\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+
+/// Counts its calls.
+#[derive(Default)]
+struct Counting(usize);
+
+impl Agent for Counting {
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        self.0 += 1;
+        Ok(format!("{} did it", req.role_name).into())
+    }
+}
+
+/// The server processes holding an advisory lock in the test's database.
+fn advisory_holders(sql: &mut postgres::Client) -> Vec<i32> {
+    sql.query(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        &[],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+#[test]
+fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let a: &Store = &test_store;
+    let b = test_store.open_again();
+    let url = test_store.store_arg().into_string().unwrap();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+
+    let wf = parse_workflow(WORKFLOW, Some("two"), &|_| false).unwrap();
+    let (hash, _) = a.add_workflow(&wf).unwrap();
+    let id = a
+        .start_workflow(hash, "a task", &StartOptions::default())
+        .unwrap()
+        .id;
+    let stale_head = a.thread(id).unwrap().unwrap().head;
+
+    // Runner A claims the thread: one advisory lock, in its own session.
+    let claim = a.claim(id, &Cancel::new()).unwrap();
+    let holders = advisory_holders(&mut sql);
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    // B is refused while A's lock is held.
+    let refused = b.claim(id, &Cancel::new());
+    assert!(
+        matches!(refused, Err(EngineError::Claimed { .. })),
+        "{refused:?}"
+    );
+
+    // A's lock connection is lost: the server ends its transaction.
+    let terminated: bool = sql
+        .query_one("SELECT pg_terminate_backend($1)", &[&holders[0]])
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    let started = std::time::Instant::now();
+    while !advisory_holders(&mut sql).is_empty() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    // B takes over at once and drives one step.
+    let mut agent_b = Counting::default();
+    let one = DriveOptions {
+        max_steps: Some(1),
+        ..DriveOptions::default()
+    };
+    let report = b.drive(id, &one, &mut agent_b);
+    assert!(report.error.is_none(), "{:?}", report.error);
+    assert_eq!((report.results.len(), agent_b.0), (1, 1));
+    let after_b = b.thread(id).unwrap().unwrap();
+    assert_eq!(after_b.seq, 1);
+
+    // A, still holding its (lost) claim, is stopped before its agent runs.
+    let mut agent_a = Counting::default();
+    let report = a.drive(id, &DriveOptions::default(), &mut agent_a);
+    assert!(
+        matches!(
+            report.error,
+            Some(EngineError::Store(StoreError::LockLost { .. }))
+        ),
+        "{:?}",
+        report.error
+    );
+    assert!(report.results.is_empty());
+    assert_eq!(agent_a.0, 0, "no agent call after the claim was lost");
+    let message = report.error.unwrap().to_string();
+    assert!(message.contains("lost"), "{message}");
+
+    // A late step from A's stale view of the head is refused, not merged.
+    let late = a.low_level().append_step(
+        id,
+        stale_head,
+        step("writer", "_", "a stale runner's late step"),
+        next("reviewer"),
+    );
+    assert!(
+        matches!(late, Err(ThreadError::Conflict { .. })),
+        "{late:?}"
+    );
+    drop(claim);
+    let record = a.thread(id).unwrap().unwrap();
+    assert_eq!(record.head, after_b.head, "B's step stands alone");
+    assert_eq!(record.status, ThreadStatus::Idle);
+
+    // And B finishes the thread.
+    let report = b.drive(id, &DriveOptions::default(), &mut agent_b);
+    assert!(report.error.is_none(), "{:?}", report.error);
+    assert_eq!(
+        b.thread(id).unwrap().unwrap().status,
+        ThreadStatus::Completed
+    );
+    assert_eq!(agent_b.0, 2);
+}
+
+/// A claim's transaction holds no snapshot and no transaction id, so an
+/// open claim does not hold back vacuum (`backend_xmin` and `backend_xid`
+/// are null), and it is `idle in transaction` between statements.
+#[test]
+fn an_open_claim_does_not_hold_back_vacuum() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let url = test_store.store_arg().into_string().unwrap();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let wf = parse_workflow(WORKFLOW, Some("two"), &|_| false).unwrap();
+    let (hash, _) = test_store.add_workflow(&wf).unwrap();
+    let id = test_store
+        .start_workflow(hash, "a task", &StartOptions::default())
+        .unwrap()
+        .id;
+    let _claim = test_store.claim(id, &Cancel::new()).unwrap();
+    let holders = advisory_holders(&mut sql);
+    assert_eq!(holders.len(), 1);
+    let row = sql
+        .query_one(
+            "SELECT state, backend_xmin::text, backend_xid::text FROM pg_stat_activity WHERE pid = $1",
+            &[&holders[0]],
+        )
+        .unwrap();
+    let (state, xmin, xid): (String, Option<String>, Option<String>) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(state, "idle in transaction");
+    assert_eq!((xmin, xid), (None, None));
+}
