@@ -304,6 +304,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// claim lock of thread `id`.
     fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError>;
 
+    /// [`Backend::claim_locked`] for many threads at once, in their order:
+    /// a listing probes every thread it returns, so a server backend
+    /// answers with one query, not one per thread.
+    fn claims_locked(&self, ids: &[ThreadId]) -> Result<Vec<bool>, StoreError> {
+        ids.iter().map(|&id| self.claim_locked(id)).collect()
+    }
+
     /// Takes the garbage collector's lock: `None` when another collection
     /// holds it.
     fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError>;

@@ -301,12 +301,8 @@ impl Store {
             limit: usize::MAX,
             ..ThreadQuery::default()
         };
-        for r in self.list_threads(&query)? {
-            if claim::is_held(self, r.id)? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        let running: Vec<ThreadId> = self.list_threads(&query)?.iter().map(|r| r.id).collect();
+        Ok(claim::are_held(self, &running)?.contains(&true))
     }
 
     /// [`Store::continue_threads`]; with `skip_taken`, a thread another
@@ -383,12 +379,18 @@ impl Store {
             limit: usize::MAX,
             ..ThreadQuery::default()
         };
-        let mut ids = Vec::new();
-        for r in self.list_threads(&query)? {
-            if r.underlying_status() == ThreadStatus::Idle && !claim::is_held(self, r.id)? {
-                ids.push(r.id);
-            }
-        }
+        let idle: Vec<ThreadId> = self
+            .list_threads(&query)?
+            .into_iter()
+            .filter(|r| r.underlying_status() == ThreadStatus::Idle)
+            .map(|r| r.id)
+            .collect();
+        let held = claim::are_held(self, &idle)?;
+        let mut ids: Vec<ThreadId> = idle
+            .into_iter()
+            .zip(held)
+            .filter_map(|(id, held)| (!held).then_some(id))
+            .collect();
         ids.sort();
         Ok(ids)
     }
@@ -402,7 +404,7 @@ impl Store {
         options: &BatchOptions,
         agents: &mut [Box<dyn Agent>],
         on_item: &mut dyn FnMut(&BatchItem) -> R,
-        work: &(dyn Fn(&Store, usize, &T, &mut dyn Agent) -> Option<BatchItem> + Sync),
+        work: &Work<'_, T>,
     ) -> Result<BatchReport, EngineError> {
         let started = Instant::now();
         if agents.is_empty() && !items.is_empty() {
@@ -508,6 +510,10 @@ impl BatchItem {
         }
     }
 }
+
+/// A batch's piece of work: item `index` driven with a driver's agent; its
+/// outcome, or `None` when another runner took it first.
+type Work<'w, T> = dyn Fn(&Store, usize, &T, &mut dyn Agent) -> Option<BatchItem> + Sync + 'w;
 
 /// Whether a drive that committed nothing found its thread taken by
 /// another runner: claimed by it, or already past what a continue drives

@@ -71,6 +71,25 @@ pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
     is_locked(store, id)
 }
 
+/// [`is_held`] for many threads, in their order, with one probe of the
+/// backend.
+pub fn are_held(store: &Store, ids: &[ThreadId]) -> Result<Vec<bool>, EngineError> {
+    let mut held_here = Vec::with_capacity(ids.len());
+    {
+        let held = held(store);
+        held_here.extend(ids.iter().map(|id| held.contains_key(id)));
+    }
+    if held_here.iter().all(|h| *h) {
+        return Ok(held_here);
+    }
+    let elsewhere = store.backend().claims_locked(ids)?;
+    Ok(held_here
+        .into_iter()
+        .zip(elsewhere)
+        .map(|(here, there)| here || there)
+        .collect())
+}
+
 impl Store {
     /// Takes the driver's lock for a thread that does not exist yet (see
     /// [`LowLevel::start_thread_as`](crate::thread::LowLevel::start_thread_as)); dropping the claim releases it.

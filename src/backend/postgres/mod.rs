@@ -550,6 +550,31 @@ impl Backend for PostgresBackend {
         Ok(n > 0)
     }
 
+    fn claims_locked(&self, ids: &[ThreadId]) -> Result<Vec<bool>, StoreError> {
+        if ids.len() < 2 {
+            return ids.iter().map(|&id| self.claim_locked(id)).collect();
+        }
+        // Every advisory lock held in this database, in one query.
+        let mut client = self.client()?;
+        let rows = client
+            .query_typed(
+                "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks \
+                 WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .map_err(|e| self.error("probing claims".into(), e))?;
+        self.release(client);
+        let held = rows
+            .iter()
+            .map(|r| column::<i64>(r, 0, Table::Meta))
+            .collect::<Result<std::collections::HashSet<i64>, _>>()?;
+        Ok(ids
+            .iter()
+            .map(|&id| held.contains(&claim_key(id)))
+            .collect())
+    }
+
     fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
         self.try_advisory(GC_LOCK)
     }
