@@ -199,7 +199,7 @@ pub enum StoreError {
     },
     /// The database holds a schema newer than this build reads.
     #[error(
-        "the store at {location} has schema version {found}; this build reads version {supported} or older"
+        "the store at {location} has schema version {found}; this build reads version {supported} or older: open it with a newer uwf-db"
     )]
     UnsupportedSchema {
         /// The store.
@@ -216,6 +216,20 @@ pub enum StoreError {
         /// The table.
         table: &'static str,
         /// What did not match.
+        detail: String,
+    },
+    /// A thread record written to (or, by a schema migration, read from) a
+    /// PostgreSQL thread table does not decode, so the backend cannot fill
+    /// the table's typed columns; nothing of the transaction is applied.
+    #[error(
+        "the thread record of {thread} in {table} does not decode, so its typed columns cannot be filled: {detail}"
+    )]
+    UndecodableRecord {
+        /// The table (`uwf_threads` or `uwf_history`).
+        table: &'static str,
+        /// The thread its key names (or the key in hex).
+        thread: String,
+        /// What is wrong with the record.
         detail: String,
     },
     /// A `postgres://` store was named but this build has no PostgreSQL

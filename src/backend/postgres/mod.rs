@@ -37,6 +37,7 @@ use std::fmt;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
+mod columns;
 mod locks;
 mod schema;
 
@@ -440,33 +441,53 @@ impl PgWrite<'_> {
     }
 }
 
-impl WriteTables for PgWrite<'_> {
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
-            sql_table(table)
-        );
+impl PgWrite<'_> {
+    /// Writes a row; `replace` overwrites an existing one (`put`), else an
+    /// existing row is kept (`insert`). Returns the rows the statement
+    /// returned (`insert`: 1 when it wrote). The thread tables' typed
+    /// columns are filled from `value` ([`columns`]).
+    fn write(
+        &self,
+        table: Table,
+        key: &[u8],
+        value: &[u8],
+        replace: bool,
+    ) -> Result<usize, StoreError> {
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+            vec![(&key, Type::BYTEA), (&value, Type::BYTEA)];
+        if !columns::has_columns(table) {
+            let sql = if replace {
+                format!(
+                    "INSERT INTO {} (k, v) VALUES ($1, $2) \
+                     ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+                    sql_table(table)
+                )
+            } else {
+                format!(
+                    "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1",
+                    sql_table(table)
+                )
+            };
+            return self.rows("writing", table, &sql, &params);
+        }
+        let typed = columns::ThreadColumns::of(table, key, value)?;
+        params.extend(typed.params(table));
         self.rows(
             "writing",
             table,
-            &sql,
-            &[(&key, Type::BYTEA), (&value, Type::BYTEA)],
+            &columns::write_sql(table, replace),
+            &params,
         )
-        .map(|_| ())
+    }
+}
+
+impl WriteTables for PgWrite<'_> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.write(table, key, value, true).map(|_| ())
     }
 
     fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
-        let sql = format!(
-            "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1",
-            sql_table(table)
-        );
-        self.rows(
-            "writing",
-            table,
-            &sql,
-            &[(&key, Type::BYTEA), (&value, Type::BYTEA)],
-        )
-        .map(|n| n == 1)
+        self.write(table, key, value, false).map(|n| n == 1)
     }
 
     fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
