@@ -58,3 +58,678 @@ fn a_page_of_thread_list_is_an_index_scan() {
     // The store still reads them (and lists nothing it cannot decode).
     assert_eq!(store.stats().unwrap().blob_count, 0);
 }
+
+// ---------------------------------------------------------------------
+// Schema version 2: typed columns, migration, version checks
+// (`docs/design.md` §4b, "The PostgreSQL schema").
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::{append_n, new_thread, next, step, workflow};
+use uwf_db::thread::{EndSpec, NewThread, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
+use uwf_db::workflow::parse_workflow;
+use uwf_db::{Store, StoreError, StoreOptions};
+
+/// A thread as its typed columns say it is.
+#[derive(Debug, PartialEq)]
+struct Columns {
+    id: String,
+    status: String,
+    workflow: String,
+    created_at: u64,
+    updated_at: u64,
+    completed_at: Option<u64>,
+    head: String,
+    seq: i64,
+    parent_thread: Option<String>,
+    last_error: Option<String>,
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+impl Columns {
+    /// What the columns must say of `r`: the id and hashes as the CLI
+    /// prints them, times to the millisecond.
+    fn of(r: &ThreadRecord) -> Columns {
+        Columns {
+            id: r.id.to_string(),
+            status: r.status.as_str().to_owned(),
+            workflow: r.workflow.clone(),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            completed_at: r.completed_at,
+            head: r.head.to_string(),
+            seq: r.seq as i64,
+            parent_thread: r.parent_thread.map(|p| p.to_string()),
+            last_error: r.last_error.clone(),
+        }
+    }
+
+    fn from_row(row: &postgres::Row) -> Columns {
+        Columns {
+            id: row.get("id"),
+            status: row.get("status"),
+            workflow: row.get("workflow"),
+            created_at: ms(row.get("created_at")),
+            updated_at: ms(row.get("updated_at")),
+            completed_at: row
+                .get::<_, Option<SystemTime>>("completed_at")
+                .map(ms),
+            head: row.get("head"),
+            seq: row.get("seq"),
+            parent_thread: row.get("parent_thread"),
+            last_error: row.get("last_error"),
+        }
+    }
+}
+
+const SELECT_THREADS: &str = "SELECT id, status, workflow, created_at, updated_at, \
+     NULL::timestamptz AS completed_at, head, seq, parent_thread, last_error FROM uwf_threads";
+const SELECT_HISTORY: &str = "SELECT id, status, workflow, created_at, updated_at, \
+     completed_at, head, seq, parent_thread, last_error FROM uwf_history";
+
+/// The typed columns of thread `id` in the active table and in history.
+fn columns_of(sql: &mut postgres::Client, id: ThreadId) -> (Vec<Columns>, Vec<Columns>) {
+    let id = id.to_string();
+    let active = sql
+        .query(&format!("{SELECT_THREADS} WHERE id = $1"), &[&id])
+        .unwrap();
+    let ended = sql
+        .query(&format!("{SELECT_HISTORY} WHERE id = $1"), &[&id])
+        .unwrap();
+    (
+        active.iter().map(Columns::from_row).collect(),
+        ended.iter().map(Columns::from_row).collect(),
+    )
+}
+
+/// Asserts that the typed columns of `id` are exactly what the library
+/// reads from the record bytes, in the table where the record lives.
+fn assert_columns_match(store: &Store, sql: &mut postgres::Client, id: ThreadId) {
+    let (active, ended) = columns_of(sql, id);
+    match store.thread(id).unwrap() {
+        None => assert!(active.is_empty() && ended.is_empty(), "{id} was removed"),
+        Some(r) if r.completed_at.is_some() => {
+            assert!(active.is_empty(), "{id} ended but is in uwf_threads");
+            assert_eq!(ended, vec![Columns::of(&r)]);
+        }
+        Some(r) => {
+            assert!(ended.is_empty(), "{id} is active but in uwf_history");
+            assert_eq!(active, vec![Columns::of(&r)]);
+        }
+    }
+}
+
+/// The whole listing (`thread list`) agrees with the view, row for row
+/// and in the same order (newest activity first).
+fn assert_listing_matches_view(store: &Store, sql: &mut postgres::Client) {
+    let listed = store
+        .list_threads(&ThreadQuery {
+            limit: 1000,
+            ..ThreadQuery::default()
+        })
+        .unwrap();
+    let view: Vec<(String, String, bool)> = sql
+        .query(
+            "SELECT id, status, ended FROM uwf_thread_list ORDER BY last_activity DESC, id DESC",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let want: Vec<(String, String, bool)> = listed
+        .iter()
+        .map(|r| {
+            (
+                r.id.to_string(),
+                r.status.as_str().to_owned(),
+                r.completed_at.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(view, want);
+}
+
+fn end(code: u8) -> EndSpec {
+    EndSpec {
+        return_code: code,
+        summary: format!("ended with {code}"),
+        prompt: "Approved".into(),
+    }
+}
+
+/// Threads in every place a record can be: active with steps, active
+/// with a failure, a child, ended (failed) in history. Returns their ids.
+fn drive_some_threads(store: &Store) -> Vec<ThreadId> {
+    let wf = parse_workflow(
+        include_str!("../examples/review.yaml"),
+        Some("review"),
+        &|_| false,
+    )
+    .unwrap();
+    store.add_workflow(&wf).unwrap();
+    let a = new_thread(store, "review");
+    let a = append_n(store, a.id, 3);
+    let b = new_thread(store, "deploy");
+    store
+        .low_level()
+        .record_failure(b.id, "agent exited with status 3")
+        .unwrap();
+    let child = store
+        .low_level()
+        .start_thread(NewThread {
+            workflow: "review".into(),
+            workflow_hash: workflow(store, "review"),
+            prompt: "a child".into(),
+            max_rounds: 10,
+            depth: 1,
+            parent_state: Some(a.head),
+            parent_thread: Some(a.id),
+            next_role: "dev".into(),
+            next_instruction: "Implement".into(),
+            agent: None,
+        })
+        .unwrap();
+    let ended = new_thread(store, "review");
+    let ended = append_n(store, ended.id, 2);
+    store
+        .low_level()
+        .end_thread(ended.id, ended.head, end(1))
+        .unwrap();
+    vec![a.id, b.id, child.id, ended.id]
+}
+
+fn connect(store: &common::backend::TestStore) -> postgres::Client {
+    let url = store.store_arg().into_string().unwrap();
+    postgres::Client::connect(&url, postgres::NoTls).unwrap()
+}
+
+/// The typed columns say what the record bytes say, after every kind of
+/// write: start, step, failure, end (the row moves to `uwf_history`),
+/// resume from history (it moves back), rm (it goes).
+#[test]
+fn typed_columns_follow_every_write() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let mut sql = connect(&store);
+    let ids = drive_some_threads(&store);
+    for &id in &ids {
+        assert_columns_match(&store, &mut sql, id);
+    }
+    assert_listing_matches_view(&store, &mut sql);
+    let [a, b, child, ended] = ids[..] else {
+        unreachable!()
+    };
+    // The child names its parent; the failure is readable.
+    let (rows, _) = columns_of(&mut sql, child);
+    assert_eq!(rows[0].parent_thread, Some(a.to_string()));
+    let (rows, _) = columns_of(&mut sql, b);
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some("agent exited with status 3")
+    );
+    let (_, rows) = columns_of(&mut sql, ended);
+    assert_eq!(rows[0].status, "failed");
+
+    // A step clears the failure and moves head, seq and updated_at.
+    let before = store.thread(b).unwrap().unwrap();
+    let after = store
+        .low_level()
+        .append_step(b, before.head, step("dev", "ok", "fixed"), next("dev"))
+        .unwrap()
+        .record;
+    assert_ne!(after.head, before.head);
+    assert_columns_match(&store, &mut sql, b);
+    let (rows, _) = columns_of(&mut sql, b);
+    assert_eq!((rows[0].seq, rows[0].last_error.as_deref()), (1, None));
+
+    // Ending moves the row to history with its completion time.
+    let head = store.thread(a).unwrap().unwrap().head;
+    store.low_level().end_thread(a, head, end(0)).unwrap();
+    assert_columns_match(&store, &mut sql, a);
+    let (active, history) = columns_of(&mut sql, a);
+    assert!(active.is_empty());
+    assert_eq!(history[0].status, "completed");
+    assert!(history[0].completed_at.is_some());
+
+    // Resuming from history moves it back.
+    let r = store.thread(ended).unwrap().unwrap();
+    store
+        .low_level()
+        .resume_ended(ended, r.head, step("dev", "ok", "more"), next("rev"))
+        .unwrap();
+    assert_columns_match(&store, &mut sql, ended);
+    assert_eq!(columns_of(&mut sql, ended).0[0].status, "idle");
+
+    // rm removes the row.
+    store.remove_thread(child).unwrap();
+    assert_columns_match(&store, &mut sql, child);
+    assert_eq!(columns_of(&mut sql, child), (vec![], vec![]));
+
+    assert_listing_matches_view(&store, &mut sql);
+    for id in ids {
+        assert_columns_match(&store, &mut sql, id);
+    }
+}
+
+/// Statuses as typed columns are the lowercase names the CLI prints.
+#[test]
+fn status_filters_in_sql_match_the_library() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let mut sql = connect(&store);
+    drive_some_threads(&store);
+    for status in ThreadStatus::ALL {
+        let listed: Vec<String> = store
+            .list_threads(&ThreadQuery {
+                statuses: vec![status],
+                limit: 1000,
+                ..ThreadQuery::default()
+            })
+            .unwrap()
+            .iter()
+            .map(|r| r.id.to_string())
+            .collect();
+        let selected: Vec<String> = sql
+            .query(
+                "SELECT id FROM uwf_thread_list WHERE status = $1 \
+                 ORDER BY last_activity DESC, id DESC",
+                &[&status.as_str()],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(selected, listed, "{status}");
+    }
+}
+
+/// The DDL of schema version 1, as the first PostgreSQL backend wrote it.
+fn v1_ddl() -> String {
+    let mut ddl = String::from(
+        "CREATE TABLE uwf_schema (version integer NOT NULL); \
+         INSERT INTO uwf_schema (version) VALUES (1);",
+    );
+    for table in [
+        "meta",
+        "blobs",
+        "threads",
+        "history",
+        "history_ids",
+        "activity",
+        "children",
+        "workflows",
+        "pins",
+    ] {
+        ddl.push_str(&format!(
+            " CREATE TABLE uwf_{table} (k bytea PRIMARY KEY, v bytea NOT NULL);"
+        ));
+    }
+    ddl
+}
+
+const ALL_TABLES: [&str; 9] = [
+    "uwf_meta",
+    "uwf_blobs",
+    "uwf_threads",
+    "uwf_history",
+    "uwf_history_ids",
+    "uwf_activity",
+    "uwf_children",
+    "uwf_workflows",
+    "uwf_pins",
+];
+
+fn schema_version(sql: &mut postgres::Client) -> i32 {
+    sql.query_one("SELECT max(version) FROM uwf_schema", &[])
+        .unwrap()
+        .get(0)
+}
+
+fn column_names(sql: &mut postgres::Client, table: &str) -> Vec<String> {
+    sql.query(
+        "SELECT column_name::text FROM information_schema.columns \
+         WHERE table_name = $1 ORDER BY ordinal_position",
+        &[&table],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+fn reader_options() -> StoreOptions {
+    StoreOptions {
+        create: false,
+        ..StoreOptions::default()
+    }
+}
+
+/// A version 1 database (the v1 DDL, with every key and value of a store
+/// driven through the library copied in) is migrated on first use, by a
+/// reading opener too: version 2, typed columns backfilled from the record
+/// bytes, indexes and views in place, and the store works on. Two
+/// processes opening it at once do not race. A record that does not
+/// decode stops the migration with a message naming the thread, and
+/// leaves version 1 untouched.
+#[test]
+fn a_version_1_store_is_migrated_on_first_use() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    // The source: a store driven through the library.
+    let source = TestBackend::Postgres.fast();
+    let ids = drive_some_threads(&source);
+    // 300 more, so the backfill takes more than one batch.
+    for _ in 0..300 {
+        new_thread(&source, "bulk");
+    }
+    let mut from = connect(&source);
+
+    // The version 1 database, by hand.
+    let v1 = TestBackend::Postgres.location();
+    let url = v1.arg_str();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    sql.batch_execute(&v1_ddl()).unwrap();
+    for table in ALL_TABLES {
+        for row in from
+            .query(&format!("SELECT k, v FROM {table}"), &[])
+            .unwrap()
+        {
+            let (k, v): (Vec<u8>, Vec<u8>) = (row.get(0), row.get(1));
+            sql.execute(
+                &format!("INSERT INTO {table} (k, v) VALUES ($1, $2)"),
+                &[&k, &v],
+            )
+            .unwrap();
+        }
+    }
+    assert_eq!(column_names(&mut sql, "uwf_threads"), ["k", "v"]);
+
+    // A record that does not decode: the migration stops, names it, and
+    // nothing of it stays.
+    let bad = ThreadId::generate();
+    sql.execute(
+        "INSERT INTO uwf_threads (k, v) VALUES ($1, '\\x01'::bytea || $2)",
+        &[&&bad.to_bytes()[..], &vec![0u8; 40]],
+    )
+    .unwrap();
+    let err = Store::open_location(&url, reader_options()).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::UndecodableRecord { thread, table: "uwf_threads", .. } if *thread == bad.to_string()),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&bad.to_string()), "{err}");
+    assert_eq!(schema_version(&mut sql), 1);
+    assert_eq!(column_names(&mut sql, "uwf_threads"), ["k", "v"]);
+    sql.execute(
+        "DELETE FROM uwf_threads WHERE k = $1",
+        &[&&bad.to_bytes()[..]],
+    )
+    .unwrap();
+
+    // Two openers at once (a reader and a writer): both open, one migrates.
+    let openers: Vec<_> = [reader_options(), StoreOptions::default()]
+        .into_iter()
+        .map(|options| {
+            let url = url.clone();
+            std::thread::spawn(move || Store::open_location(&url, options))
+        })
+        .collect();
+    let mut stores: Vec<Store> = openers
+        .into_iter()
+        .map(|o| o.join().unwrap().unwrap())
+        .collect();
+    let store = stores.pop().unwrap();
+    assert_eq!(schema_version(&mut sql), 2);
+    assert_eq!(
+        column_names(&mut sql, "uwf_history"),
+        [
+            "k",
+            "v",
+            "id",
+            "status",
+            "workflow",
+            "created_at",
+            "updated_at",
+            "completed_at",
+            "head",
+            "seq",
+            "parent_thread",
+            "last_error"
+        ]
+    );
+    // The required columns are NOT NULL, as in a store created at 2.
+    let nullable: Vec<String> = sql
+        .query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_name = 'uwf_threads' AND is_nullable = 'YES' ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(nullable, ["last_error", "parent_thread"]);
+    let indexes: Vec<String> = sql
+        .query(
+            "SELECT indexname::text FROM pg_indexes WHERE tablename IN ('uwf_threads', 'uwf_history') \
+             ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "uwf_history_completed",
+            "uwf_history_id",
+            "uwf_history_pkey",
+            "uwf_history_status",
+            "uwf_history_workflow",
+            "uwf_threads_pkey",
+            "uwf_threads_status",
+            "uwf_threads_updated",
+            "uwf_threads_workflow"
+        ]
+    );
+
+    // Backfilled from the bytes: every thread, in its table.
+    for &id in &ids {
+        assert_columns_match(&store, &mut sql, id);
+    }
+    let bulk: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM uwf_threads WHERE workflow = 'bulk' AND status = 'idle'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(bulk, 300);
+    assert_listing_matches_view(&store, &mut sql);
+    let workflows: Vec<(String, String)> = sql
+        .query("SELECT name, hash FROM uwf_workflow_list ORDER BY name", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let registered: Vec<(String, String)> = store
+        .list_workflows()
+        .unwrap()
+        .into_iter()
+        .map(|(name, hash)| (name, hash.to_string()))
+        .collect();
+    assert_eq!(registered.len(), 1);
+    assert_eq!(workflows, registered);
+
+    // And it works on: a step through the migrated store.
+    let active = ids[0];
+    let head = store.thread(active).unwrap().unwrap().head;
+    store
+        .low_level()
+        .append_step(active, head, step("dev", "ok", "after"), next("rev"))
+        .unwrap();
+    assert_columns_match(&store, &mut sql, active);
+    assert!(uwf_db::verify::verify(&store, |_| {}).unwrap().is_ok());
+    drop(stores);
+}
+
+/// A store whose schema is newer than this build's is refused with a
+/// message that says so, by readers and writers alike, and left alone.
+#[test]
+fn a_newer_schema_is_refused() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let mut store = TestBackend::Postgres.fast();
+    let mut sql = connect(&store);
+    store.close();
+    sql.batch_execute("UPDATE uwf_schema SET version = 3")
+        .unwrap();
+    let url = store.store_arg().into_string().unwrap();
+    for options in [reader_options(), StoreOptions::default()] {
+        let err = Store::open_location(&url, options).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::UnsupportedSchema {
+                    found: 3,
+                    supported: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("schema version 3") && message.contains("newer uwf-db"),
+            "{message}"
+        );
+    }
+    assert_eq!(schema_version(&mut sql), 3);
+}
+
+/// The plan of `query`, one line per node.
+fn plan(sql: &mut postgres::Client, query: &str) -> String {
+    let lines: Vec<String> = sql
+        .query(&format!("EXPLAIN {query}"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    lines.join("\n")
+}
+
+/// The SQL listings `docs/design.md` §4b names, over 20,000 active and
+/// 20,000 ended threads: each is served by one of the indexes of schema
+/// version 2, never by a sequential scan.
+#[test]
+fn sql_listings_by_status_workflow_and_time_use_the_indexes() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let mut sql = connect(&store);
+    // Rows as the backend writes them (the values are not records: the
+    // store does not read them in this test), with a plausible spread: 1%
+    // suspended, 5% running, 0.5% failed, 50 workflows (and a rare one), ended threads over
+    // four weeks. Active rows are rewritten by every step, so their order
+    // on disk has nothing to do with `updated_at` (a permutation here);
+    // ended rows are written once, in completion order.
+    sql.batch_execute(
+        "INSERT INTO uwf_threads (k, v, id, status, workflow, created_at, updated_at, head, seq) \
+         SELECT decode(lpad(to_hex(i), 32, '0'), 'hex'), '\\x00'::bytea, lpad(i::text, 26, '0'), \
+                CASE WHEN i % 100 = 0 THEN 'suspended' WHEN i % 20 = 1 THEN 'running' \
+                     ELSE 'idle' END, 'w' || (i % 50), \
+                timestamptz '2025-01-01' + i * interval '1 minute', \
+                timestamptz '2025-01-01' + (i * 7919 % 20000) * interval '1 minute', \
+                repeat('0', 64), i \
+         FROM generate_series(1, 20000) AS i; \
+         INSERT INTO uwf_history (k, v, id, status, workflow, created_at, updated_at, completed_at, \
+                                  head, seq) \
+         SELECT int4send(20089 + i / 720) || decode(lpad(to_hex(i), 32, '0'), 'hex'), '\\x00'::bytea, \
+                lpad(i::text, 26, '0'), \
+                CASE WHEN i % 200 = 0 THEN 'failed' WHEN i % 50 = 1 THEN 'cancelled' \
+                     ELSE 'completed' END, \
+                CASE WHEN i % 200 = 7 THEN 'nightly' ELSE 'w' || (i % 50) END, \
+                timestamptz '2025-01-01' + i * interval '2 minutes', \
+                timestamptz '2025-01-01' + i * interval '2 minutes', \
+                timestamptz '2025-01-01' + i * interval '2 minutes', repeat('0', 64), i \
+         FROM generate_series(1, 20000) AS i; \
+         ANALYZE uwf_threads; ANALYZE uwf_history;",
+    )
+    .unwrap();
+    // (query, the index its page must walk, newest first)
+    let pages = [
+        (
+            "SELECT id, status, workflow, updated_at FROM uwf_threads \
+             ORDER BY updated_at DESC LIMIT 50",
+            "Index Scan Backward using uwf_threads_updated",
+        ),
+        (
+            "SELECT id, workflow, updated_at FROM uwf_threads WHERE status = 'suspended' \
+             ORDER BY updated_at DESC LIMIT 50",
+            "Index Scan Backward using uwf_threads_status",
+        ),
+        (
+            "SELECT id, status, updated_at FROM uwf_threads WHERE workflow = 'w3' \
+             ORDER BY updated_at DESC LIMIT 50",
+            "Index Scan Backward using uwf_threads_workflow",
+        ),
+        (
+            "SELECT id, workflow, completed_at, last_error FROM uwf_history \
+             WHERE status = 'failed' ORDER BY completed_at DESC LIMIT 50",
+            "Index Scan Backward using uwf_history_status",
+        ),
+        (
+            "SELECT id, status, completed_at FROM uwf_history WHERE workflow = 'nightly' \
+             ORDER BY completed_at DESC LIMIT 50",
+            "Index Scan Backward using uwf_history_workflow",
+        ),
+        (
+            "SELECT id, status, workflow FROM uwf_history \
+             ORDER BY completed_at DESC LIMIT 50",
+            "Index Scan Backward using uwf_history_completed",
+        ),
+    ];
+    for (query, index) in pages {
+        let plan = plan(&mut sql, query);
+        assert!(plan.contains(index), "{query}\n{plan}");
+        // The page comes off the index in order: nothing is sorted.
+        assert!(!plan.contains("Sort"), "{query}\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "{query}\n{plan}");
+    }
+    // Queries whose index the planner picks among ours: any, but an index
+    // (the view's pages merge the two tables' index scans in order).
+    let others = [
+        // A workflow's failures on one day.
+        "SELECT id, completed_at, last_error FROM uwf_history WHERE workflow = 'w3' \
+         AND status = 'failed' AND completed_at >= '2025-01-20' AND completed_at < '2025-01-21'",
+        // Everything that ended in an hour.
+        "SELECT id, status FROM uwf_history \
+         WHERE completed_at >= '2025-01-20 10:00' AND completed_at < '2025-01-20 11:00'",
+        // An ended thread by id.
+        "SELECT * FROM uwf_history WHERE id = '00000000000000000000012345'",
+        // The view: a page of every thread, and of one status.
+        "SELECT id, status, last_activity FROM uwf_thread_list \
+         ORDER BY last_activity DESC LIMIT 50",
+        "SELECT id, status, last_activity FROM uwf_thread_list WHERE status = 'failed' \
+         ORDER BY last_activity DESC LIMIT 50",
+        "SELECT id, last_activity FROM uwf_thread_list WHERE workflow = 'w3' \
+         ORDER BY last_activity DESC LIMIT 50",
+    ];
+    for query in others {
+        let plan = plan(&mut sql, query);
+        assert!(plan.contains("Index Scan using uwf_") || plan.contains("Index Scan Backward using uwf_"), "{query}\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "{query}\n{plan}");
+    }
+}

@@ -21,8 +21,10 @@ pub const SCHEMA_VERSION: i32 = 2;
 /// The indexes of version 2: `(name, table, columns)`. Each serves a query
 /// people run (`docs/design.md` §4b lists them); each is also one more
 /// index entry per write of its table, and `uwf_threads` is rewritten by
-/// every step, so it has only two.
-const INDEXES: [(&str, Table, &str); 6] = [
+/// every step, so it has only three.
+const INDEXES: [(&str, Table, &str); 7] = [
+    // Active threads, newest first.
+    ("uwf_threads_updated", Table::Threads, "updated_at"),
     // Active threads by status, newest first.
     ("uwf_threads_status", Table::Threads, "status, updated_at"),
     // A workflow's active threads, newest first.
