@@ -733,3 +733,89 @@ fn sql_listings_by_status_workflow_and_time_use_the_indexes() {
         assert!(!plan.contains("Seq Scan"), "{query}\n{plan}");
     }
 }
+
+/// A role that may only read (`SELECT`) opens a current store and lists
+/// its threads: opening a version 2 store takes no lock and runs no DDL.
+/// The same role cannot migrate a version 1 store, and the error says
+/// that the migration is what failed and why.
+#[test]
+fn a_read_only_role_reads_a_current_store_but_cannot_migrate_an_old_one() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let mut store = TestBackend::Postgres.fast();
+    let id = new_thread(&store, "review").id;
+    let url = store.store_arg().into_string().unwrap();
+    let mut sql = connect(&store);
+    // A role of this test only (roles are global to the server): named
+    // after the test's database, dropped at the end.
+    let database: String = sql
+        .query_one("SELECT current_database()::text", &[])
+        .unwrap()
+        .get(0);
+    let role = format!("{database}_reader");
+    sql.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role};"
+    ))
+    .unwrap();
+    let _role = DropRole {
+        url: url.clone(),
+        role: role.clone(),
+    };
+    let reader_url = url.replacen("root@", &format!("{role}@"), 1);
+    assert_ne!(reader_url, url, "the test URL names no user to replace");
+
+    let reader = Store::open_location(&reader_url, reader_options()).unwrap();
+    assert_eq!(reader.thread(id).unwrap().unwrap().id, id);
+    drop(reader);
+
+    // Back to version 1 (the view depends on the columns).
+    store.close();
+    sql.batch_execute(
+        "DROP VIEW uwf_thread_list; \
+         ALTER TABLE uwf_threads DROP COLUMN id, DROP COLUMN status, DROP COLUMN workflow, \
+           DROP COLUMN created_at, DROP COLUMN updated_at, DROP COLUMN head, DROP COLUMN seq, \
+           DROP COLUMN parent_thread, DROP COLUMN last_error; \
+         ALTER TABLE uwf_history DROP COLUMN id, DROP COLUMN status, DROP COLUMN workflow, \
+           DROP COLUMN created_at, DROP COLUMN updated_at, DROP COLUMN completed_at, \
+           DROP COLUMN head, DROP COLUMN seq, DROP COLUMN parent_thread, DROP COLUMN last_error; \
+         UPDATE uwf_schema SET version = 1",
+    )
+    .unwrap();
+    assert_eq!(column_names(&mut sql, "uwf_history"), ["k", "v"]);
+    let err = Store::open_location(&reader_url, reader_options()).unwrap_err();
+    let mut chain = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        chain.push_str(&format!("\ncaused by: {s}"));
+        source = s.source();
+    }
+    assert!(
+        chain.contains("migrating the schema from version 1 to 2")
+            && chain.contains("must be owner of table uwf_threads"),
+        "{chain}"
+    );
+    assert_eq!(schema_version(&mut sql), 1);
+    // The owner migrates it.
+    store.reopen();
+    assert_eq!(schema_version(&mut sql), 2);
+    assert_columns_match(&store, &mut sql, id);
+}
+
+/// Drops a test's role (with its grants in the test's database), also
+/// when the test fails.
+struct DropRole {
+    url: String,
+    role: String,
+}
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        if let Ok(mut sql) = postgres::Client::connect(&self.url, postgres::NoTls) {
+            let _ = sql.batch_execute(&format!(
+                "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}; DROP ROLE {role};",
+                role = self.role
+            ));
+        }
+    }
+}

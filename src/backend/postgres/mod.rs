@@ -1,11 +1,15 @@
 //! The PostgreSQL backend: one store in one database, shared by runner
 //! processes on many machines (SPEC §10).
 //!
-//! **Schema** (version [`SCHEMA_VERSION`], in `uwf_schema`): one table per
-//! [`Table`], `uwf_<name>(k bytea PRIMARY KEY, v bytea NOT NULL)`, holding
-//! exactly the keys and values of `docs/design.md` §4 — bytea compares
-//! byte-wise, so every range scan sorts as on LMDB. Created on first use;
-//! a database with a newer schema version is refused.
+//! **Schema** (version [`SCHEMA_VERSION`], in `uwf_schema`; `schema.rs`):
+//! one table per [`Table`], `uwf_<name>(k bytea PRIMARY KEY, v bytea NOT
+//! NULL)`, holding exactly the keys and values of `docs/design.md` §4 —
+//! bytea compares byte-wise, so every range scan sorts as on LMDB. The
+//! thread tables also have typed, indexed columns for people reading the
+//! store with SQL, filled from each record as it is written (`columns.rs`);
+//! the engine reads only `k` and `v`. Created, or migrated from an older
+//! version, on first use; a database with a newer schema version is
+//! refused.
 //!
 //! **Isolation.** A write transaction runs at `READ COMMITTED` and first
 //! takes a transaction-scoped advisory lock ([`WRITER_LOCK`]): writers are

@@ -78,7 +78,8 @@ impl PostgresBackend {
     /// applied on first use, and this build writes only the new layout.
     pub(super) fn migrate(&self, create: bool) -> Result<(), StoreError> {
         let mut client = self.client()?;
-        match self.stored_version(&mut client)? {
+        let found = self.stored_version(&mut client)?;
+        match found {
             Some(v) if v == SCHEMA_VERSION => {
                 self.release(client);
                 return Ok(());
@@ -92,12 +93,18 @@ impl PostgresBackend {
             }
             _ => {}
         }
+        // `uwf_schema` is created only when there was none: even `IF NOT
+        // EXISTS` needs the right to create tables.
+        let create_version_table = if found.is_none() {
+            "CREATE TABLE IF NOT EXISTS uwf_schema (version integer NOT NULL);"
+        } else {
+            ""
+        };
         client
             .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK}); \
-                 CREATE TABLE IF NOT EXISTS uwf_schema (version integer NOT NULL);"
+                "BEGIN; SELECT pg_advisory_xact_lock({WRITER_LOCK}); {create_version_table}"
             ))
-            .map_err(|e| self.error("locking the schema".into(), e))?;
+            .map_err(|e| self.error("starting the schema transaction".into(), e))?;
         let outcome = self.create_or_upgrade(&mut client);
         let end = if outcome.is_ok() {
             "COMMIT"
