@@ -114,9 +114,7 @@ impl Columns {
             workflow: row.get("workflow"),
             created_at: ms(row.get("created_at")),
             updated_at: ms(row.get("updated_at")),
-            completed_at: row
-                .get::<_, Option<SystemTime>>("completed_at")
-                .map(ms),
+            completed_at: row.get::<_, Option<SystemTime>>("completed_at").map(ms),
             head: row.get("head"),
             seq: row.get("seq"),
             parent_thread: row.get("parent_thread"),
@@ -557,7 +555,10 @@ fn a_version_1_store_is_migrated_on_first_use() {
     assert_eq!(bulk, 300);
     assert_listing_matches_view(&store, &mut sql);
     let workflows: Vec<(String, String)> = sql
-        .query("SELECT name, hash FROM uwf_workflow_list ORDER BY name", &[])
+        .query(
+            "SELECT name, hash FROM uwf_workflow_list ORDER BY name",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -729,7 +730,11 @@ fn sql_listings_by_status_workflow_and_time_use_the_indexes() {
     ];
     for query in others {
         let plan = plan(&mut sql, query);
-        assert!(plan.contains("Index Scan using uwf_") || plan.contains("Index Scan Backward using uwf_"), "{query}\n{plan}");
+        assert!(
+            plan.contains("Index Scan using uwf_")
+                || plan.contains("Index Scan Backward using uwf_"),
+            "{query}\n{plan}"
+        );
         assert!(!plan.contains("Seq Scan"), "{query}\n{plan}");
     }
 }
@@ -818,4 +823,37 @@ impl Drop for DropRole {
             ));
         }
     }
+}
+
+/// The SQL examples of the README and of `docs/design.md` run on a store
+/// with threads in it, and return rows where the store has some.
+#[test]
+fn the_documented_sql_examples_run() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let mut sql = connect(&store);
+    drive_some_threads(&store);
+    let mut ran = 0;
+    for doc in [
+        include_str!("../README.md"),
+        include_str!("../docs/design.md"),
+    ] {
+        for block in doc.split("```sql\n").skip(1) {
+            let block = block.split("```").next().unwrap();
+            for statement in block.split(';').filter(|s| !s.trim().is_empty()) {
+                sql.query(statement, &[])
+                    .unwrap_or_else(|e| panic!("{statement}\n{e:?}"));
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 8, "only {ran} statements found");
+    // The counting example sees every thread.
+    let total: i64 = sql
+        .query_one("SELECT count(*) FROM uwf_thread_list", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(total, 4);
 }

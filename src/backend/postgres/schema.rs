@@ -28,7 +28,11 @@ const INDEXES: [(&str, Table, &str); 7] = [
     // Active threads by status, newest first.
     ("uwf_threads_status", Table::Threads, "status, updated_at"),
     // A workflow's active threads, newest first.
-    ("uwf_threads_workflow", Table::Threads, "workflow, updated_at"),
+    (
+        "uwf_threads_workflow",
+        Table::Threads,
+        "workflow, updated_at",
+    ),
     // Ended threads by status (failures today), newest first.
     ("uwf_history_status", Table::History, "status, completed_at"),
     // A workflow's ended threads, newest first.
@@ -256,7 +260,8 @@ impl PostgresBackend {
         let name = sql_table(table);
         let op = || format!("filling the typed columns of {name}");
         let first = format!("SELECT k, v FROM {name} ORDER BY k LIMIT {BACKFILL_BATCH}");
-        let next = format!("SELECT k, v FROM {name} WHERE k > $1 ORDER BY k LIMIT {BACKFILL_BATCH}");
+        let next =
+            format!("SELECT k, v FROM {name} WHERE k > $1 ORDER BY k LIMIT {BACKFILL_BATCH}");
         let mut after: Option<Vec<u8>> = None;
         loop {
             let rows = match &after {
