@@ -123,6 +123,10 @@ enum Command {
     Stats,
     /// Copy a whole store into a new or empty one (LMDB and PostgreSQL either way), then compare
     /// and verify it; rerunning an interrupted copy continues it
+    ///
+    /// The copy is of one snapshot of SRC (writers of SRC may go on). Until it finishes, DST is
+    /// marked as an unfinished copy: `stats` and `verify` say so and `gc` refuses it. --store is
+    /// not used; --durability applies to DST, --max-map-size to both when they are LMDB.
     Copy {
         /// The store to copy: a directory (LMDB) or a postgres:// URL
         #[arg(value_name = "SRC")]
