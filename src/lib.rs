@@ -15,6 +15,8 @@
 //! - [`workflow`] and [`engine`]: YAML workflows and the synchronous engine.
 //! - [`gc`]: garbage collection that is safe while writers run.
 //! - [`verify`]: re-hash every blob and check every ref and index entry.
+//! - [`copy`]: a whole store into another, on any pair of backends,
+//!   restartable and verified.
 //!
 //! The on-disk format is described byte by byte in `docs/design.md`.
 //!
@@ -48,6 +50,7 @@
 
 pub mod backend;
 pub mod codec;
+pub mod copy;
 pub mod engine;
 pub mod gc;
 pub mod hash;

@@ -80,6 +80,12 @@ pub enum Problem {
         /// What is wrong.
         detail: String,
     },
+    /// The store is the destination of a copy that has not finished
+    /// (`docs/design.md` §4c): it may hold only part of its source.
+    UnfinishedCopy {
+        /// The copy's source.
+        source: String,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -101,6 +107,10 @@ impl fmt::Display for Problem {
             }
             Problem::ThreadIndex { db, key, detail } => write!(f, "{db} entry {key}: {detail}"),
             Problem::FormatVersion { detail } => write!(f, "format version: {detail}"),
+            Problem::UnfinishedCopy { source } => write!(
+                f,
+                "the store is an unfinished copy of {source}: rerun the copy to finish it"
+            ),
         }
     }
 }
@@ -163,6 +173,11 @@ pub fn verify(
     if let Err(e) = store.read(|r| r.format_version()) {
         report.problems.push(Problem::FormatVersion {
             detail: e.to_string(),
+        });
+    }
+    if let Some(copy) = store.unfinished_copy()? {
+        report.problems.push(Problem::UnfinishedCopy {
+            source: copy.source,
         });
     }
     let total = store.blob_count()?;

@@ -13,7 +13,7 @@ mod sweep;
 
 use crate::backend::{HeldLock, Table};
 use crate::hash::{HASH_LEN, Hash, hex};
-use crate::store::{GC_EPOCH_KEY, Store, StoreError, now_ms};
+use crate::store::{GC_EPOCH_KEY, Store, StoreError, UnfinishedCopy, now_ms};
 use crate::thread::ThreadRecord;
 use graph::{Id, Marks, key_of};
 
@@ -55,6 +55,18 @@ pub enum GcError {
     TooLarge {
         /// Blobs in the range.
         blobs: usize,
+    },
+    /// The store is the destination of an unfinished copy: its threads may
+    /// not be copied yet, so the blobs they reach would look unreachable.
+    #[error(
+        "the store at {store} is an unfinished copy of {from}: collecting garbage now could free \
+         blobs whose threads are not copied yet; finish the copy first (rerun it)"
+    )]
+    UnfinishedCopy {
+        /// The store's location.
+        store: String,
+        /// The copy's source.
+        from: String,
     },
     /// The worker pool could not start.
     #[error("cannot start {threads} GC worker threads: {source}")]
@@ -223,6 +235,7 @@ impl Store {
     ) -> Result<GcReport, GcError> {
         let started = Instant::now();
         let running = if options.dry_run {
+            self.refuse_unfinished_copy(self.unfinished_copy()?)?;
             None
         } else {
             Some(self.start_gc()?)
@@ -302,18 +315,32 @@ impl Store {
             });
         };
         let epoch = self.write(|w| {
+            // Under the lock, so a copy (which holds it while it runs)
+            // cannot start between this check and the collection.
+            self.refuse_unfinished_copy(UnfinishedCopy::read(w.tables())?)?;
             // Never behind a marker a dead collection left: writers may
             // have stamped blobs with it.
             let epoch = w.gc_epoch()?.map_or(w.now_ms(), |e| e.max(w.now_ms()));
             w.tables_mut()
                 .put(Table::Meta, GC_EPOCH_KEY.as_bytes(), &epoch.to_be_bytes())?;
-            Ok::<_, StoreError>(epoch)
+            Ok::<_, GcError>(epoch)
         })?;
         Ok(Running {
             store: self,
             epoch,
             _lock: lock,
         })
+    }
+
+    /// Refuses to collect an unfinished copy (`docs/design.md` §4c).
+    fn refuse_unfinished_copy(&self, marker: Option<UnfinishedCopy>) -> Result<(), GcError> {
+        match marker {
+            Some(copy) => Err(GcError::UnfinishedCopy {
+                store: self.location().to_owned(),
+                from: copy.source,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Every root hash, deduplicated and sorted.

@@ -11,10 +11,13 @@
 //! - `record.rs`: the value layout of the `blobs` table.
 //! - `group.rs`: group commit.
 //! - `pins.rs`: pinned blobs (GC roots).
+//! - `copy_marker.rs`: the marker an unfinished copy leaves in its
+//!   destination.
 //! - `stats.rs`: [`Stats`].
 //!
 //! Every table and value layout is described in `docs/design.md`.
 
+mod copy_marker;
 mod error;
 mod group;
 mod open;
@@ -34,6 +37,7 @@ use crate::hash::{Hash, HashPrefix};
 use crate::node::Blob;
 
 pub use crate::backend::lmdb::DEFAULT_MAP_SIZE;
+pub use copy_marker::{COPY_MARKER_KEY, UnfinishedCopy};
 pub use error::{Damage, StoreError};
 pub use group::{DEFAULT_MAX_GROUP, GroupStats};
 pub use options::{Durability, StoreOptions};

@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use super::{Durability, GC_EPOCH_KEY, Store, StoreError, parse_gc_epoch, read_format_version};
+use super::{
+    Durability, GC_EPOCH_KEY, Store, StoreError, UnfinishedCopy, parse_gc_epoch,
+    read_format_version,
+};
 use crate::backend::Table;
 
 /// What `uwf-db stats` reports.
@@ -21,6 +24,9 @@ pub struct Stats {
     /// The start (ms since the epoch) of a garbage collection in progress,
     /// or left behind by one that died.
     pub gc_epoch: Option<u64>,
+    /// The marker of an unfinished copy into this store (`uwf-db copy`
+    /// was interrupted; rerunning it finishes the copy).
+    pub unfinished_copy: Option<UnfinishedCopy>,
     /// Threads in history.
     pub ended_threads: u64,
     /// Registered workflow names.
@@ -53,7 +59,7 @@ impl Store {
     /// Counts, sizes and map usage.
     pub fn stats(&self) -> Result<Stats, StoreError> {
         let location = self.location().to_owned();
-        let (counts, format_version, gc_epoch) = self.read(|r| {
+        let (counts, format_version, gc_epoch, unfinished_copy) = self.read(|r| {
             let t = r.tables();
             let counts = [
                 Table::Blobs,
@@ -72,6 +78,7 @@ impl Store {
                 [blobs?, active?, ended?, workflows?, pins?],
                 read_format_version(t, &location)?,
                 gc,
+                UnfinishedCopy::read(t)?,
             ))
         })?;
         let storage = self.backend().storage_stats()?;
@@ -84,6 +91,7 @@ impl Store {
             workflows: counts[3],
             pins: counts[4],
             gc_epoch,
+            unfinished_copy,
             blob_bytes: storage.blob_bytes,
             map_size: storage.map_size,
             max_map_size: storage.max_map_size,

@@ -1,5 +1,9 @@
-//! `init`, `gc`, `verify`, `stats`.
+//! `init`, `gc`, `verify`, `stats`, `copy`.
 
+use std::path::Path;
+
+use uwf_db::StoreError;
+use uwf_db::copy::{CopyError, CopyOptions, CopyProgress};
 use uwf_db::gc::{GcOptions, GcProgress};
 use uwf_db::store::FORMAT_VERSION;
 use uwf_db::verify::verify as verify_store;
@@ -184,11 +188,132 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ),
         ("durability", durability),
     ])?;
+    if let Some(copy) = &s.unfinished_copy {
+        out.line(format_args!(
+            "this store is an UNFINISHED COPY of {} (started {}): rerun `uwf-db copy` to finish it \
+             before using it",
+            copy.source,
+            output::timestamp(copy.started_at)
+        ))?;
+    }
     if let Some(epoch) = s.gc_epoch {
         out.line(format_args!(
             "a garbage collection started at {} is running (or died; the next `uwf-db gc` clears it)",
             output::timestamp(epoch)
         ))?;
     }
+    Ok(())
+}
+
+pub fn copy(
+    cli: &Cli,
+    source: &Path,
+    destination: &Path,
+    chunk_rows: u32,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let name = |p: &Path| p.display().to_string();
+    let src = cli.open_at(source, false).map_err(|e| match e {
+        StoreError::NotInitialized { .. } => CopyError::SourceMissing {
+            location: name(source),
+        },
+        e => CopyError::OpenSource {
+            location: name(source),
+            source: e,
+        },
+    })?;
+    let dst = cli
+        .open_at(destination, true)
+        .map_err(|e| CopyError::OpenDestination {
+            location: name(destination),
+            source: e,
+        })?;
+    let options = CopyOptions {
+        chunk_rows: chunk_rows as usize,
+        ..CopyOptions::default()
+    };
+    let bar = output::progress_bar(0, "copying");
+    let report = src.copy_to(&dst, &options, |p| match p {
+        CopyProgress::Started { total, resumed } => {
+            bar.set_length(total);
+            if resumed {
+                bar.println(format!(
+                    "continuing the unfinished copy of {} into {}",
+                    src.location(),
+                    dst.location()
+                ));
+            }
+        }
+        CopyProgress::Copied { table, done, total } => {
+            bar.set_message(format!("copying {table}"));
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+        CopyProgress::Comparing { table } => {
+            bar.set_message(format!("comparing {table}"));
+        }
+        CopyProgress::Verifying(v) => {
+            bar.set_message("verifying");
+            bar.set_length(v.total);
+            bar.set_position(v.checked);
+        }
+        _ => {}
+    });
+    bar.finish_and_clear();
+    let report = report?;
+    if out.json {
+        return Ok(out.json_value(&report)?);
+    }
+    out.line(format_args!(
+        "copied {} to {}{}",
+        report.source,
+        report.destination,
+        if report.resumed {
+            " (continued an unfinished copy)"
+        } else {
+            ""
+        }
+    ))?;
+    let mut rows: Vec<[String; 6]> = report
+        .tables
+        .iter()
+        .map(|t| {
+            [
+                t.table.to_string(),
+                t.rows.to_string(),
+                output::human_size(t.bytes),
+                t.written.to_string(),
+                t.deleted.to_string(),
+                t.digest.get(..16).unwrap_or(&t.digest).to_owned(),
+            ]
+        })
+        .collect();
+    rows.push([
+        "all".into(),
+        report.rows.to_string(),
+        output::human_size(report.bytes),
+        report.written.to_string(),
+        report.deleted.to_string(),
+        "identical".into(),
+    ]);
+    out.columns(
+        &["table", "rows", "size", "written", "deleted", "digest"],
+        &rows,
+    )?;
+    let v = &report.verify;
+    out.line(format_args!(
+        "verified {} blobs, {} refs and {} index entries in the destination: ok",
+        v.blobs_checked, v.refs_checked, v.index_entries_checked
+    ))?;
+    let secs = report.elapsed_ms as f64 / 1000.0;
+    out.line(format_args!(
+        "took {:.1} s ({:.0} rows/s)",
+        secs,
+        if secs > 0.0 {
+            report.rows as f64 / secs
+        } else {
+            report.rows as f64
+        }
+    ))?;
     Ok(())
 }

@@ -126,6 +126,25 @@ enum Command {
     Verify,
     /// Counts, sizes, map usage, readers, durability
     Stats,
+    /// Copy a whole store into a new or empty one (LMDB and PostgreSQL either way), then compare
+    /// and verify it; rerunning an interrupted copy continues it
+    ///
+    /// The copy is of one snapshot of SRC (writers of SRC may go on). Until it finishes, DST is
+    /// marked as an unfinished copy: `stats` and `verify` say so and `gc` refuses it. --store is
+    /// not used; --durability applies to DST, --max-map-size to both when they are LMDB.
+    Copy {
+        /// The store to copy: a directory (LMDB) or a postgres:// URL
+        #[arg(value_name = "SRC")]
+        source: PathBuf,
+        /// Where to copy it: a directory or a postgres:// URL, created if absent; it must be
+        /// empty, or an unfinished copy of SRC (which the copy continues)
+        #[arg(value_name = "DST")]
+        destination: PathBuf,
+        /// Most rows per destination transaction
+        #[arg(long, value_name = "N", default_value_t = 1024,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        chunk_rows: u32,
+    },
 }
 
 /// Why a command failed.
@@ -141,6 +160,8 @@ enum CliError {
     Engine(#[from] uwf_db::engine::EngineError),
     #[error(transparent)]
     Gc(#[from] uwf_db::gc::GcError),
+    #[error(transparent)]
+    Copy(#[from] uwf_db::copy::CopyError),
     #[error("{0}")]
     Failed(String),
     /// The command already reported what it found; exit 1 quietly.
@@ -176,6 +197,12 @@ impl Cli {
 
     /// Opens the store; `create` for commands that write.
     fn open(&self, create: bool) -> Result<Store, CliError> {
+        Ok(self.open_at(&self.store_path()?, create)?)
+    }
+
+    /// Opens the store at `location` (a directory or a `postgres://` URL)
+    /// with the global options.
+    fn open_at(&self, location: &std::path::Path, create: bool) -> Result<Store, StoreError> {
         let durability = match self.durability {
             DurabilityArg::Sync => Durability::Sync,
             DurabilityArg::None => Durability::None,
@@ -185,12 +212,11 @@ impl Cli {
             max_map_size: self.max_map_size,
             create,
         };
-        let location = self.store_path()?;
         match location.to_str() {
             Some(url) if uwf_db::backend::is_postgres_url(url) => {
-                Ok(Store::open_location(url, options)?)
+                Store::open_location(url, options)
             }
-            _ => Ok(Store::open(location, options)?),
+            _ => Store::open(location, options),
         }
     }
 }
@@ -238,6 +264,11 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
         Command::Gc { dry_run, grace } => admin::gc(cli, *dry_run, *grace, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
+        Command::Copy {
+            source,
+            destination,
+            chunk_rows,
+        } => admin::copy(cli, source, destination, *chunk_rows, out),
     }
 }
 

@@ -1,0 +1,1012 @@
+//! `copy`: a whole store into another store, on any pair of backends
+//! (LMDB → PostgreSQL, PostgreSQL → LMDB, memory, or two stores of one
+//! backend), restartable after an interruption and verified at the end.
+//! `docs/design.md` §4c states the protocol; in short:
+//!
+//! 1. **Claim the destination.** Take its GC lock (no collection and no
+//!    second copy while this one runs), then, in one write transaction,
+//!    either find the marker of an unfinished copy *of the same source*
+//!    (a rerun: continue it) or find the store empty and write the marker
+//!    ([`UnfinishedCopy`], `meta["copy_in_progress"]`). Anything else is
+//!    refused: a copy never merges into an unrelated store.
+//! 2. **Copy every table from one source snapshot** (one read
+//!    transaction), in [`copy_order`]: settings, blobs, then the roots that
+//!    name blobs (workflows, pins), then the thread tables. Each
+//!    destination transaction handles a bounded chunk of rows: it reads the
+//!    destination's rows in the same key span and makes them equal to the
+//!    source's (writes missing or different rows, deletes rows the source
+//!    does not have). A first run finds nothing there and only writes; a
+//!    rerun after a kill finds what the killed run committed, skips it and
+//!    goes on, and if the source changed in between, the destination ends
+//!    up equal to the new snapshot — never a mix, never a duplicate.
+//! 3. **Compare**: the row count and a BLAKE3 digest of every table,
+//!    computed from the source rows as they were streamed and from a fresh
+//!    snapshot of the destination ([`Store::table_digests`]), must agree.
+//! 4. **Verify** the destination ([`crate::verify`]), then delete the
+//!    marker. Until that commit the destination says it is unfinished.
+//!
+//! The library never prints: progress goes to a callback, the outcome is a
+//! [`CopyReport`] or a [`CopyError`].
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{Direction, KeyRange, ReadTables, Table};
+use crate::engine::Cancel;
+use crate::store::{
+    COPY_MARKER_KEY, FORMAT_VERSION_KEY, GC_EPOCH_KEY, Store, StoreError, UnfinishedCopy, now_ms,
+    read_format_version,
+};
+use crate::verify::{Problem, VerifyProgress, VerifyReport};
+
+/// Rows per destination transaction unless told otherwise.
+pub const DEFAULT_CHUNK_ROWS: usize = 1024;
+
+/// Bytes of keys and values per destination transaction unless told
+/// otherwise (a chunk always holds at least one row, however large).
+pub const DEFAULT_CHUNK_BYTES: usize = 8 << 20;
+
+/// `meta` keys that describe what is happening to one store, not what it
+/// holds: never copied, never compared, never deleted from a destination.
+/// A new `meta` key is copied unless it is listed here (`docs/design.md`
+/// §4 says, for each key, whether it is).
+const NOT_COPIED: [&str; 2] = [GC_EPOCH_KEY, COPY_MARKER_KEY];
+
+/// The position of a table in the copy (an exhaustive match, so a new
+/// table cannot be forgotten): settings first; then blobs; then what
+/// names blobs and nothing else (workflows, pins); then the thread tables,
+/// records before the indexes that point at them. A copy interrupted at
+/// any commit therefore never holds a root whose blob is missing.
+const fn copy_rank(table: Table) -> usize {
+    match table {
+        Table::Meta => 0,
+        Table::Blobs => 1,
+        Table::Workflows => 2,
+        Table::Pins => 3,
+        Table::Threads => 4,
+        Table::History => 5,
+        Table::HistoryIds => 6,
+        Table::Activity => 7,
+        Table::Children => 8,
+    }
+}
+
+/// Every table, in the order a copy writes them (see `docs/design.md` §4c).
+pub fn copy_order() -> [Table; 9] {
+    let mut tables = Table::ALL;
+    tables.sort_by_key(|t| copy_rank(*t));
+    tables
+}
+
+/// Whether a row of `table` is part of what a copy moves.
+fn copied(table: Table, key: &[u8]) -> bool {
+    table != Table::Meta || !NOT_COPIED.iter().any(|k| k.as_bytes() == key)
+}
+
+/// How to copy.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    /// Most rows per destination write transaction (at least 1).
+    pub chunk_rows: usize,
+    /// Most bytes of keys and values per destination write transaction;
+    /// a chunk always takes at least one row.
+    pub chunk_bytes: usize,
+    /// Checked before each destination transaction: once cancelled, the
+    /// copy stops with [`CopyError::Cancelled`] and a rerun continues it.
+    pub cancel: Option<Cancel>,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            chunk_rows: DEFAULT_CHUNK_ROWS,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            cancel: None,
+        }
+    }
+}
+
+/// Where a copy is, for progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CopyProgress {
+    /// The source snapshot is open and the destination claimed.
+    Started {
+        /// Rows in the source snapshot, all tables.
+        total: u64,
+        /// Whether this run continues an unfinished copy.
+        resumed: bool,
+    },
+    /// A destination transaction committed.
+    Copied {
+        /// The table being copied.
+        table: Table,
+        /// Source rows handled so far, all tables.
+        done: u64,
+        /// Rows in the source snapshot, all tables.
+        total: u64,
+    },
+    /// Reading the destination back to compare it with the source.
+    Comparing {
+        /// The table being read.
+        table: Table,
+    },
+    /// Verifying the destination.
+    Verifying(VerifyProgress),
+}
+
+/// One table of a copy, as the [`CopyReport`] gives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TableCopy {
+    /// The table.
+    #[serde(serialize_with = "table_name")]
+    pub table: Table,
+    /// Rows in the source snapshot, now also in the destination.
+    pub rows: u64,
+    /// Bytes of their keys and values.
+    pub bytes: u64,
+    /// Rows this run wrote (missing from the destination, or different).
+    pub written: u64,
+    /// Destination rows this run deleted (not in the source snapshot: left
+    /// by an earlier run from a source that changed since).
+    pub deleted: u64,
+    /// The table's digest (see [`TableDigest`]), equal on both sides.
+    pub digest: String,
+}
+
+/// A table's contents in brief: what [`Store::table_digests`] returns and
+/// what a copy compares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TableDigest {
+    /// The table.
+    #[serde(serialize_with = "table_name")]
+    pub table: Table,
+    /// Rows (in `meta`, those a copy moves).
+    pub rows: u64,
+    /// Bytes of their keys and values.
+    pub bytes: u64,
+    /// BLAKE3, in hex, over every row in key order, each row as its key's
+    /// length (u64 big-endian), the key, its value's length (u64
+    /// big-endian) and the value.
+    pub digest: String,
+}
+
+fn table_name<S: serde::Serializer>(table: &Table, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(table.name())
+}
+
+/// What a finished copy did and found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CopyReport {
+    /// The source's location.
+    pub source: String,
+    /// The destination's location.
+    pub destination: String,
+    /// Whether this run continued an unfinished copy.
+    pub resumed: bool,
+    /// Every table, in copy order.
+    pub tables: Vec<TableCopy>,
+    /// Rows copied, all tables.
+    pub rows: u64,
+    /// Bytes of their keys and values.
+    pub bytes: u64,
+    /// Rows this run wrote.
+    pub written: u64,
+    /// Destination rows this run deleted.
+    pub deleted: u64,
+    /// The destination's verification (clean, or the copy fails).
+    pub verify: VerifyReport,
+    /// Wall time of the whole copy, verification included.
+    pub elapsed_ms: u64,
+}
+
+/// Why a copy failed. Whatever it is, every destination transaction
+/// committed before it stays, the destination keeps its marker, and
+/// rerunning the same copy continues from there.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CopyError {
+    /// The source does not exist.
+    #[error("the source {location} is not a uwf-db store: there is nothing to copy")]
+    SourceMissing {
+        /// The location given.
+        location: String,
+    },
+    /// The source could not be opened.
+    #[error("cannot open the source {location}")]
+    OpenSource {
+        /// The location given.
+        location: String,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// The destination could not be opened or created.
+    #[error("cannot open or create the destination {location}")]
+    OpenDestination {
+        /// The location given.
+        location: String,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// Source and destination are one store.
+    #[error("the source and the destination are the same store ({location})")]
+    SameStore {
+        /// The store.
+        location: String,
+    },
+    /// The source is itself an unfinished copy: copying it would copy a
+    /// part of something.
+    #[error(
+        "the source {location} is an unfinished copy of {from}; finish that copy first (rerun it)"
+    )]
+    SourceUnfinished {
+        /// The source.
+        location: String,
+        /// What it is an unfinished copy of.
+        from: String,
+    },
+    /// The destination holds data and is not an unfinished copy of this
+    /// source.
+    #[error(
+        "the destination {location} is not empty ({what}) and is not an unfinished copy of \
+         {from}; copy only into a new or empty store"
+    )]
+    DestinationNotEmpty {
+        /// The destination.
+        location: String,
+        /// The source of this copy.
+        from: String,
+        /// What was found first.
+        what: String,
+    },
+    /// The destination is an unfinished copy of another source.
+    #[error(
+        "the destination {location} is an unfinished copy of {other}, not of {from}; rerun that \
+         copy to finish it, or copy into a new store"
+    )]
+    OtherCopy {
+        /// The destination.
+        location: String,
+        /// The source of the copy in the destination.
+        other: String,
+        /// The source of this copy.
+        from: String,
+    },
+    /// A garbage collection or another copy holds the destination's lock.
+    #[error(
+        "the destination {location} is busy: a garbage collection or another copy into it is \
+         running; wait for it to finish"
+    )]
+    Busy {
+        /// The destination.
+        location: String,
+    },
+    /// The two stores are of different format versions.
+    #[error(
+        "the source has format version {source_version} and the destination {destination_version}; \
+         a copy needs both at one version"
+    )]
+    FormatMismatch {
+        /// The source's.
+        source_version: u32,
+        /// The destination's.
+        destination_version: u32,
+    },
+    /// Reading the source failed.
+    #[error("reading the source {location} failed; rerun the copy to continue it")]
+    Source {
+        /// The source.
+        location: String,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// Writing or reading the destination failed; the transaction in
+    /// flight was not applied.
+    #[error("writing the destination {location} failed; rerun the copy to continue it")]
+    Destination {
+        /// The destination.
+        location: String,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// The destination, read back, differs from the source snapshot
+    /// (something else wrote it during the copy, or a backend lost a
+    /// write).
+    #[error(
+        "the destination differs from the source in table {table} after the copy: {detail}; \
+         the destination stays marked unfinished"
+    )]
+    Mismatch {
+        /// The table.
+        table: Table,
+        /// Rows and digests on each side.
+        detail: String,
+    },
+    /// The destination equals the source but does not verify: the source
+    /// has the same problems.
+    #[error(
+        "the destination {location} equals the source but verify found {} problem(s), first: {}; \
+         the source has them too (run `uwf-db verify` on it); the destination stays marked \
+         unfinished",
+        problems.len(),
+        problems.first().map(ToString::to_string).unwrap_or_default()
+    )]
+    Problems {
+        /// The destination.
+        location: String,
+        /// What verify found.
+        problems: Vec<Problem>,
+    },
+    /// [`CopyOptions::cancel`] was cancelled.
+    #[error(
+        "the copy into {location} was cancelled; the destination is an unfinished copy until the \
+         copy is rerun"
+    )]
+    Cancelled {
+        /// The destination.
+        location: String,
+    },
+}
+
+/// Rows and bytes per destination transaction.
+#[derive(Clone, Copy)]
+struct Chunk {
+    rows: usize,
+    bytes: usize,
+}
+
+/// A table's rows as they go by: count, bytes and digest.
+struct Digest {
+    hasher: blake3::Hasher,
+    rows: u64,
+    bytes: u64,
+}
+
+impl Digest {
+    fn new() -> Self {
+        Digest {
+            hasher: blake3::Hasher::new(),
+            rows: 0,
+            bytes: 0,
+        }
+    }
+
+    fn add(&mut self, key: &[u8], value: &[u8]) {
+        for part in [key, value] {
+            self.hasher.update(&(part.len() as u64).to_be_bytes());
+            self.hasher.update(part);
+        }
+        self.rows += 1;
+        self.bytes += (key.len() + value.len()) as u64;
+    }
+
+    fn finish(&self, table: Table) -> TableDigest {
+        TableDigest {
+            table,
+            rows: self.rows,
+            bytes: self.bytes,
+            digest: self.hasher.finalize().to_hex().to_string(),
+        }
+    }
+}
+
+/// What one destination transaction did.
+#[derive(Default)]
+struct ChunkOutcome {
+    /// Source rows (from the front of the buffer) it handled.
+    taken: usize,
+    /// The last key it handled, on either side.
+    last: Option<Vec<u8>>,
+    written: u64,
+    deleted: u64,
+    /// Both sides are exhausted and handled: the table is done.
+    finished: bool,
+}
+
+type Row = (Vec<u8>, Vec<u8>);
+
+impl Store {
+    /// Copies this whole store into `dst` (`docs/design.md` §4c): every
+    /// table from one snapshot of this store, in bounded chunks, then
+    /// compares both sides table by table and verifies `dst`.
+    ///
+    /// `dst` must be empty (a new store) or an unfinished copy of this
+    /// store, which the copy then continues. Other writers should leave
+    /// `dst` alone until the copy returns; writers of this store may go on
+    /// (the copy is of the snapshot taken when it started), but a long
+    /// snapshot keeps LMDB from reusing pages and PostgreSQL from vacuuming
+    /// rows, so copy a busy store when it is quiet.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// use uwf_db::copy::CopyOptions;
+    ///
+    /// let src = Store::memory();
+    /// let hash = src.put(&Blob::content("a reply", [])).unwrap();
+    /// src.pin(&hash).unwrap();
+    /// let dst = Store::memory();
+    /// let report = src.copy_to(&dst, &CopyOptions::default(), |_| {}).unwrap();
+    /// assert!(report.verify.is_ok());
+    /// assert_eq!(dst.get(&hash).unwrap(), Some(Blob::content("a reply", [])));
+    /// assert_eq!(src.table_digests().unwrap(), dst.table_digests().unwrap());
+    /// assert_eq!(dst.unfinished_copy().unwrap(), None);
+    /// ```
+    pub fn copy_to(
+        &self,
+        dst: &Store,
+        options: &CopyOptions,
+        mut progress: impl FnMut(CopyProgress),
+    ) -> Result<CopyReport, CopyError> {
+        let started = Instant::now();
+        let from = self.location().to_owned();
+        let to = dst.location().to_owned();
+        let in_memory = |s: &Store| s.backend().as_any().is::<MemoryBackend>();
+        if self.same_store(dst) || (from == to && !in_memory(self)) {
+            return Err(CopyError::SameStore { location: from });
+        }
+        let source_err = |source| CopyError::Source {
+            location: from.clone(),
+            source,
+        };
+        let dest_err = |source| CopyError::Destination {
+            location: to.clone(),
+            source,
+        };
+        let chunk = Chunk {
+            rows: options.chunk_rows.max(1),
+            bytes: options.chunk_bytes.max(1),
+        };
+
+        // Held to the end: no collection (which would free blobs whose
+        // threads are not copied yet) and no second copy meanwhile.
+        let _lock = dst
+            .backend()
+            .try_lock_gc()
+            .map_err(dest_err)?
+            .ok_or_else(|| CopyError::Busy {
+                location: to.clone(),
+            })?;
+
+        let copy = Copy {
+            dst,
+            from: &from,
+            to: &to,
+            chunk,
+            cancel: options.cancel.as_ref(),
+        };
+        // One read transaction: the whole copy is of one snapshot.
+        let (resumed, copied) = self
+            .read(|r| Ok::<_, StoreError>(copy.all_tables(r.tables(), &mut progress)))
+            .map_err(source_err)??;
+
+        let theirs = dst
+            .digests(|table| progress(CopyProgress::Comparing { table }))
+            .map_err(dest_err)?;
+        for (ours, theirs) in copied.iter().zip(&theirs) {
+            if (ours.rows, &ours.digest) != (theirs.rows, &theirs.digest) {
+                return Err(CopyError::Mismatch {
+                    table: ours.table,
+                    detail: format!(
+                        "the source has {} rows (digest {}), the destination {} (digest {})",
+                        ours.rows, ours.digest, theirs.rows, theirs.digest
+                    ),
+                });
+            }
+        }
+
+        let mut verify = dst
+            .verify(|p| progress(CopyProgress::Verifying(p)))
+            .map_err(dest_err)?;
+        // The marker is ours and goes next.
+        verify
+            .problems
+            .retain(|p| !matches!(p, Problem::UnfinishedCopy { .. }));
+        if !verify.is_ok() {
+            return Err(CopyError::Problems {
+                location: to,
+                problems: verify.problems,
+            });
+        }
+        copy.finish()?;
+
+        Ok(CopyReport {
+            rows: copied.iter().map(|t| t.rows).sum(),
+            bytes: copied.iter().map(|t| t.bytes).sum(),
+            written: copied.iter().map(|t| t.written).sum(),
+            deleted: copied.iter().map(|t| t.deleted).sum(),
+            source: from.clone(),
+            destination: to.clone(),
+            resumed,
+            tables: copied,
+            verify,
+            elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// The row count, size and digest of every table, in [`copy_order`],
+    /// read from one snapshot (`meta` without the keys a copy does not
+    /// move). Two stores with equal digests hold the same bytes in every
+    /// table.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let a = Store::memory();
+    /// let b = Store::memory();
+    /// assert_eq!(a.table_digests().unwrap(), b.table_digests().unwrap());
+    /// a.put(&Blob::content("only in a", [])).unwrap();
+    /// assert_ne!(a.table_digests().unwrap(), b.table_digests().unwrap());
+    /// ```
+    pub fn table_digests(&self) -> Result<Vec<TableDigest>, StoreError> {
+        self.digests(|_| {})
+    }
+
+    fn digests(&self, mut each: impl FnMut(Table)) -> Result<Vec<TableDigest>, StoreError> {
+        self.read(|r| {
+            copy_order()
+                .into_iter()
+                .map(|table| {
+                    each(table);
+                    let mut digest = Digest::new();
+                    r.tables().visit_range(table, KeyRange::ALL, &mut |k, v| {
+                        if copied(table, k) {
+                            digest.add(k, v);
+                        }
+                        Ok(true)
+                    })?;
+                    Ok(digest.finish(table))
+                })
+                .collect()
+        })
+    }
+}
+
+/// One copy in progress: the destination and how to write it.
+struct Copy<'a> {
+    dst: &'a Store,
+    from: &'a str,
+    to: &'a str,
+    chunk: Chunk,
+    cancel: Option<&'a Cancel>,
+}
+
+impl Copy<'_> {
+    fn dest_err(&self, source: StoreError) -> CopyError {
+        CopyError::Destination {
+            location: self.to.to_owned(),
+            source,
+        }
+    }
+
+    fn source_err(&self, source: StoreError) -> CopyError {
+        CopyError::Source {
+            location: self.from.to_owned(),
+            source,
+        }
+    }
+
+    /// Checks the source, claims the destination and copies every table
+    /// from the snapshot `src`. Returns whether this run continued an
+    /// unfinished copy, and each table's outcome.
+    fn all_tables(
+        &self,
+        src: &dyn ReadTables,
+        progress: &mut impl FnMut(CopyProgress),
+    ) -> Result<(bool, Vec<TableCopy>), CopyError> {
+        if let Some(marker) = UnfinishedCopy::read(src).map_err(|e| self.source_err(e))? {
+            return Err(CopyError::SourceUnfinished {
+                location: self.from.to_owned(),
+                from: marker.source,
+            });
+        }
+        let format = read_format_version(src, self.from).map_err(|e| self.source_err(e))?;
+        let resumed = self.claim(format)?;
+
+        let mut total = 0;
+        for table in copy_order() {
+            total += src.count(table).map_err(|e| self.source_err(e))?;
+        }
+        progress(CopyProgress::Started { total, resumed });
+        let mut done = 0;
+        let mut tables = Vec::new();
+        for table in copy_order() {
+            tables.push(self.table(src, table, &mut |rows| {
+                done += rows;
+                progress(CopyProgress::Copied { table, done, total });
+            })?);
+        }
+        Ok((resumed, tables))
+    }
+
+    /// In one destination transaction: continue an unfinished copy of this
+    /// source (`true`), or mark an empty store as one (`false`), or refuse.
+    fn claim(&self, source_format: u32) -> Result<bool, CopyError> {
+        self.dst
+            .write(|w| {
+                let t = w.tables();
+                let format = read_format_version(t, self.to)?;
+                if format != source_format {
+                    return Ok(Err(CopyError::FormatMismatch {
+                        source_version: source_format,
+                        destination_version: format,
+                    }));
+                }
+                match UnfinishedCopy::read(t)? {
+                    Some(marker) if marker.source == self.from => return Ok(Ok(true)),
+                    Some(marker) => {
+                        return Ok(Err(CopyError::OtherCopy {
+                            location: self.to.to_owned(),
+                            other: marker.source,
+                            from: self.from.to_owned(),
+                        }));
+                    }
+                    None => {}
+                }
+                if let Some(what) = first_content(t)? {
+                    return Ok(Err(CopyError::DestinationNotEmpty {
+                        location: self.to.to_owned(),
+                        from: self.from.to_owned(),
+                        what,
+                    }));
+                }
+                let marker = UnfinishedCopy {
+                    source: self.from.to_owned(),
+                    started_at: now_ms(),
+                };
+                w.tables_mut()
+                    .put(Table::Meta, COPY_MARKER_KEY.as_bytes(), &marker.encode())?;
+                Ok(Ok(false))
+            })
+            .map_err(|e| self.dest_err(e))?
+    }
+
+    /// Makes `table` in the destination equal to `table` in the snapshot
+    /// `src`, a chunk per destination transaction. `handled` gets the
+    /// number of source rows each committed chunk covered.
+    fn table(
+        &self,
+        src: &dyn ReadTables,
+        table: Table,
+        handled: &mut dyn FnMut(u64),
+    ) -> Result<TableCopy, CopyError> {
+        let mut rows = src
+            .range(table, KeyRange::ALL, Direction::Forward)
+            .map_err(|e| self.source_err(e))?;
+        let mut source_done = false;
+        // Source rows read and not yet committed; `buffered` their bytes.
+        let mut pending: VecDeque<Row> = VecDeque::new();
+        let mut buffered = 0;
+        // Every key up to and including `cursor` is equal on both sides.
+        let mut cursor: Option<Vec<u8>> = None;
+        let mut digest = Digest::new();
+        let (mut written, mut deleted) = (0, 0);
+        loop {
+            if self.cancel.is_some_and(Cancel::is_cancelled) {
+                return Err(CopyError::Cancelled {
+                    location: self.to.to_owned(),
+                });
+            }
+            while !source_done && pending.len() < self.chunk.rows && buffered < self.chunk.bytes {
+                match rows.next() {
+                    Some(entry) => {
+                        let (key, value) = entry.map_err(|e| self.source_err(e))?;
+                        if copied(table, &key) {
+                            buffered += key.len() + value.len();
+                            pending.push_back((key.into_owned(), value.into_owned()));
+                        }
+                    }
+                    None => source_done = true,
+                }
+            }
+            let outcome = self
+                .dst
+                .write(|w| {
+                    let after = cursor.as_deref();
+                    let theirs = destination_rows(w.tables(), table, after, self.chunk)?;
+                    reconcile(w.tables_mut(), table, &pending, source_done, theirs)
+                })
+                .map_err(|e| self.dest_err(e))?;
+            for (key, value) in pending.drain(..outcome.taken) {
+                buffered -= key.len() + value.len();
+                digest.add(&key, &value);
+            }
+            written += outcome.written;
+            deleted += outcome.deleted;
+            if outcome.last.is_some() {
+                cursor = outcome.last;
+            }
+            handled(outcome.taken as u64);
+            if outcome.finished {
+                break;
+            }
+        }
+        let d = digest.finish(table);
+        Ok(TableCopy {
+            table,
+            rows: d.rows,
+            bytes: d.bytes,
+            written,
+            deleted,
+            digest: d.digest,
+        })
+    }
+
+    /// Deletes the marker: the destination is a finished copy.
+    fn finish(&self) -> Result<(), CopyError> {
+        self.dst
+            .write(|w| {
+                Ok(match UnfinishedCopy::read(w.tables())? {
+                    Some(marker) if marker.source == self.from => {
+                        w.tables_mut()
+                            .delete(Table::Meta, COPY_MARKER_KEY.as_bytes())?;
+                        Ok(())
+                    }
+                    _ => Err(CopyError::Mismatch {
+                        table: Table::Meta,
+                        detail: format!(
+                            "the copy marker was changed or removed during the copy (expected \
+                             an unfinished copy of {})",
+                            self.from
+                        ),
+                    }),
+                })
+            })
+            .map_err(|e| self.dest_err(e))?
+    }
+}
+
+/// The first thing that makes a store non-empty: a row in any table but
+/// `meta`, or a `meta` key besides the format version and the keys a copy
+/// does not move.
+fn first_content(t: &dyn ReadTables) -> Result<Option<String>, StoreError> {
+    for table in copy_order() {
+        for entry in t.range(table, KeyRange::ALL, Direction::Forward)? {
+            let (key, _) = entry?;
+            if table != Table::Meta {
+                return Ok(Some(format!("its {table} table has rows")));
+            }
+            if copied(table, &key) && *key != *FORMAT_VERSION_KEY.as_bytes() {
+                return Ok(Some(format!(
+                    "its meta table has the setting '{}'",
+                    String::from_utf8_lossy(&key)
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The destination's rows of `table` after `after`, at most a chunk of
+/// them, and whether they are all of them.
+fn destination_rows(
+    t: &dyn ReadTables,
+    table: Table,
+    after: Option<&[u8]>,
+    chunk: Chunk,
+) -> Result<(Vec<Row>, bool), StoreError> {
+    let range = after.map_or(KeyRange::ALL, KeyRange::after);
+    let mut rows = Vec::new();
+    let mut bytes = 0;
+    for entry in t.range(table, range, Direction::Forward)? {
+        let (key, value) = entry?;
+        if !copied(table, &key) {
+            continue;
+        }
+        if rows.len() >= chunk.rows || bytes >= chunk.bytes {
+            return Ok((rows, false));
+        }
+        bytes += key.len() + value.len();
+        rows.push((key.into_owned(), value.into_owned()));
+    }
+    Ok((rows, true))
+}
+
+/// One chunk: makes the destination's rows equal to the source's for every
+/// key both sides are known up to. `ours` are the source rows read so far
+/// (`source_done`: all of them), `theirs` the destination's next rows.
+fn reconcile(
+    t: &mut dyn crate::backend::WriteTables,
+    table: Table,
+    ours: &VecDeque<Row>,
+    source_done: bool,
+    (theirs, dest_done): (Vec<Row>, bool),
+) -> Result<ChunkOutcome, StoreError> {
+    // Beyond the last row read on a side that has more, that side is not
+    // known yet: stop at the smaller of those keys.
+    let limit = [
+        (!source_done).then(|| ours.back().map(|(k, _)| k.as_slice())),
+        (!dest_done).then(|| theirs.last().map(|(k, _)| k.as_slice())),
+    ]
+    .into_iter()
+    .flatten()
+    .flatten()
+    .min();
+    let known = |row: &&Row| limit.is_none_or(|l| row.0.as_slice() <= l);
+    let mut out = ChunkOutcome {
+        finished: limit.is_none(),
+        ..ChunkOutcome::default()
+    };
+    let (mut i, mut j) = (0, 0);
+    let mut last: Option<&[u8]> = None;
+    loop {
+        let handled = match (ours.get(i).filter(known), theirs.get(j).filter(known)) {
+            (None, None) => break,
+            (Some((key, value)), None) => {
+                t.put(table, key, value)?;
+                out.written += 1;
+                i += 1;
+                key
+            }
+            (None, Some((key, _))) => {
+                t.delete(table, key)?;
+                out.deleted += 1;
+                j += 1;
+                key
+            }
+            (Some((key, value)), Some((their_key, their_value))) => match key.cmp(their_key) {
+                std::cmp::Ordering::Less => {
+                    t.put(table, key, value)?;
+                    out.written += 1;
+                    i += 1;
+                    key
+                }
+                std::cmp::Ordering::Greater => {
+                    t.delete(table, their_key)?;
+                    out.deleted += 1;
+                    j += 1;
+                    their_key
+                }
+                std::cmp::Ordering::Equal => {
+                    if value != their_value {
+                        t.put(table, key, value)?;
+                        out.written += 1;
+                    }
+                    i += 1;
+                    j += 1;
+                    key
+                }
+            },
+        };
+        last = Some(handled);
+    }
+    out.taken = i;
+    out.last = last.map(<[u8]>::to_vec);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_order_has_every_table_once_and_blobs_before_what_names_them() {
+        let order = copy_order();
+        let mut sorted = order;
+        sorted.sort();
+        let mut all = Table::ALL;
+        all.sort();
+        assert_eq!(sorted, all);
+        let pos = |t: Table| order.iter().position(|x| *x == t).unwrap();
+        for root in [
+            Table::Workflows,
+            Table::Pins,
+            Table::Threads,
+            Table::History,
+        ] {
+            assert!(pos(Table::Blobs) < pos(root), "{root}");
+        }
+        for index in [Table::HistoryIds, Table::Activity, Table::Children] {
+            assert!(pos(Table::Threads) < pos(index), "{index}");
+            assert!(pos(Table::History) < pos(index), "{index}");
+        }
+    }
+
+    fn rows(store: &Store, table: Table) -> Vec<Row> {
+        store
+            .read(|r| {
+                r.tables()
+                    .range(table, KeyRange::ALL, Direction::Forward)?
+                    .map(|e| e.map(|(k, v)| (k.into_owned(), v.into_owned())))
+                    .collect::<Result<Vec<_>, StoreError>>()
+            })
+            .unwrap()
+    }
+
+    fn fill(store: &Store, table: Table, rows: &[(&str, &str)]) {
+        store
+            .write(|w| {
+                for (k, v) in rows {
+                    w.tables_mut().put(table, k.as_bytes(), v.as_bytes())?;
+                }
+                Ok::<_, StoreError>(())
+            })
+            .unwrap();
+    }
+
+    /// The chunked merge makes any destination equal to the source, with
+    /// any chunk size: inserts, updates and deletes on either side of
+    /// every chunk boundary.
+    #[test]
+    fn a_table_is_reconciled_with_any_destination_and_any_chunk() {
+        let source = [("a", "1"), ("b", "3"), ("c", "3"), ("e", "5"), ("f", "6")];
+        let stale = [("0", "x"), ("a", "1"), ("b", "2"), ("d", "4"), ("e", "5")];
+        let destinations: [&[(&str, &str)]; 4] = [&[], &stale, &source, &[("z", "z")]];
+        let src = Store::memory();
+        fill(&src, Table::Workflows, &source);
+        for dest in destinations {
+            for (chunk_rows, chunk_bytes) in [(1, usize::MAX), (2, 3), (3, usize::MAX), (100, 1)] {
+                let dst = Store::memory();
+                fill(&dst, Table::Workflows, dest);
+                let copy = Copy {
+                    dst: &dst,
+                    from: "memory:",
+                    to: "memory:",
+                    chunk: Chunk {
+                        rows: chunk_rows,
+                        bytes: chunk_bytes,
+                    },
+                    cancel: None,
+                };
+                let mut handled = 0;
+                let report = src
+                    .read(|r| {
+                        Ok::<_, StoreError>(copy.table(r.tables(), Table::Workflows, &mut |n| {
+                            handled += n;
+                        }))
+                    })
+                    .unwrap()
+                    .unwrap();
+                let case = format!("{dest:?} in chunks of {chunk_rows} rows, {chunk_bytes} bytes");
+                assert_eq!(
+                    rows(&dst, Table::Workflows),
+                    rows(&src, Table::Workflows),
+                    "{case}"
+                );
+                assert_eq!(handled, 5, "{case}");
+                assert_eq!(report.rows, 5, "{case}");
+                let differing = source.iter().filter(|r| !dest.contains(r)).count() as u64;
+                let extra = dest
+                    .iter()
+                    .filter(|(k, _)| !source.iter().any(|(s, _)| s == k))
+                    .count() as u64;
+                assert_eq!(
+                    (report.written, report.deleted),
+                    (differing, extra),
+                    "{case}"
+                );
+                let digests = src.table_digests().unwrap();
+                let workflows = digests.iter().find(|d| d.table == Table::Workflows);
+                assert_eq!(workflows.map(|d| &d.digest), Some(&report.digest), "{case}");
+            }
+        }
+    }
+
+    #[test]
+    fn transient_meta_keys_are_not_copied_and_do_not_make_a_store_non_empty() {
+        let store = Store::memory();
+        fill(
+            &store,
+            Table::Meta,
+            &[(GC_EPOCH_KEY, "12345678"), (COPY_MARKER_KEY, "{}")],
+        );
+        assert_eq!(store.read(|r| first_content(r.tables())).unwrap(), None);
+        let meta = store.table_digests().unwrap()[0].clone();
+        assert_eq!(
+            (meta.table, meta.rows),
+            (Table::Meta, 1),
+            "format_version only"
+        );
+        fill(&store, Table::Meta, &[("retention", "7d")]);
+        let what = store.read(|r| first_content(r.tables())).unwrap();
+        assert_eq!(
+            what.as_deref(),
+            Some("its meta table has the setting 'retention'")
+        );
+    }
+}
