@@ -35,6 +35,16 @@ fn init_is_idempotent_and_read_commands_need_a_store(b: TestBackend) {
     assert_eq!(v["durability"], "sync");
     let o = cli.uwf(&["--durability", "none", "stats"]);
     assert!(stdout(&o).contains("NOT durable"), "{}", stdout(&o));
+    // LMDB's file, map and reader table are shown for LMDB only.
+    let text = stdout(&cli.uwf(&["stats"]));
+    let lmdb_lines = ["file size", "map ", "readers"].map(|l| text.contains(l));
+    match b {
+        TestBackend::Lmdb => assert_eq!(lmdb_lines, [true; 3], "{text}"),
+        _ => {
+            assert_eq!(lmdb_lines, [false; 3], "{text}");
+            assert!(text.contains("flushed by the server"), "{text}");
+        }
+    }
 }
 
 fn put_then_get_raw_hashes_to_the_hash(b: TestBackend) {

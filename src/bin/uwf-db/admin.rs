@@ -150,13 +150,18 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             a as f64 * 100.0 / b as f64
         }
     };
-    let durability = match s.durability {
-        uwf_db::Durability::Sync => "sync (every commit is flushed to disk)".to_owned(),
-        uwf_db::Durability::None => {
+    // A server backend has no file, map or reader table of its own.
+    let server = uwf_db::backend::is_postgres_url(&s.path.to_string_lossy());
+    let durability = match (s.durability, server) {
+        (uwf_db::Durability::Sync, false) => "sync (every commit is flushed to disk)".to_owned(),
+        (uwf_db::Durability::Sync, true) => {
+            "sync (every commit's WAL is flushed by the server before it returns)".to_owned()
+        }
+        (uwf_db::Durability::None, _) => {
             "none (NOT durable: a machine crash may lose recent commits)".to_owned()
         }
     };
-    out.table(&[
+    let mut rows = vec![
         ("store", s.path.display().to_string()),
         ("format version", s.format_version.to_string()),
         ("blobs", s.blob_count.to_string()),
@@ -166,9 +171,14 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ),
         ("workflows", s.workflows.to_string()),
         ("pins", s.pins.to_string()),
-        ("blob pages", output::human_size(s.blob_bytes)),
-        ("file size", output::human_size(s.file_size)),
         (
+            if server { "blob table" } else { "blob pages" },
+            output::human_size(s.blob_bytes),
+        ),
+    ];
+    if !server {
+        rows.push(("file size", output::human_size(s.file_size)));
+        rows.push((
             "map",
             format!(
                 "{} used of {} ({:.3}%){}",
@@ -181,13 +191,14 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
                     ""
                 }
             ),
-        ),
-        (
+        ));
+        rows.push((
             "readers",
             format!("{} slots used so far, of {}", s.readers, s.max_readers),
-        ),
-        ("durability", durability),
-    ])?;
+        ));
+    }
+    rows.push(("durability", durability));
+    out.table(&rows)?;
     if let Some(copy) = &s.unfinished_copy {
         out.line(format_args!(
             "this store is an UNFINISHED COPY of {} (started {}): rerun `uwf-db copy` to finish it \
