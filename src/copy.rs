@@ -610,7 +610,12 @@ impl Copy<'_> {
 
         let mut total = 0;
         for table in copy_order() {
-            total += src.count(table).map_err(|e| self.source_err(e))?;
+            total += match table {
+                // A few keys, some of which are not copied.
+                Table::Meta => moved_meta_keys(src),
+                _ => src.count(table),
+            }
+            .map_err(|e| self.source_err(e))?;
         }
         progress(CopyProgress::Started { total, resumed });
         let mut done = 0;
@@ -759,6 +764,15 @@ impl Copy<'_> {
             })
             .map_err(|e| self.dest_err(e))?
     }
+}
+
+/// How many `meta` rows a copy moves.
+fn moved_meta_keys(t: &dyn ReadTables) -> Result<u64, StoreError> {
+    let mut n = 0;
+    for entry in t.range(Table::Meta, KeyRange::ALL, Direction::Forward)? {
+        n += u64::from(copied(Table::Meta, &entry?.0));
+    }
+    Ok(n)
 }
 
 /// The first thing that makes a store non-empty: a row in any table but

@@ -362,6 +362,7 @@ fn any_chunk_size_gives_the_same_copy(b: TestBackend) {
     rich_store(&src, 20);
     for (chunk_rows, chunk_bytes) in [(1, usize::MAX), (7, usize::MAX), (1000, 1), (5, 700)] {
         let dst = Store::memory();
+        let mut last = None;
         let report = src
             .copy_to(
                 &dst,
@@ -370,10 +371,19 @@ fn any_chunk_size_gives_the_same_copy(b: TestBackend) {
                     chunk_bytes,
                     cancel: None,
                 },
-                |_| {},
+                |p| {
+                    if let CopyProgress::Copied { done, total, .. } = p {
+                        last = Some((done, total));
+                    }
+                },
             )
             .unwrap();
         assert_eq!(report.written, report.rows - 1);
+        assert_eq!(
+            last,
+            Some((report.rows, report.rows)),
+            "progress ends at its total"
+        );
         assert_same(&src, &dst);
     }
 }
