@@ -167,6 +167,7 @@ fn a_killed_runner_s_threads_are_finished_by_the_others(b: TestBackend) {
     let mut runners: Vec<Child> = (0..4).map(|_| runner(&env, &agent)).collect();
     let victim = runners.remove(0);
     let victim_pid = victim.id();
+    let survivors: Vec<u32> = runners.iter().map(Child::id).collect();
     // Midway: a third of the steps called, some of them by the victim.
     let started = Instant::now();
     loop {
@@ -202,9 +203,15 @@ fn a_killed_runner_s_threads_are_finished_by_the_others(b: TestBackend) {
     for (step, pids) in &per_step {
         if pids.len() > 1 {
             repeated += 1;
-            // The victim's call in flight, then one survivor's.
+            // The victim's call in flight, then one survivor's. (An agent
+            // the victim started just before it died may log its parent as
+            // init: what no survivor called, the victim did.)
             assert_eq!(pids.len(), 2, "{step:?} called by {pids:?}");
-            assert_eq!(pids.iter().filter(|p| **p == victim_pid).count(), 1);
+            let by_survivors = pids.iter().filter(|p| survivors.contains(p)).count();
+            assert_eq!(
+                by_survivors, 1,
+                "{step:?} called by {pids:?}; survivors {survivors:?}, victim {victim_pid}"
+            );
         }
     }
     assert!(
