@@ -14,15 +14,11 @@ use common::backend::TestBackend;
 use common::cli::*;
 use uwf_db::engine::StartOptions;
 use uwf_db::thread::{ThreadId, ThreadStatus};
-use uwf_db::workflow::parse_workflow;
 use uwf_db::{Durability, Store};
-
-const WORKFLOW: &str = "name: fleet\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
 
 /// Registers the workflow and starts `n` idle threads of it.
 fn idle_threads(store: &Store, n: usize) -> Vec<ThreadId> {
-    let wf = parse_workflow(WORKFLOW, Some("fleet"), &|_| false).unwrap();
-    let (hash, _) = store.add_workflow(&wf).unwrap();
+    let hash = common::two_roles(store, "fleet");
     (0..n)
         .map(|i| {
             store

@@ -26,10 +26,7 @@ use uwf_db::engine::batch::{BatchItem, BatchOptions};
 use uwf_db::engine::{Cancel, EngineError, StartOptions};
 use uwf_db::gc::GcOptions;
 use uwf_db::thread::{ThreadQuery, ThreadStatus};
-use uwf_db::workflow::parse_workflow;
 use uwf_db::{Durability, Store, StoreOptions};
-
-const WORKFLOW: &str = "name: two\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
 
 const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 
@@ -171,8 +168,7 @@ fn a_whole_workload_runs_behind_pgbouncer_in_transaction_mode() {
 
     // A batch: 8 driver threads, each claim a transaction pinned to a
     // server connection, every step through group commit.
-    let wf = parse_workflow(WORKFLOW, Some("two"), &|_| false).unwrap();
-    let (hash, _) = store.add_workflow(&wf).unwrap();
+    let hash = common::two_roles(&store, "two");
     let prompts: Vec<String> = (0..40).map(|i| format!("task {i}")).collect();
     let agents: Vec<Box<dyn Agent>> = (0..8).map(|_| Box::new(Echo) as Box<dyn Agent>).collect();
     let report = store

@@ -14,10 +14,7 @@ use common::{next, step};
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
 use uwf_db::engine::{Cancel, DriveOptions, EngineError, StartOptions};
 use uwf_db::thread::{ThreadError, ThreadStatus};
-use uwf_db::workflow::parse_workflow;
 use uwf_db::{Store, StoreError};
-
-const WORKFLOW: &str = "name: two\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
 
 /// Counts its calls.
 #[derive(Default)]
@@ -54,8 +51,7 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
     let url = test_store.store_arg().into_string().unwrap();
     let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
 
-    let wf = parse_workflow(WORKFLOW, Some("two"), &|_| false).unwrap();
-    let (hash, _) = a.add_workflow(&wf).unwrap();
+    let hash = common::two_roles(a, "two");
     let id = a
         .start_workflow(hash, "a task", &StartOptions::default())
         .unwrap()
@@ -150,8 +146,7 @@ fn an_open_claim_does_not_hold_back_vacuum() {
     let test_store = TestBackend::Postgres.fast();
     let url = test_store.store_arg().into_string().unwrap();
     let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    let wf = parse_workflow(WORKFLOW, Some("two"), &|_| false).unwrap();
-    let (hash, _) = test_store.add_workflow(&wf).unwrap();
+    let hash = common::two_roles(&test_store, "two");
     let id = test_store
         .start_workflow(hash, "a task", &StartOptions::default())
         .unwrap()

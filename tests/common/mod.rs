@@ -202,3 +202,14 @@ pub fn append_n(store: &Store, id: ThreadId, n: usize) -> ThreadRecord {
     }
     rec
 }
+
+/// A two-role workflow, `writer` then `reviewer` then `$END`, every edge
+/// the default status `_` (so any plain-text reply moves it on).
+pub const TWO_ROLES: &str = "name: two\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+
+/// Registers [`TWO_ROLES`] named `name`; returns its hash.
+pub fn two_roles(store: &Store, name: &str) -> Hash {
+    let yaml = TWO_ROLES.replacen("name: two", &format!("name: {name}"), 1);
+    let wf = uwf_db::workflow::parse_workflow(&yaml, Some(name), &|_| false).unwrap();
+    store.add_workflow(&wf).unwrap().0
+}
