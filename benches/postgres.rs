@@ -27,6 +27,7 @@
 mod common;
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -35,10 +36,10 @@ use std::time::{Duration, Instant};
 
 use common::{Comparison, raw_env, report, scale, scratch_dir, time};
 use heed::types::Bytes;
-use postgres::types::Type;
+use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
 use uwf_db::backend::memory::MemoryBackend;
-use uwf_db::backend::postgres::PostgresBackend;
+use uwf_db::backend::postgres::{PostgresBackend, WRITER_LOCK};
 use uwf_db::backend::{
     Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
     WriteTables,
@@ -170,13 +171,16 @@ fn print_settings() {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Op {
+    /// A point read (captured in write transactions, for replaying the
+    /// store's whole statement sequence).
+    Get,
     Put,
     Insert,
     Delete,
 }
 
-/// One write a transaction made (a put, an insert that wrote, a delete
-/// that deleted).
+/// One operation of a write transaction: a get, a put, an insert that
+/// wrote, a delete that deleted.
 #[derive(Debug, Clone)]
 struct Write {
     op: Op,
@@ -264,7 +268,7 @@ struct CountedRead<'a> {
 struct CountedWrite<'a> {
     t: Box<dyn WriteTables + 'a>,
     log: &'a Mutex<Log>,
-    writes: Vec<Write>,
+    writes: RefCell<Vec<Write>>,
 }
 
 /// A range whose rows are counted; adds its queries when dropped.
@@ -296,10 +300,21 @@ impl Drop for CountedRange<'_> {
 fn counted_get<'t>(
     t: &'t dyn ReadTables,
     log: &Mutex<Log>,
+    trace: Option<&RefCell<Vec<Write>>>,
     table: Table,
     key: &[u8],
 ) -> Result<Option<Cow<'t, [u8]>>, StoreError> {
-    log.lock().unwrap().counts.gets += 1;
+    let mut log = log.lock().unwrap();
+    log.counts.gets += 1;
+    if let Some(trace) = trace.filter(|_| log.capture) {
+        trace.borrow_mut().push(Write {
+            op: Op::Get,
+            table,
+            key: key.to_vec(),
+            value: Vec::new(),
+        });
+    }
+    drop(log);
     t.get(table, key)
 }
 
@@ -325,7 +340,7 @@ fn counted_count(t: &dyn ReadTables, log: &Mutex<Log>, table: Table) -> Result<u
 
 impl ReadTables for CountedRead<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
-        counted_get(&*self.t, self.log, table, key)
+        counted_get(&*self.t, self.log, None, table, key)
     }
     fn range(
         &self,
@@ -342,7 +357,7 @@ impl ReadTables for CountedRead<'_> {
 
 impl ReadTables for CountedWrite<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
-        counted_get(&*self.t, self.log, table, key)
+        counted_get(&*self.t, self.log, Some(&self.writes), table, key)
     }
     fn range(
         &self,
@@ -362,7 +377,7 @@ impl CountedWrite<'_> {
         let mut log = self.log.lock().unwrap();
         log.counts.writes += 1;
         if log.capture {
-            self.writes.push(Write {
+            self.writes.get_mut().push(Write {
                 op,
                 table,
                 key: key.to_vec(),
@@ -401,7 +416,7 @@ impl WriteTables for CountedWrite<'_> {
         me.t.commit()?;
         let mut log = me.log.lock().unwrap();
         if log.capture {
-            log.txns.push(me.writes);
+            log.txns.push(me.writes.into_inner());
         }
         Ok(())
     }
@@ -420,7 +435,7 @@ impl Backend for Counted {
         Ok(Box::new(CountedWrite {
             t: self.inner.begin_write()?,
             log: &self.log,
-            writes: Vec::new(),
+            writes: RefCell::new(Vec::new()),
         }))
     }
     fn location(&self) -> &str {
@@ -566,56 +581,127 @@ fn capture_appends(n: usize) -> (Vec<Vec<Write>>, Vec<Vec<Write>>) {
     (txns, steps)
 }
 
-/// The raw statements of each write, prepared once.
+/// How the raw side sends a captured step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// The writes only, as prepared statements between `BEGIN` and
+    /// `COMMIT`: the baseline.
+    Writes,
+    /// The store's reads and writes in the store's order, as prepared
+    /// statements.
+    ReadsAndWrites,
+    /// The backend's SQL and writer lock, as prepared statements.
+    ProtocolPrepared,
+    /// The store's statements as the backend sends them: its SQL, unnamed
+    /// (`query_typed`), the writer lock taken in `BEGIN`.
+    Protocol,
+}
+
+/// A raw client with the statements of every operation, prepared once.
 struct RawPg {
     client: Client,
-    statements: HashMap<(Op, Table), postgres::Statement>,
+    prepared: HashMap<(Op, Table), postgres::Statement>,
+    /// The backend's SQL, for [`Replay::Protocol`].
+    backend_sql: HashMap<(Op, Table), String>,
+    /// The same, prepared.
+    backend_prepared: HashMap<(Op, Table), postgres::Statement>,
 }
 
 impl RawPg {
     fn new(url: &str) -> RawPg {
         let mut client = Client::connect(url, NoTls).unwrap();
-        let mut statements = HashMap::new();
+        let mut prepared = HashMap::new();
+        let mut backend_sql = HashMap::new();
+        let mut backend_prepared = HashMap::new();
         for table in Table::ALL {
             let name = format!("uwf_{}", table.name());
-            for (op, sql, types) in [
-                (
-                    Op::Put,
-                    format!(
-                        "INSERT INTO {name} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-                    ),
-                    &[Type::BYTEA, Type::BYTEA][..],
-                ),
+            let upsert = format!(
+                "INSERT INTO {name} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+            );
+            let get = format!("SELECT v FROM {name} WHERE k = $1");
+            for (op, raw, backend) in [
+                (Op::Get, get.clone(), get),
+                (Op::Put, upsert.clone(), upsert),
                 (
                     Op::Insert,
                     format!("INSERT INTO {name} (k, v) VALUES ($1, $2)"),
-                    &[Type::BYTEA, Type::BYTEA][..],
+                    format!(
+                        "INSERT INTO {name} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1"
+                    ),
                 ),
                 (
                     Op::Delete,
                     format!("DELETE FROM {name} WHERE k = $1"),
-                    &[Type::BYTEA][..],
+                    format!("DELETE FROM {name} WHERE k = $1 RETURNING 1"),
                 ),
             ] {
-                let s = client.prepare_typed(&sql, types).unwrap();
-                statements.insert((op, table), s);
+                let types = match op {
+                    Op::Get | Op::Delete => &[Type::BYTEA][..],
+                    Op::Put | Op::Insert => &[Type::BYTEA, Type::BYTEA][..],
+                };
+                prepared.insert((op, table), client.prepare_typed(&raw, types).unwrap());
+                backend_prepared.insert((op, table), client.prepare_typed(&backend, types).unwrap());
+                backend_sql.insert((op, table), backend);
             }
         }
-        RawPg { client, statements }
+        RawPg {
+            client,
+            prepared,
+            backend_sql,
+            backend_prepared,
+        }
     }
 
-    /// One transaction per entry of `txns`, one statement per write.
-    fn replay(&mut self, txns: &[Vec<Write>]) {
-        for writes in txns {
-            let mut tx = self.client.transaction().unwrap();
-            for w in writes {
-                let s = &self.statements[&(w.op, w.table)];
-                match w.op {
-                    Op::Delete => tx.execute(s, &[&w.key]).unwrap(),
-                    _ => tx.execute(s, &[&w.key, &w.value]).unwrap(),
-                };
+    /// One transaction per entry of `txns`.
+    fn replay(&mut self, txns: &[Vec<Write>], mode: Replay) {
+        let begin = match mode {
+            Replay::Protocol | Replay::ProtocolPrepared => format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
+            ),
+            _ => "BEGIN".to_owned(),
+        };
+        for ops in txns {
+            let c = &mut self.client;
+            c.batch_execute(&begin).unwrap();
+            for w in ops {
+                let key: (&(dyn ToSql + Sync), Type) = (&w.key, Type::BYTEA);
+                let value: (&(dyn ToSql + Sync), Type) = (&w.value, Type::BYTEA);
+                match (mode, w.op) {
+                    (Replay::Writes, Op::Get) => {}
+                    (Replay::Protocol, Op::Get | Op::Delete) => {
+                        c.query_typed(&self.backend_sql[&(w.op, w.table)], &[key])
+                            .unwrap();
+                    }
+                    (Replay::Protocol, _) => {
+                        c.query_typed(&self.backend_sql[&(w.op, w.table)], &[key, value])
+                            .unwrap();
+                    }
+                    (Replay::ProtocolPrepared, Op::Get | Op::Delete) => {
+                        c.query(&self.backend_prepared[&(w.op, w.table)], &[&w.key])
+                            .unwrap();
+                    }
+                    (Replay::ProtocolPrepared, _) => {
+                        c.query(
+                            &self.backend_prepared[&(w.op, w.table)],
+                            &[&w.key, &w.value],
+                        )
+                        .unwrap();
+                    }
+                    (_, Op::Get) => {
+                        c.query(&self.prepared[&(w.op, w.table)], &[&w.key])
+                            .unwrap();
+                    }
+                    (_, Op::Delete) => {
+                        c.execute(&self.prepared[&(w.op, w.table)], &[&w.key])
+                            .unwrap();
+                    }
+                    (_, Op::Put | Op::Insert) => {
+                        c.execute(&self.prepared[&(w.op, w.table)], &[&w.key, &w.value])
+                            .unwrap();
+                    }
+                }
             }
-            tx.commit().unwrap();
+            c.batch_execute("COMMIT").unwrap();
         }
     }
 }
@@ -631,6 +717,7 @@ fn replay_heed(
         for x in writes {
             let db = dbs[x.table.index()];
             match x.op {
+                Op::Get => {}
                 Op::Delete => {
                     db.delete(&mut w, &x.key).unwrap();
                 }
@@ -641,29 +728,110 @@ fn replay_heed(
     }
 }
 
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One run of `n` captured steps replayed raw on a fresh database.
+fn raw_append(n: usize, mode: Replay) -> Duration {
+    let (setup, steps) = capture_appends(n);
+    let db = Db::create("append_raw");
+    // The schema, as the backend creates it.
+    drop(db.open(Durability::Sync));
+    let mut raw = RawPg::new(&db.url);
+    raw.replay(&setup, Replay::Writes);
+    time(|| raw.replay(&steps, mode))
+}
+
+/// Durable `append_step` on PostgreSQL against raw replays of the same
+/// steps: the goal's baseline (the writes), and three that add back what
+/// the store sends (its reads; its SQL and writer lock; its unnamed
+/// statements), so the ratio's gap is split into its causes. Each round
+/// runs the five in
+/// rotating order on fresh databases; medians of `reps` rounds.
+fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
+    let store_run = || {
+        let db = Db::create("append");
+        let store = db.open(Durability::Sync);
+        let t = start(&store, "review");
+        time(|| {
+            grow(&store, t.id, t.head, n);
+        })
+    };
+    let runs: [&dyn Fn() -> Duration; 5] = [
+        &store_run,
+        &|| raw_append(n, Replay::Writes),
+        &|| raw_append(n, Replay::ReadsAndWrites),
+        &|| raw_append(n, Replay::ProtocolPrepared),
+        &|| raw_append(n, Replay::Protocol),
+    ];
+    for run in runs {
+        run();
+    }
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); runs.len()];
+    for r in 0..reps {
+        for k in 0..runs.len() {
+            let i = (k + r) % runs.len();
+            times[i].push(runs[i]());
+        }
+    }
+    let medians: Vec<Duration> = times.into_iter().map(median).collect();
+    let [store, writes, reads, protocol_prepared, protocol]: [Duration; 5] =
+        medians.try_into().unwrap();
+    let row = |name: &str, subject, baseline| Comparison {
+        name: name.to_owned(),
+        ops: n as u64,
+        subject,
+        baseline,
+    };
+    vec![
+        row(
+            "PostgreSQL: durable append_step, one step per txn, vs raw postgres-crate txns writing the same rows (prepared)",
+            store,
+            writes,
+        ),
+        row(
+            "(context) raw: the store's reads and writes, prepared, vs the writes alone",
+            reads,
+            writes,
+        ),
+        row(
+            "(context) raw: the store's SQL and writer lock, prepared, vs the writes alone",
+            protocol_prepared,
+            writes,
+        ),
+        row(
+            "(context) raw: the store's exact statements (unnamed, writer lock) vs the writes alone",
+            protocol,
+            writes,
+        ),
+        row(
+            "(context) append_step vs raw replay of its exact statements (the store's own work)",
+            store,
+            protocol,
+        ),
+    ]
+}
+
+/// What one step does at the storage boundary, by operation and table.
+fn print_step_breakdown() {
+    let (_, steps) = capture_appends(20);
+    let mut by: BTreeMap<(String, &str), usize> = BTreeMap::new();
+    for w in steps.iter().flatten() {
+        *by.entry((format!("{:?}", w.op).to_lowercase(), w.table.name()))
+            .or_default() += 1;
+    }
+    let parts: Vec<String> = by
+        .iter()
+        .map(|((op, table), n)| format!("{op} {table} ×{}", *n as f64 / steps.len() as f64))
+        .collect();
+    println!("(one append_step at the storage boundary: {})", parts.join(", "));
+}
+
 fn append_bench(n_pg: usize, n_lmdb: usize) -> Vec<Comparison> {
-    let pg = Comparison::run(
-        "PostgreSQL: durable append_step, one step per txn, vs raw postgres-crate txns of the same rows",
-        n_pg as u64,
-        3,
-        || {
-            let db = Db::create("append");
-            let store = db.open(Durability::Sync);
-            let t = start(&store, "review");
-            time(|| {
-                grow(&store, t.id, t.head, n_pg);
-            })
-        },
-        || {
-            let (setup, steps) = capture_appends(n_pg);
-            let db = Db::create("append_raw");
-            // The schema, as the backend creates it.
-            drop(db.open(Durability::Sync));
-            let mut raw = RawPg::new(&db.url);
-            raw.replay(&setup);
-            time(|| raw.replay(&steps))
-        },
-    );
+    print_step_breakdown();
+    let mut rows = append_pg(n_pg, 3);
     let lmdb = Comparison::run(
         "LMDB: durable append_step, one step per txn, vs raw heed txns of the same rows",
         n_lmdb as u64,
@@ -690,7 +858,8 @@ fn append_bench(n_pg: usize, n_lmdb: usize) -> Vec<Comparison> {
             time(|| replay_heed(&env, &dbs, &steps))
         },
     );
-    vec![pg, lmdb]
+    rows.push(lmdb);
+    rows
 }
 
 // ---------------------------------------------------------------------------
