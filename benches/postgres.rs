@@ -646,7 +646,8 @@ impl RawPg {
                     Op::Put | Op::Insert => &[Type::BYTEA, Type::BYTEA][..],
                 };
                 prepared.insert((op, table), client.prepare_typed(&raw, types).unwrap());
-                backend_prepared.insert((op, table), client.prepare_typed(&backend, types).unwrap());
+                backend_prepared
+                    .insert((op, table), client.prepare_typed(&backend, types).unwrap());
                 backend_sql.insert((op, table), backend);
             }
         }
@@ -832,16 +833,19 @@ fn print_step_breakdown() {
         .iter()
         .map(|((op, table), n)| format!("{op} {table} ×{}", *n as f64 / steps.len() as f64))
         .collect();
-    println!("(one append_step at the storage boundary: {})", parts.join(", "));
+    println!(
+        "(one append_step at the storage boundary: {})",
+        parts.join(", ")
+    );
 }
 
 fn append_bench(n_pg: usize, n_lmdb: usize) -> Vec<Comparison> {
     print_step_breakdown();
-    let mut rows = append_pg(n_pg, 3);
+    let mut rows = append_pg(n_pg, 5);
     let lmdb = Comparison::run(
         "LMDB: durable append_step, one step per txn, vs raw heed txns of the same rows",
         n_lmdb as u64,
-        3,
+        5,
         || {
             let dir = scratch_dir("pg-append-lmdb");
             let store = Store::open(dir.path(), options(Durability::Sync)).unwrap();
@@ -944,11 +948,7 @@ fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> (Duration, 
     let wall = t0.elapsed();
     let (mut steps, mut groups) = (0u64, 0u64);
     for o in &outputs {
-        assert!(
-            o.status.success(),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let stdout = String::from_utf8_lossy(&o.stdout);
         let last = stdout.lines().last().unwrap();
         let v: serde_json::Value = serde_json::from_str(last).unwrap();
@@ -1127,7 +1127,9 @@ fn log_bench(steps: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Co
     let (counted_store, log) = db.open_counted();
     let c = count_ops(&log, || {
         counted_store
-            .visit_log(long.id, 50, None, |_, _| Ok::<_, uwf_db::thread::ThreadError>(()))
+            .visit_log(long.id, 50, None, |_, _| {
+                Ok::<_, uwf_db::thread::ThreadError>(())
+            })
             .unwrap();
     });
     ops.push((format!("newest 50 steps of a {steps}-step thread"), c));
@@ -1238,9 +1240,7 @@ fn list_bench(threads: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String,
 
 fn print_ops(ops: &[(String, Counts)]) {
     println!("\n## statements per operation on PostgreSQL (counted at the storage boundary)\n");
-    println!(
-        "| operation | txns | point gets | writes | range scans (rows read) | round trips |"
-    );
+    println!("| operation | txns | point gets | writes | range scans (rows read) | round trips |");
     println!("|---|---:|---:|---:|---:|---:|");
     for (what, c) in ops {
         println!(
