@@ -601,6 +601,13 @@ enum Replay {
     /// The store's statements as the backend sends them: its SQL, unnamed
     /// (`query_typed`), the writer lock taken in `BEGIN`.
     Protocol,
+    /// What-if: [`Replay::Protocol`] without a point read of a key the
+    /// transaction already wrote or read (the blobs a step has just
+    /// inserted, the head it has just read).
+    ProtocolNoRereads,
+    /// What-if: [`Replay::ProtocolNoRereads`] with the writes held back
+    /// and sent with `COMMIT`, in one round trip (one simple query).
+    Batched,
 }
 
 /// A raw client with the statements of every operation, prepared once.
@@ -662,7 +669,10 @@ impl RawPg {
     /// One transaction per entry of `txns`.
     fn replay(&mut self, txns: &[Vec<Write>], mode: Replay) {
         let begin = match mode {
-            Replay::Protocol | Replay::ProtocolPrepared => format!(
+            Replay::Protocol
+            | Replay::ProtocolPrepared
+            | Replay::ProtocolNoRereads
+            | Replay::Batched => format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
             ),
             _ => "BEGIN".to_owned(),
@@ -670,7 +680,21 @@ impl RawPg {
         for ops in txns {
             let c = &mut self.client;
             c.batch_execute(&begin).unwrap();
+            let mut seen = std::collections::HashSet::new();
+            let mut held = String::new();
             for w in ops {
+                let first = seen.insert((w.table, &w.key));
+                let mode = match mode {
+                    Replay::ProtocolNoRereads | Replay::Batched if w.op == Op::Get && !first => {
+                        continue;
+                    }
+                    Replay::Batched if w.op != Op::Get => {
+                        held.push_str(&literal_sql(w));
+                        continue;
+                    }
+                    Replay::ProtocolNoRereads | Replay::Batched => Replay::Protocol,
+                    m => m,
+                };
                 let key: (&(dyn ToSql + Sync), Type) = (&w.key, Type::BYTEA);
                 let value: (&(dyn ToSql + Sync), Type) = (&w.value, Type::BYTEA);
                 match (mode, w.op) {
@@ -708,8 +732,36 @@ impl RawPg {
                     }
                 }
             }
-            c.batch_execute("COMMIT").unwrap();
+            held.push_str("COMMIT");
+            c.batch_execute(&held).unwrap();
         }
+    }
+}
+
+/// `'\x…'`: bytes as a bytea literal.
+fn hex_literal(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(2 * bytes.len() + 4);
+    s.push_str("'\\x");
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s.push('\'');
+    s
+}
+
+/// A write as one SQL statement with literal values (the backend's SQL).
+fn literal_sql(w: &Write) -> String {
+    let table = format!("uwf_{}", w.table.name());
+    let (k, v) = (hex_literal(&w.key), hex_literal(&w.value));
+    match w.op {
+        Op::Get => String::new(),
+        Op::Put => format!(
+            "INSERT INTO {table} (k, v) VALUES ({k}, {v}) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v; "
+        ),
+        Op::Insert => {
+            format!("INSERT INTO {table} (k, v) VALUES ({k}, {v}) ON CONFLICT (k) DO NOTHING; ")
+        }
+        Op::Delete => format!("DELETE FROM {table} WHERE k = {k}; "),
     }
 }
 
@@ -752,11 +804,12 @@ fn raw_append(n: usize, mode: Replay) -> Duration {
 }
 
 /// Durable `append_step` on PostgreSQL against raw replays of the same
-/// steps: the goal's baseline (the writes), and three that add back what
-/// the store sends (its reads; its SQL and writer lock; its unnamed
-/// statements), so the ratio's gap is split into its causes. Each round
-/// runs the five in
-/// rotating order on fresh databases; medians of `reps` rounds.
+/// steps: the goal's baseline (the writes), three that add back what the
+/// store sends (its reads; its SQL and writer lock; its unnamed
+/// statements), so the ratio's gap is split into its causes, and two
+/// what-ifs (the store's statements less its re-reads; and with its writes
+/// sent with `COMMIT`). Each round runs the seven in rotating order on
+/// fresh databases; medians of `reps` rounds.
 fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
     let store_run = || {
         let db = Db::create("append");
@@ -766,12 +819,14 @@ fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
             grow(&store, t.id, t.head, n);
         })
     };
-    let runs: [&dyn Fn() -> Duration; 5] = [
+    let runs: [&dyn Fn() -> Duration; 7] = [
         &store_run,
         &|| raw_append(n, Replay::Writes),
         &|| raw_append(n, Replay::ReadsAndWrites),
         &|| raw_append(n, Replay::ProtocolPrepared),
         &|| raw_append(n, Replay::Protocol),
+        &|| raw_append(n, Replay::ProtocolNoRereads),
+        &|| raw_append(n, Replay::Batched),
     ];
     for run in runs {
         run();
@@ -784,8 +839,15 @@ fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
         }
     }
     let medians: Vec<Duration> = times.into_iter().map(median).collect();
-    let [store, writes, reads, protocol_prepared, protocol]: [Duration; 5] =
-        medians.try_into().unwrap();
+    let [
+        store,
+        writes,
+        reads,
+        protocol_prepared,
+        protocol,
+        no_rereads,
+        batched,
+    ]: [Duration; 7] = medians.try_into().unwrap();
     let row = |name: &str, subject, baseline| Comparison {
         name: name.to_owned(),
         ops: n as u64,
@@ -817,6 +879,16 @@ fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
             "(context) append_step vs raw replay of its exact statements (the store's own work)",
             store,
             protocol,
+        ),
+        row(
+            "(what-if) raw: the store's exact statements less re-reads of keys the txn already wrote or read, vs the writes alone",
+            no_rereads,
+            writes,
+        ),
+        row(
+            "(what-if) raw: the same with the writes sent with COMMIT in one round trip, vs the writes alone",
+            batched,
+            writes,
         ),
     ]
 }
