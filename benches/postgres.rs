@@ -5,7 +5,9 @@
 //!   crate transaction writing the same rows (goal ≥ 0.5×); beside it LMDB
 //!   vs a raw heed transaction writing the same rows. The rows are the
 //!   writes the store makes, captured from an in-memory store doing the
-//!   same steps;
+//!   same steps. Further raw replays add back what the store sends (its
+//!   reads, its SQL and writer lock, unnamed statements) to split the gap
+//!   into its causes, and two what-ifs measure proposed fixes;
 //! - group commit from 1, 2 and 4 `uwf-db batch` processes sharing one
 //!   store: total steps/s and the scaling factor against one process;
 //! - the newest 50 steps of a 10,000-step thread and the first page of 50
