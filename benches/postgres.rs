@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Comparison, raw_env, report, scale, scratch_dir, time};
 use heed::types::Bytes;
@@ -189,6 +189,144 @@ struct Write {
     table: Table,
     key: Vec<u8>,
     value: Vec<u8>,
+    /// For a thread record written to `threads` or `history`: the typed
+    /// columns PostgreSQL keeps beside the bytes (schema version 2).
+    cols: Option<Cols>,
+}
+
+/// The typed columns of a thread record, as the PostgreSQL backend writes
+/// them beside `k` and `v` of `uwf_threads` and `uwf_history`
+/// (`backend/postgres/columns.rs`), so the raw side writes the same rows.
+#[derive(Debug, Clone)]
+struct Cols {
+    id: String,
+    status: &'static str,
+    workflow: String,
+    created_at: SystemTime,
+    updated_at: SystemTime,
+    completed_at: Option<SystemTime>,
+    head: String,
+    seq: i64,
+    parent_thread: Option<String>,
+    last_error: Option<String>,
+    /// The three times in ms, for SQL literals.
+    ms: (u64, u64, Option<u64>),
+}
+
+/// The typed columns of `table` (none but for the two thread tables).
+fn col_names(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Threads => &[
+            "id",
+            "status",
+            "workflow",
+            "created_at",
+            "updated_at",
+            "head",
+            "seq",
+            "parent_thread",
+            "last_error",
+        ],
+        Table::History => &[
+            "id",
+            "status",
+            "workflow",
+            "created_at",
+            "updated_at",
+            "completed_at",
+            "head",
+            "seq",
+            "parent_thread",
+            "last_error",
+        ],
+        _ => &[],
+    }
+}
+
+fn col_type(name: &str) -> Type {
+    match name {
+        "created_at" | "updated_at" | "completed_at" => Type::TIMESTAMPTZ,
+        "seq" => Type::INT8,
+        _ => Type::TEXT,
+    }
+}
+
+/// A string as an SQL literal (standard-conforming strings).
+fn text_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+impl Cols {
+    fn of(r: &ThreadRecord) -> Cols {
+        let time = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        Cols {
+            id: r.id.to_string(),
+            status: r.status.as_str(),
+            workflow: r.workflow.clone(),
+            created_at: time(r.created_at),
+            updated_at: time(r.updated_at),
+            completed_at: r.completed_at.map(time),
+            head: r.head.to_string(),
+            seq: i64::try_from(r.seq).unwrap(),
+            parent_thread: r.parent_thread.map(|p| p.to_string()),
+            last_error: r.last_error.clone(),
+            ms: (r.created_at, r.updated_at, r.completed_at),
+        }
+    }
+
+    fn value(&self, name: &str) -> &(dyn ToSql + Sync) {
+        match name {
+            "id" => &self.id,
+            "status" => &self.status,
+            "workflow" => &self.workflow,
+            "created_at" => &self.created_at,
+            "updated_at" => &self.updated_at,
+            "completed_at" => &self.completed_at,
+            "head" => &self.head,
+            "seq" => &self.seq,
+            "parent_thread" => &self.parent_thread,
+            "last_error" => &self.last_error,
+            _ => unreachable!("{name}"),
+        }
+    }
+
+    fn literal(&self, name: &str) -> String {
+        let time = |ms: u64| format!("to_timestamp({ms}::double precision / 1000)");
+        let opt = |v: &Option<String>| v.as_deref().map_or("NULL".into(), text_literal);
+        match name {
+            "id" => text_literal(&self.id),
+            "status" => text_literal(self.status),
+            "workflow" => text_literal(&self.workflow),
+            "created_at" => time(self.ms.0),
+            "updated_at" => time(self.ms.1),
+            "completed_at" => self.ms.2.map_or("NULL".into(), time),
+            "head" => text_literal(&self.head),
+            "seq" => self.seq.to_string(),
+            "parent_thread" => opt(&self.parent_thread),
+            "last_error" => opt(&self.last_error),
+            _ => unreachable!("{name}"),
+        }
+    }
+}
+
+impl Write {
+    /// The parameters of its statement: the key; for a put or an insert
+    /// also the value and the typed columns.
+    fn params(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        let mut p: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&self.key, Type::BYTEA)];
+        if matches!(self.op, Op::Put | Op::Insert) {
+            p.push((&self.value, Type::BYTEA));
+            let names = col_names(self.table);
+            if !names.is_empty() {
+                let cols = self
+                    .cols
+                    .as_ref()
+                    .expect("a thread record without its columns");
+                p.extend(names.iter().map(|n| (cols.value(n), col_type(n))));
+            }
+        }
+        p
+    }
 }
 
 /// Storage operations, counted at the boundary.
@@ -314,6 +452,7 @@ fn counted_get<'t>(
             table,
             key: key.to_vec(),
             value: Vec::new(),
+            cols: None,
         });
     }
     drop(log);
@@ -384,6 +523,7 @@ impl CountedWrite<'_> {
                 table,
                 key: key.to_vec(),
                 value: value.to_vec(),
+                cols: None,
             });
         }
     }
@@ -580,9 +720,28 @@ fn start_many(store: &Store, n: usize) {
 /// from an in-memory store: (the setup transactions, one per step).
 fn capture_appends(n: usize) -> (Vec<Vec<Write>>, Vec<Vec<Write>>) {
     let (store, log) = counted(Arc::new(MemoryBackend::new()), true);
+    // The record each write transaction left, for the typed columns of
+    // its writes to `threads`.
+    let with_cols = |record: &ThreadRecord| {
+        let mut log = log.lock().unwrap();
+        for w in log.txns.last_mut().unwrap() {
+            if !col_names(w.table).is_empty() && w.op != Op::Delete && w.op != Op::Get {
+                w.cols = Some(Cols::of(record));
+            }
+        }
+    };
     let t = start(&store, "review");
+    with_cols(&t);
     let setup = log.lock().unwrap().txns.len();
-    grow(&store, t.id, t.head, n);
+    let mut head = t.head;
+    for i in 0..n {
+        let written = store
+            .low_level()
+            .append_step(t.id, head, step(i), next())
+            .unwrap();
+        with_cols(&written.record);
+        head = written.record.head;
+    }
     let mut txns = std::mem::take(&mut log.lock().unwrap().txns);
     let steps = txns.split_off(setup);
     assert_eq!(steps.len(), n);
@@ -630,19 +789,23 @@ impl RawPg {
         let mut backend_prepared = HashMap::new();
         for table in Table::ALL {
             let name = format!("uwf_{}", table.name());
-            let upsert = format!(
-                "INSERT INTO {name} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-            );
+            let cols = col_names(table);
+            let columns: String = cols.iter().map(|c| format!(", {c}")).collect();
+            let values: String = (3..cols.len() + 3).map(|i| format!(", ${i}")).collect();
+            let updates: String = cols
+                .iter()
+                .map(|c| format!(", {c} = EXCLUDED.{c}"))
+                .collect();
+            let insert = format!("INSERT INTO {name} (k, v{columns}) VALUES ($1, $2{values})");
+            let upsert = format!("{insert} ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}");
             let get = format!("SELECT v FROM {name} WHERE k = $1");
             for (op, raw, backend) in [
                 (Op::Get, get.clone(), get),
                 (Op::Put, upsert.clone(), upsert),
                 (
                     Op::Insert,
-                    format!("INSERT INTO {name} (k, v) VALUES ($1, $2)"),
-                    format!(
-                        "INSERT INTO {name} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1"
-                    ),
+                    insert.clone(),
+                    format!("{insert} ON CONFLICT (k) DO NOTHING RETURNING 1"),
                 ),
                 (
                     Op::Delete,
@@ -650,13 +813,14 @@ impl RawPg {
                     format!("DELETE FROM {name} WHERE k = $1 RETURNING 1"),
                 ),
             ] {
-                let types = match op {
-                    Op::Get | Op::Delete => &[Type::BYTEA][..],
-                    Op::Put | Op::Insert => &[Type::BYTEA, Type::BYTEA][..],
-                };
-                prepared.insert((op, table), client.prepare_typed(&raw, types).unwrap());
+                let mut types = vec![Type::BYTEA];
+                if matches!(op, Op::Put | Op::Insert) {
+                    types.push(Type::BYTEA);
+                    types.extend(cols.iter().map(|c| col_type(c)));
+                }
+                prepared.insert((op, table), client.prepare_typed(&raw, &types).unwrap());
                 backend_prepared
-                    .insert((op, table), client.prepare_typed(&backend, types).unwrap());
+                    .insert((op, table), client.prepare_typed(&backend, &types).unwrap());
                 backend_sql.insert((op, table), backend);
             }
         }
@@ -697,40 +861,23 @@ impl RawPg {
                     Replay::ProtocolNoRereads | Replay::Batched => Replay::Protocol,
                     m => m,
                 };
-                let key: (&(dyn ToSql + Sync), Type) = (&w.key, Type::BYTEA);
-                let value: (&(dyn ToSql + Sync), Type) = (&w.value, Type::BYTEA);
+                let typed = w.params();
+                let plain: Vec<&(dyn ToSql + Sync)> = typed.iter().map(|(v, _)| *v).collect();
+                let statement = (w.op, w.table);
                 match (mode, w.op) {
                     (Replay::Writes, Op::Get) => {}
-                    (Replay::Protocol, Op::Get | Op::Delete) => {
-                        c.query_typed(&self.backend_sql[&(w.op, w.table)], &[key])
-                            .unwrap();
-                    }
                     (Replay::Protocol, _) => {
-                        c.query_typed(&self.backend_sql[&(w.op, w.table)], &[key, value])
-                            .unwrap();
-                    }
-                    (Replay::ProtocolPrepared, Op::Get | Op::Delete) => {
-                        c.query(&self.backend_prepared[&(w.op, w.table)], &[&w.key])
+                        c.query_typed(&self.backend_sql[&statement], &typed)
                             .unwrap();
                     }
                     (Replay::ProtocolPrepared, _) => {
-                        c.query(
-                            &self.backend_prepared[&(w.op, w.table)],
-                            &[&w.key, &w.value],
-                        )
-                        .unwrap();
+                        c.query(&self.backend_prepared[&statement], &plain).unwrap();
                     }
                     (_, Op::Get) => {
-                        c.query(&self.prepared[&(w.op, w.table)], &[&w.key])
-                            .unwrap();
+                        c.query(&self.prepared[&statement], &plain).unwrap();
                     }
-                    (_, Op::Delete) => {
-                        c.execute(&self.prepared[&(w.op, w.table)], &[&w.key])
-                            .unwrap();
-                    }
-                    (_, Op::Put | Op::Insert) => {
-                        c.execute(&self.prepared[&(w.op, w.table)], &[&w.key, &w.value])
-                            .unwrap();
+                    (_, _) => {
+                        c.execute(&self.prepared[&statement], &plain).unwrap();
                     }
                 }
             }
@@ -755,14 +902,20 @@ fn hex_literal(bytes: &[u8]) -> String {
 fn literal_sql(w: &Write) -> String {
     let table = format!("uwf_{}", w.table.name());
     let (k, v) = (hex_literal(&w.key), hex_literal(&w.value));
+    let names = col_names(w.table);
+    let (mut columns, mut values, mut updates) = (String::new(), String::new(), String::new());
+    if let Some(cols) = w.cols.as_ref().filter(|_| !names.is_empty()) {
+        for n in names {
+            columns.push_str(&format!(", {n}"));
+            values.push_str(&format!(", {}", cols.literal(n)));
+            updates.push_str(&format!(", {n} = EXCLUDED.{n}"));
+        }
+    }
+    let insert = format!("INSERT INTO {table} (k, v{columns}) VALUES ({k}, {v}{values})");
     match w.op {
         Op::Get => String::new(),
-        Op::Put => format!(
-            "INSERT INTO {table} (k, v) VALUES ({k}, {v}) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v; "
-        ),
-        Op::Insert => {
-            format!("INSERT INTO {table} (k, v) VALUES ({k}, {v}) ON CONFLICT (k) DO NOTHING; ")
-        }
+        Op::Put => format!("{insert} ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}; "),
+        Op::Insert => format!("{insert} ON CONFLICT (k) DO NOTHING; "),
         Op::Delete => format!("DELETE FROM {table} WHERE k = {k}; "),
     }
 }
@@ -970,10 +1123,12 @@ fn uwf() -> Command {
     c
 }
 
-/// One fleet run: `procs` processes of `uwf-db batch --jobs JOBS`, each on
-/// its own `threads / procs` prompts of the review scenario (4 steps a
-/// thread), on a fresh store. Returns (wall time, steps, average group).
+/// One fleet run: `procs` processes of `uwf-db batch --jobs JOBS/procs`,
+/// each on its own `threads / procs` prompts of the review scenario (4
+/// steps a thread), on a fresh store. Returns (wall time, steps, average
+/// group).
 fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> (Duration, u64, f64) {
+    let jobs = jobs / procs;
     let store = if pg {
         FleetStore::Pg(Db::create("fleet"))
     } else {
@@ -1069,8 +1224,9 @@ fn fleet_bench(threads_pg: usize, threads_lmdb: usize, jobs: usize) {
     let lmdb = fleet(false, threads_lmdb, jobs, reps);
     println!("\n## group commit: `uwf-db batch` processes sharing one store (durable)\n");
     println!(
-        "each process: `batch review --prompts (its share) --agent script:examples/review.scenario.yaml --jobs {jobs}` \
-         (4 steps a thread); PostgreSQL {threads_pg} threads in all, LMDB {threads_lmdb}; \
+        "each process: `batch review --prompts (its share) --agent script:examples/review.scenario.yaml --jobs {jobs}/N` \
+         (N processes, {jobs} drivers in all, as a store's connections allow: a PostgreSQL runner holds about 2 per job; \
+         4 steps a thread); PostgreSQL {threads_pg} threads in all, LMDB {threads_lmdb}; \
          wall time from the first spawn to the last exit; median of {reps} rounds\n"
     );
     println!(
