@@ -1,0 +1,1528 @@
+//! Bench `postgres` (issue 9; SPEC §9–§10): the PostgreSQL backend, each
+//! figure against a baseline measured in the same run, with the LMDB figure
+//! beside it:
+//! - durable `append_step`, one step per transaction, vs a raw `postgres`
+//!   crate transaction writing the same rows (goal ≥ 0.5×); beside it LMDB
+//!   vs a raw heed transaction writing the same rows. The rows are the
+//!   writes the store makes, captured from an in-memory store doing the
+//!   same steps. Further raw replays add back what the store sends (its
+//!   reads, its SQL and writer lock, unnamed statements) to split the gap
+//!   into its causes, and two what-ifs measure proposed fixes;
+//! - group commit from 1, 2 and 4 `uwf-db batch` processes sharing one
+//!   store: total steps/s and the scaling factor against one process;
+//! - the newest 50 steps of a 10,000-step thread and the first page of 50
+//!   of `list_threads` at 100,000 threads, each against the same on a small
+//!   thread or store (goal: O(page), a ratio near 1), and the newest 50
+//!   against 50 raw `SELECT`s of the same keys;
+//! - the statements (round trips) each operation sends, counted at the
+//!   storage boundary, and the server's settings.
+//!
+//! The server: `UWF_BENCH_POSTGRES`, else `UWF_TEST_POSTGRES`, else
+//! `postgres://root@127.0.0.1:5432/postgres` (a URL whose user may
+//! `CREATE DATABASE`). Every store is a database made for it
+//! (`uwf_bench_…`), dropped afterwards. With no server reachable the bench
+//! says so on stderr and measures nothing.
+//!
+//! Run: `cargo bench --bench postgres [-- SECTION…]` (sections: `append`,
+//! `fleet`, `log`, `list`; default all). `UWF_BENCH_SCALE=0.1` shrinks it.
+
+mod common;
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Comparison, raw_env, report, scale, scratch_dir, time};
+use heed::types::Bytes;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, NoTls};
+use uwf_db::backend::memory::MemoryBackend;
+use uwf_db::backend::postgres::{PostgresBackend, WRITER_LOCK};
+use uwf_db::backend::{
+    Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
+    WriteTables,
+};
+use uwf_db::thread::{NewThread, Next, StepWrite, ThreadId, ThreadQuery, ThreadRecord};
+use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
+
+const DEFAULT_POSTGRES: &str = "postgres://root@127.0.0.1:5432/postgres";
+
+/// Rows the backend fetches per round trip of a range scan
+/// (`backend/postgres`'s `PAGE`).
+const PG_PAGE: u64 = 512;
+
+fn admin_url() -> String {
+    std::env::var("UWF_BENCH_POSTGRES")
+        .or_else(|_| std::env::var("UWF_TEST_POSTGRES"))
+        .unwrap_or_else(|_| DEFAULT_POSTGRES.to_owned())
+}
+
+// ---------------------------------------------------------------------------
+// Databases
+
+/// A database made for one store, dropped (with any session on it) when
+/// this goes.
+struct Db {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl Db {
+    fn create(tag: &str) -> Db {
+        let admin = admin_url();
+        let name = format!(
+            "uwf_bench_{tag}_{}",
+            ThreadId::generate().to_string().to_lowercase()
+        );
+        let mut client = Client::connect(&admin, NoTls).unwrap();
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let url = match admin.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("the PostgreSQL URL must end in /DATABASE: {admin}"),
+        };
+        Db { admin, name, url }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.url, NoTls).unwrap()
+    }
+
+    fn open(&self, durability: Durability) -> Store {
+        Store::open_location(&self.url, options(durability)).unwrap()
+    }
+
+    /// A handle whose storage operations are counted.
+    fn open_counted(&self) -> (Store, Arc<Mutex<Log>>) {
+        let backend = PostgresBackend::connect(&self.url, Durability::None, true).unwrap();
+        counted(Arc::new(backend), false)
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Ok(mut client) = Client::connect(&self.admin, NoTls) {
+            let _ = client.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+fn options(durability: Durability) -> StoreOptions {
+    StoreOptions {
+        durability,
+        ..StoreOptions::default()
+    }
+}
+
+/// Whether the server answers; if not, says so loudly.
+fn reachable() -> bool {
+    let url = admin_url();
+    match Client::connect(&url, NoTls) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!(
+                "\n!!! PostgreSQL NOT REACHABLE at {url} ({e}): the `postgres` bench did NOT run.\n\
+                 !!! Start a server or point UWF_BENCH_POSTGRES (or UWF_TEST_POSTGRES) at one\n\
+                 !!! (a URL whose user may CREATE DATABASE).\n"
+            );
+            false
+        }
+    }
+}
+
+/// Prints the server settings that bound these figures.
+fn print_settings() {
+    let mut client = Client::connect(&admin_url(), NoTls).unwrap();
+    println!("\n## PostgreSQL settings\n");
+    println!("| setting | value |");
+    println!("|---|---|");
+    for name in [
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "wal_sync_method",
+        "full_page_writes",
+        "shared_buffers",
+        "wal_buffers",
+        "commit_delay",
+        "max_wal_size",
+        "checkpoint_timeout",
+    ] {
+        let row = client.query_one(&format!("SHOW {name}"), &[]).unwrap();
+        let value: String = row.get(0);
+        println!("| {name} | {value} |");
+    }
+    println!(
+        "\nserver {} (same machine; connections over TCP on localhost); durability `sync` is \
+         the server's `synchronous_commit`, `none` sets it off per session",
+        admin_url()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Counting the storage operations (and capturing the writes)
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Op {
+    /// A point read (captured in write transactions, for replaying the
+    /// store's whole statement sequence).
+    Get,
+    Put,
+    Insert,
+    Delete,
+}
+
+/// One operation of a write transaction: a get, a put, an insert that
+/// wrote, a delete that deleted.
+#[derive(Debug, Clone)]
+struct Write {
+    op: Op,
+    table: Table,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    /// For a thread record written to `threads` or `history`: the typed
+    /// columns PostgreSQL keeps beside the bytes (schema version 2).
+    cols: Option<Cols>,
+}
+
+/// The typed columns of a thread record, as the PostgreSQL backend writes
+/// them beside `k` and `v` of `uwf_threads` and `uwf_history`
+/// (`backend/postgres/columns.rs`), so the raw side writes the same rows.
+#[derive(Debug, Clone)]
+struct Cols {
+    id: String,
+    status: &'static str,
+    workflow: String,
+    created_at: SystemTime,
+    updated_at: SystemTime,
+    completed_at: Option<SystemTime>,
+    head: String,
+    seq: i64,
+    parent_thread: Option<String>,
+    last_error: Option<String>,
+    /// The three times in ms, for SQL literals.
+    ms: (u64, u64, Option<u64>),
+}
+
+/// The typed columns of `table` (none but for the two thread tables).
+fn col_names(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Threads => &[
+            "id",
+            "status",
+            "workflow",
+            "created_at",
+            "updated_at",
+            "head",
+            "seq",
+            "parent_thread",
+            "last_error",
+        ],
+        Table::History => &[
+            "id",
+            "status",
+            "workflow",
+            "created_at",
+            "updated_at",
+            "completed_at",
+            "head",
+            "seq",
+            "parent_thread",
+            "last_error",
+        ],
+        _ => &[],
+    }
+}
+
+fn col_type(name: &str) -> Type {
+    match name {
+        "created_at" | "updated_at" | "completed_at" => Type::TIMESTAMPTZ,
+        "seq" => Type::INT8,
+        _ => Type::TEXT,
+    }
+}
+
+/// A string as an SQL literal (standard-conforming strings).
+fn text_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+impl Cols {
+    fn of(r: &ThreadRecord) -> Cols {
+        let time = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        Cols {
+            id: r.id.to_string(),
+            status: r.status.as_str(),
+            workflow: r.workflow.clone(),
+            created_at: time(r.created_at),
+            updated_at: time(r.updated_at),
+            completed_at: r.completed_at.map(time),
+            head: r.head.to_string(),
+            seq: i64::try_from(r.seq).unwrap(),
+            parent_thread: r.parent_thread.map(|p| p.to_string()),
+            last_error: r.last_error.clone(),
+            ms: (r.created_at, r.updated_at, r.completed_at),
+        }
+    }
+
+    fn value(&self, name: &str) -> &(dyn ToSql + Sync) {
+        match name {
+            "id" => &self.id,
+            "status" => &self.status,
+            "workflow" => &self.workflow,
+            "created_at" => &self.created_at,
+            "updated_at" => &self.updated_at,
+            "completed_at" => &self.completed_at,
+            "head" => &self.head,
+            "seq" => &self.seq,
+            "parent_thread" => &self.parent_thread,
+            "last_error" => &self.last_error,
+            _ => unreachable!("{name}"),
+        }
+    }
+
+    fn literal(&self, name: &str) -> String {
+        let time = |ms: u64| format!("to_timestamp({ms}::double precision / 1000)");
+        let opt = |v: &Option<String>| v.as_deref().map_or("NULL".into(), text_literal);
+        match name {
+            "id" => text_literal(&self.id),
+            "status" => text_literal(self.status),
+            "workflow" => text_literal(&self.workflow),
+            "created_at" => time(self.ms.0),
+            "updated_at" => time(self.ms.1),
+            "completed_at" => self.ms.2.map_or("NULL".into(), time),
+            "head" => text_literal(&self.head),
+            "seq" => self.seq.to_string(),
+            "parent_thread" => opt(&self.parent_thread),
+            "last_error" => opt(&self.last_error),
+            _ => unreachable!("{name}"),
+        }
+    }
+}
+
+impl Write {
+    /// The parameters of its statement: the key; for a put or an insert
+    /// also the value and the typed columns.
+    fn params(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        let mut p: Vec<(&(dyn ToSql + Sync), Type)> = vec![(&self.key, Type::BYTEA)];
+        if matches!(self.op, Op::Put | Op::Insert) {
+            p.push((&self.value, Type::BYTEA));
+            let names = col_names(self.table);
+            if !names.is_empty() {
+                let cols = self
+                    .cols
+                    .as_ref()
+                    .expect("a thread record without its columns");
+                p.extend(names.iter().map(|n| (cols.value(n), col_type(n))));
+            }
+        }
+        p
+    }
+}
+
+/// Storage operations, counted at the boundary.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    read_txns: u64,
+    write_txns: u64,
+    gets: u64,
+    writes: u64,
+    counts: u64,
+    ranges: u64,
+    range_rows: u64,
+    /// Range queries the PostgreSQL backend sends: one per `PG_PAGE` rows
+    /// read, at least one per range.
+    range_queries: u64,
+}
+
+impl Counts {
+    /// Round trips on the PostgreSQL backend: each transaction's `BEGIN`
+    /// (with the writer lock, one simple query) and its end, and one
+    /// statement per operation.
+    fn round_trips(&self) -> u64 {
+        2 * (self.read_txns + self.write_txns)
+            + self.gets
+            + self.writes
+            + self.counts
+            + self.range_queries
+    }
+
+    fn minus(&self, o: &Counts) -> Counts {
+        Counts {
+            read_txns: self.read_txns - o.read_txns,
+            write_txns: self.write_txns - o.write_txns,
+            gets: self.gets - o.gets,
+            writes: self.writes - o.writes,
+            counts: self.counts - o.counts,
+            ranges: self.ranges - o.ranges,
+            range_rows: self.range_rows - o.range_rows,
+            range_queries: self.range_queries - o.range_queries,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    counts: Counts,
+    /// Keep every committed write transaction's writes in `txns`.
+    capture: bool,
+    txns: Vec<Vec<Write>>,
+}
+
+/// A backend that counts every operation of the one it wraps and can
+/// capture the writes of each committed transaction.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<dyn Backend>,
+    log: Arc<Mutex<Log>>,
+}
+
+/// A store on `inner` whose operations are counted (and its writes
+/// captured when `capture`).
+fn counted(inner: Arc<dyn Backend>, capture: bool) -> (Store, Arc<Mutex<Log>>) {
+    let log = Arc::new(Mutex::new(Log {
+        capture,
+        ..Log::default()
+    }));
+    let store = Store::from_backend(Counted {
+        inner,
+        log: Arc::clone(&log),
+    });
+    (store, log)
+}
+
+struct CountedRead<'a> {
+    t: Box<dyn ReadTables + 'a>,
+    log: &'a Mutex<Log>,
+}
+
+struct CountedWrite<'a> {
+    t: Box<dyn WriteTables + 'a>,
+    log: &'a Mutex<Log>,
+    writes: RefCell<Vec<Write>>,
+}
+
+/// A range whose rows are counted; adds its queries when dropped.
+struct CountedRange<'t> {
+    inner: Entries<'t>,
+    log: &'t Mutex<Log>,
+    rows: u64,
+}
+
+impl<'t> Iterator for CountedRange<'t> {
+    type Item = Result<Entry<'t>, StoreError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.inner.next();
+        if item.is_some() {
+            self.rows += 1;
+        }
+        item
+    }
+}
+
+impl Drop for CountedRange<'_> {
+    fn drop(&mut self) {
+        let mut log = self.log.lock().unwrap();
+        log.counts.range_rows += self.rows;
+        log.counts.range_queries += self.rows / PG_PAGE + 1;
+    }
+}
+
+fn counted_get<'t>(
+    t: &'t dyn ReadTables,
+    log: &Mutex<Log>,
+    trace: Option<&RefCell<Vec<Write>>>,
+    table: Table,
+    key: &[u8],
+) -> Result<Option<Cow<'t, [u8]>>, StoreError> {
+    let mut log = log.lock().unwrap();
+    log.counts.gets += 1;
+    if let Some(trace) = trace.filter(|_| log.capture) {
+        trace.borrow_mut().push(Write {
+            op: Op::Get,
+            table,
+            key: key.to_vec(),
+            value: Vec::new(),
+            cols: None,
+        });
+    }
+    drop(log);
+    t.get(table, key)
+}
+
+fn counted_range<'t>(
+    t: &'t dyn ReadTables,
+    log: &'t Mutex<Log>,
+    table: Table,
+    range: KeyRange<'_>,
+    direction: Direction,
+) -> Result<Entries<'t>, StoreError> {
+    log.lock().unwrap().counts.ranges += 1;
+    Ok(Box::new(CountedRange {
+        inner: t.range(table, range, direction)?,
+        log,
+        rows: 0,
+    }))
+}
+
+fn counted_count(t: &dyn ReadTables, log: &Mutex<Log>, table: Table) -> Result<u64, StoreError> {
+    log.lock().unwrap().counts.counts += 1;
+    t.count(table)
+}
+
+impl ReadTables for CountedRead<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        counted_get(&*self.t, self.log, None, table, key)
+    }
+    fn range(
+        &self,
+        table: Table,
+        range: KeyRange<'_>,
+        direction: Direction,
+    ) -> Result<Entries<'_>, StoreError> {
+        counted_range(&*self.t, self.log, table, range, direction)
+    }
+    fn count(&self, table: Table) -> Result<u64, StoreError> {
+        counted_count(&*self.t, self.log, table)
+    }
+}
+
+impl ReadTables for CountedWrite<'_> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        counted_get(&*self.t, self.log, Some(&self.writes), table, key)
+    }
+    fn range(
+        &self,
+        table: Table,
+        range: KeyRange<'_>,
+        direction: Direction,
+    ) -> Result<Entries<'_>, StoreError> {
+        counted_range(&*self.t, self.log, table, range, direction)
+    }
+    fn count(&self, table: Table) -> Result<u64, StoreError> {
+        counted_count(&*self.t, self.log, table)
+    }
+}
+
+impl CountedWrite<'_> {
+    fn record(&mut self, op: Op, table: Table, key: &[u8], value: &[u8]) {
+        let mut log = self.log.lock().unwrap();
+        log.counts.writes += 1;
+        if log.capture {
+            self.writes.get_mut().push(Write {
+                op,
+                table,
+                key: key.to_vec(),
+                value: value.to_vec(),
+                cols: None,
+            });
+        }
+    }
+}
+
+impl WriteTables for CountedWrite<'_> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        self.t.put(table, key, value)?;
+        self.record(Op::Put, table, key, value);
+        Ok(())
+    }
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        let wrote = self.t.insert(table, key, value)?;
+        if wrote {
+            self.record(Op::Insert, table, key, value);
+        } else {
+            self.log.lock().unwrap().counts.writes += 1;
+        }
+        Ok(wrote)
+    }
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+        let deleted = self.t.delete(table, key)?;
+        if deleted {
+            self.record(Op::Delete, table, key, &[]);
+        } else {
+            self.log.lock().unwrap().counts.writes += 1;
+        }
+        Ok(deleted)
+    }
+    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        let me = *self;
+        me.t.commit()?;
+        let mut log = me.log.lock().unwrap();
+        if log.capture {
+            log.txns.push(me.writes.into_inner());
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Counted {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+        self.log.lock().unwrap().counts.read_txns += 1;
+        Ok(Box::new(CountedRead {
+            t: self.inner.begin_read()?,
+            log: &self.log,
+        }))
+    }
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+        self.log.lock().unwrap().counts.write_txns += 1;
+        Ok(Box::new(CountedWrite {
+            t: self.inner.begin_write()?,
+            log: &self.log,
+            writes: RefCell::new(Vec::new()),
+        }))
+    }
+    fn location(&self) -> &str {
+        self.inner.location()
+    }
+    fn dir(&self) -> Option<&Path> {
+        self.inner.dir()
+    }
+    fn durability(&self) -> Durability {
+        self.inner.durability()
+    }
+    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        self.inner.try_lock_claim(id)
+    }
+    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+        self.inner.claim_locked(id)
+    }
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        self.inner.try_lock_gc()
+    }
+    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+        self.inner.storage_stats()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The storage operations `f` makes through a counted store.
+fn count_ops(log: &Mutex<Log>, f: impl FnOnce()) -> Counts {
+    let before = log.lock().unwrap().counts;
+    f();
+    log.lock().unwrap().counts.minus(&before)
+}
+
+// ---------------------------------------------------------------------------
+// Threads and steps (as in the `threads` bench)
+
+fn placeholder_workflow(store: &Store, name: &str) -> Hash {
+    store
+        .put(&Blob::Workflow(WorkflowNode {
+            definition: Value::Map(BTreeMap::from([(
+                "name".to_owned(),
+                Value::Str(name.into()),
+            )])),
+        }))
+        .unwrap()
+}
+
+fn new_thread(wf: Hash, name: &str, prompt: String) -> NewThread {
+    NewThread {
+        workflow: name.into(),
+        workflow_hash: wf,
+        prompt,
+        max_rounds: 1_000_000,
+        depth: 0,
+        parent_state: None,
+        parent_thread: None,
+        next_role: "developer".into(),
+        next_instruction: "Implement the change".into(),
+        agent: None,
+    }
+}
+
+fn start(store: &Store, name: &str) -> ThreadRecord {
+    let wf = placeholder_workflow(store, name);
+    store
+        .low_level()
+        .start_thread(new_thread(
+            wf,
+            name,
+            "Implement the change described in the issue".into(),
+        ))
+        .unwrap()
+}
+
+fn step(i: usize) -> StepWrite {
+    StepWrite {
+        role: "developer".into(),
+        meta: BTreeMap::from([("$status".to_owned(), Value::Str("review_needed".into()))]),
+        reply: format!(
+            "Step {i}: implemented the change, added tests, and updated the documentation."
+        ),
+        artifacts: vec![],
+        instruction: format!("Review round {i}: address the comments"),
+        child_thread: None,
+    }
+}
+
+fn next() -> Next {
+    Next::Role {
+        role: "reviewer".into(),
+        instruction: "Review the change".into(),
+    }
+}
+
+/// Appends `n` steps (one transaction each).
+fn grow(store: &Store, id: ThreadId, head: Hash, n: usize) -> Hash {
+    grow_from(store, id, head, 0..n)
+}
+
+/// Appends the steps `steps` (one transaction each): a range that no
+/// earlier step used gives content not yet stored.
+fn grow_from(store: &Store, id: ThreadId, mut head: Hash, steps: std::ops::Range<usize>) -> Hash {
+    for i in steps {
+        head = store
+            .low_level()
+            .append_step(id, head, step(i), next())
+            .unwrap()
+            .record
+            .head;
+    }
+    head
+}
+
+/// Starts `n` threads through group commit from 16 writer threads.
+fn start_many(store: &Store, n: usize) {
+    let wf = placeholder_workflow(store, "wf");
+    let writers = 16;
+    store.group_commit(0, |g| {
+        std::thread::scope(|s| {
+            for w in 0..writers {
+                s.spawn(move || {
+                    for i in (w..n).step_by(writers) {
+                        let name = if i % 2 == 0 { "review" } else { "plan" };
+                        g.low_level()
+                            .start_thread(new_thread(wf, name, format!("task {i}")))
+                            .unwrap();
+                    }
+                });
+            }
+        });
+    });
+}
+
+// ---------------------------------------------------------------------------
+// 1. Durable append
+
+/// The writes of starting a thread and appending `n` steps to it, captured
+/// from an in-memory store: (the setup transactions, one per step).
+fn capture_appends(n: usize) -> (Vec<Vec<Write>>, Vec<Vec<Write>>) {
+    let (store, log) = counted(Arc::new(MemoryBackend::new()), true);
+    // The record each write transaction left, for the typed columns of
+    // its writes to `threads`.
+    let with_cols = |record: &ThreadRecord| {
+        let mut log = log.lock().unwrap();
+        for w in log.txns.last_mut().unwrap() {
+            if !col_names(w.table).is_empty() && w.op != Op::Delete && w.op != Op::Get {
+                w.cols = Some(Cols::of(record));
+            }
+        }
+    };
+    let t = start(&store, "review");
+    with_cols(&t);
+    let setup = log.lock().unwrap().txns.len();
+    let mut head = t.head;
+    for i in 0..n {
+        let written = store
+            .low_level()
+            .append_step(t.id, head, step(i), next())
+            .unwrap();
+        with_cols(&written.record);
+        head = written.record.head;
+    }
+    let mut txns = std::mem::take(&mut log.lock().unwrap().txns);
+    let steps = txns.split_off(setup);
+    assert_eq!(steps.len(), n);
+    (txns, steps)
+}
+
+/// How the raw side sends a captured step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// The writes only, as prepared statements between `BEGIN` and
+    /// `COMMIT`: the baseline.
+    Writes,
+    /// The store's reads and writes in the store's order, as prepared
+    /// statements.
+    ReadsAndWrites,
+    /// The backend's SQL and writer lock, as prepared statements.
+    ProtocolPrepared,
+    /// The store's statements as the backend sends them: its SQL, unnamed
+    /// (`query_typed`), the writer lock taken in `BEGIN`.
+    Protocol,
+    /// What-if: [`Replay::Protocol`] without a point read of a key the
+    /// transaction already wrote or read (the blobs a step has just
+    /// inserted, the head it has just read).
+    ProtocolNoRereads,
+    /// What-if: [`Replay::ProtocolNoRereads`] with the writes held back
+    /// and sent with `COMMIT`, in one round trip (one simple query).
+    Batched,
+}
+
+/// A raw client with the statements of every operation, prepared once.
+struct RawPg {
+    client: Client,
+    prepared: HashMap<(Op, Table), postgres::Statement>,
+    /// The backend's SQL, for [`Replay::Protocol`].
+    backend_sql: HashMap<(Op, Table), String>,
+    /// The same, prepared.
+    backend_prepared: HashMap<(Op, Table), postgres::Statement>,
+}
+
+impl RawPg {
+    fn new(url: &str) -> RawPg {
+        let mut client = Client::connect(url, NoTls).unwrap();
+        let mut prepared = HashMap::new();
+        let mut backend_sql = HashMap::new();
+        let mut backend_prepared = HashMap::new();
+        for table in Table::ALL {
+            let name = format!("uwf_{}", table.name());
+            let cols = col_names(table);
+            let columns: String = cols.iter().map(|c| format!(", {c}")).collect();
+            let values: String = (3..cols.len() + 3).map(|i| format!(", ${i}")).collect();
+            let updates: String = cols
+                .iter()
+                .map(|c| format!(", {c} = EXCLUDED.{c}"))
+                .collect();
+            let insert = format!("INSERT INTO {name} (k, v{columns}) VALUES ($1, $2{values})");
+            let upsert = format!("{insert} ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}");
+            let get = format!("SELECT v FROM {name} WHERE k = $1");
+            for (op, raw, backend) in [
+                (Op::Get, get.clone(), get),
+                (Op::Put, upsert.clone(), upsert),
+                (
+                    Op::Insert,
+                    insert.clone(),
+                    format!("{insert} ON CONFLICT (k) DO NOTHING RETURNING 1"),
+                ),
+                (
+                    Op::Delete,
+                    format!("DELETE FROM {name} WHERE k = $1"),
+                    format!("DELETE FROM {name} WHERE k = $1 RETURNING 1"),
+                ),
+            ] {
+                let mut types = vec![Type::BYTEA];
+                if matches!(op, Op::Put | Op::Insert) {
+                    types.push(Type::BYTEA);
+                    types.extend(cols.iter().map(|c| col_type(c)));
+                }
+                prepared.insert((op, table), client.prepare_typed(&raw, &types).unwrap());
+                backend_prepared
+                    .insert((op, table), client.prepare_typed(&backend, &types).unwrap());
+                backend_sql.insert((op, table), backend);
+            }
+        }
+        RawPg {
+            client,
+            prepared,
+            backend_sql,
+            backend_prepared,
+        }
+    }
+
+    /// One transaction per entry of `txns`.
+    fn replay(&mut self, txns: &[Vec<Write>], mode: Replay) {
+        let begin = match mode {
+            Replay::Protocol
+            | Replay::ProtocolPrepared
+            | Replay::ProtocolNoRereads
+            | Replay::Batched => format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
+            ),
+            _ => "BEGIN".to_owned(),
+        };
+        for ops in txns {
+            let c = &mut self.client;
+            c.batch_execute(&begin).unwrap();
+            let mut seen = std::collections::HashSet::new();
+            let mut held = String::new();
+            for w in ops {
+                let first = seen.insert((w.table, &w.key));
+                let mode = match mode {
+                    Replay::ProtocolNoRereads | Replay::Batched if w.op == Op::Get && !first => {
+                        continue;
+                    }
+                    Replay::Batched if w.op != Op::Get => {
+                        held.push_str(&literal_sql(w));
+                        continue;
+                    }
+                    Replay::ProtocolNoRereads | Replay::Batched => Replay::Protocol,
+                    m => m,
+                };
+                let typed = w.params();
+                let plain: Vec<&(dyn ToSql + Sync)> = typed.iter().map(|(v, _)| *v).collect();
+                let statement = (w.op, w.table);
+                match (mode, w.op) {
+                    (Replay::Writes, Op::Get) => {}
+                    (Replay::Protocol, _) => {
+                        c.query_typed(&self.backend_sql[&statement], &typed)
+                            .unwrap();
+                    }
+                    (Replay::ProtocolPrepared, _) => {
+                        c.query(&self.backend_prepared[&statement], &plain).unwrap();
+                    }
+                    (_, Op::Get) => {
+                        c.query(&self.prepared[&statement], &plain).unwrap();
+                    }
+                    (_, _) => {
+                        c.execute(&self.prepared[&statement], &plain).unwrap();
+                    }
+                }
+            }
+            held.push_str("COMMIT");
+            c.batch_execute(&held).unwrap();
+        }
+    }
+}
+
+/// `'\x…'`: bytes as a bytea literal.
+fn hex_literal(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(2 * bytes.len() + 4);
+    s.push_str("'\\x");
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s.push('\'');
+    s
+}
+
+/// A write as one SQL statement with literal values (the backend's SQL).
+fn literal_sql(w: &Write) -> String {
+    let table = format!("uwf_{}", w.table.name());
+    let (k, v) = (hex_literal(&w.key), hex_literal(&w.value));
+    let names = col_names(w.table);
+    let (mut columns, mut values, mut updates) = (String::new(), String::new(), String::new());
+    if let Some(cols) = w.cols.as_ref().filter(|_| !names.is_empty()) {
+        for n in names {
+            columns.push_str(&format!(", {n}"));
+            values.push_str(&format!(", {}", cols.literal(n)));
+            updates.push_str(&format!(", {n} = EXCLUDED.{n}"));
+        }
+    }
+    let insert = format!("INSERT INTO {table} (k, v{columns}) VALUES ({k}, {v}{values})");
+    match w.op {
+        Op::Get => String::new(),
+        Op::Put => format!("{insert} ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}; "),
+        Op::Insert => format!("{insert} ON CONFLICT (k) DO NOTHING; "),
+        Op::Delete => format!("DELETE FROM {table} WHERE k = {k}; "),
+    }
+}
+
+/// Replays `txns` into a raw heed environment, one durable transaction each.
+fn replay_heed(
+    env: &heed::Env<heed::WithoutTls>,
+    dbs: &[heed::Database<Bytes, Bytes>],
+    txns: &[Vec<Write>],
+) {
+    for writes in txns {
+        let mut w = env.write_txn().unwrap();
+        for x in writes {
+            let db = dbs[x.table.index()];
+            match x.op {
+                Op::Get => {}
+                Op::Delete => {
+                    db.delete(&mut w, &x.key).unwrap();
+                }
+                _ => db.put(&mut w, &x.key, &x.value).unwrap(),
+            }
+        }
+        w.commit().unwrap();
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// One run of `n` captured steps replayed raw on a fresh database.
+fn raw_append(n: usize, mode: Replay) -> Duration {
+    let (setup, steps) = capture_appends(n);
+    let db = Db::create("append_raw");
+    // The schema, as the backend creates it.
+    drop(db.open(Durability::Sync));
+    let mut raw = RawPg::new(&db.url);
+    raw.replay(&setup, Replay::Writes);
+    time(|| raw.replay(&steps, mode))
+}
+
+/// Durable `append_step` on PostgreSQL against raw replays of the same
+/// steps: the goal's baseline (the writes), three that add back what the
+/// store sends (its reads; its SQL and writer lock; its unnamed
+/// statements), so the ratio's gap is split into its causes, and two
+/// what-ifs (the store's statements less its re-reads; and with its writes
+/// sent with `COMMIT`). Each round runs the seven in rotating order on
+/// fresh databases; medians of `reps` rounds.
+fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
+    let store_run = || {
+        let db = Db::create("append");
+        let store = db.open(Durability::Sync);
+        let t = start(&store, "review");
+        time(|| {
+            grow(&store, t.id, t.head, n);
+        })
+    };
+    let runs: [&dyn Fn() -> Duration; 7] = [
+        &store_run,
+        &|| raw_append(n, Replay::Writes),
+        &|| raw_append(n, Replay::ReadsAndWrites),
+        &|| raw_append(n, Replay::ProtocolPrepared),
+        &|| raw_append(n, Replay::Protocol),
+        &|| raw_append(n, Replay::ProtocolNoRereads),
+        &|| raw_append(n, Replay::Batched),
+    ];
+    for run in runs {
+        run();
+    }
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); runs.len()];
+    for r in 0..reps {
+        for k in 0..runs.len() {
+            let i = (k + r) % runs.len();
+            times[i].push(runs[i]());
+        }
+    }
+    let medians: Vec<Duration> = times.into_iter().map(median).collect();
+    let [
+        store,
+        writes,
+        reads,
+        protocol_prepared,
+        protocol,
+        no_rereads,
+        batched,
+    ]: [Duration; 7] = medians.try_into().unwrap();
+    let row = |name: &str, subject, baseline| Comparison {
+        name: name.to_owned(),
+        ops: n as u64,
+        subject,
+        baseline,
+    };
+    vec![
+        row(
+            "PostgreSQL: durable append_step, one step per txn, vs raw postgres-crate txns writing the same rows (prepared)",
+            store,
+            writes,
+        ),
+        row(
+            "(context) raw: the store's reads and writes, prepared, vs the writes alone",
+            reads,
+            writes,
+        ),
+        row(
+            "(context) raw: the store's SQL and writer lock, prepared, vs the writes alone",
+            protocol_prepared,
+            writes,
+        ),
+        row(
+            "(context) raw: the store's exact statements (unnamed, writer lock) vs the writes alone",
+            protocol,
+            writes,
+        ),
+        row(
+            "(context) append_step vs raw replay of its exact statements (the store's own work)",
+            store,
+            protocol,
+        ),
+        row(
+            "(what-if) raw: the store's exact statements less re-reads of keys the txn already wrote or read, vs the writes alone",
+            no_rereads,
+            writes,
+        ),
+        row(
+            "(what-if) raw: the same with the writes sent with COMMIT in one round trip, vs the writes alone",
+            batched,
+            writes,
+        ),
+    ]
+}
+
+/// What one step does at the storage boundary, by operation and table.
+fn print_step_breakdown() {
+    let (_, steps) = capture_appends(20);
+    let mut by: BTreeMap<(String, &str), usize> = BTreeMap::new();
+    for w in steps.iter().flatten() {
+        *by.entry((format!("{:?}", w.op).to_lowercase(), w.table.name()))
+            .or_default() += 1;
+    }
+    let parts: Vec<String> = by
+        .iter()
+        .map(|((op, table), n)| format!("{op} {table} ×{}", *n as f64 / steps.len() as f64))
+        .collect();
+    println!(
+        "(one append_step at the storage boundary: {})",
+        parts.join(", ")
+    );
+}
+
+fn append_bench(n_pg: usize, n_lmdb: usize) -> Vec<Comparison> {
+    print_step_breakdown();
+    let mut rows = append_pg(n_pg, 5);
+    let lmdb = Comparison::run(
+        "LMDB: durable append_step, one step per txn, vs raw heed txns of the same rows",
+        n_lmdb as u64,
+        5,
+        || {
+            let dir = scratch_dir("pg-append-lmdb");
+            let store = Store::open(dir.path(), options(Durability::Sync)).unwrap();
+            let t = start(&store, "review");
+            time(|| {
+                grow(&store, t.id, t.head, n_lmdb);
+            })
+        },
+        || {
+            let (setup, steps) = capture_appends(n_lmdb);
+            let dir = scratch_dir("pg-append-heed");
+            let env = raw_env(dir.path(), true);
+            let mut w = env.write_txn().unwrap();
+            let dbs: Vec<heed::Database<Bytes, Bytes>> = Table::ALL
+                .iter()
+                .map(|t| env.create_database(&mut w, Some(t.name())).unwrap())
+                .collect();
+            w.commit().unwrap();
+            replay_heed(&env, &dbs, &setup);
+            time(|| replay_heed(&env, &dbs, &steps))
+        },
+    );
+    rows.push(lmdb);
+    rows
+}
+
+// ---------------------------------------------------------------------------
+// 2. Group commit from several processes
+
+/// Where a fleet's store lives.
+enum FleetStore {
+    Pg(Db),
+    Lmdb(tempfile::TempDir),
+}
+
+impl FleetStore {
+    fn arg(&self) -> String {
+        match self {
+            FleetStore::Pg(db) => db.url.clone(),
+            FleetStore::Lmdb(dir) => dir.path().join("store").display().to_string(),
+        }
+    }
+}
+
+fn uwf() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_uwf-db"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// One fleet run: `procs` processes of `uwf-db batch --jobs JOBS/procs`,
+/// each on its own `threads / procs` prompts of the review scenario (4
+/// steps a thread), on a fresh store. Returns (wall time, steps, average
+/// group).
+fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> (Duration, u64, f64) {
+    let jobs = jobs / procs;
+    let store = if pg {
+        FleetStore::Pg(Db::create("fleet"))
+    } else {
+        FleetStore::Lmdb(scratch_dir("pg-fleet-lmdb"))
+    };
+    let arg = store.arg();
+    let out = uwf()
+        .args(["--store", &arg, "workflow", "add", "examples/review.yaml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let scratch = scratch_dir("pg-fleet-prompts");
+    let scenario: PathBuf =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/review.scenario.yaml");
+    let share = threads / procs;
+    let files: Vec<PathBuf> = (0..procs)
+        .map(|p| {
+            let f = scratch.path().join(format!("prompts-{p}.txt"));
+            let text: String = (0..share)
+                .map(|i| format!("process {p}: change {i}\n"))
+                .collect();
+            std::fs::write(&f, text).unwrap();
+            f
+        })
+        .collect();
+    let t0 = Instant::now();
+    let children: Vec<_> = files
+        .iter()
+        .map(|f| {
+            uwf()
+                .args(["--store", &arg, "--json", "batch", "review", "--prompts"])
+                .arg(f)
+                .arg("--agent")
+                .arg(format!("script:{}", scenario.display()))
+                .args(["--jobs", &jobs.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let wall = t0.elapsed();
+    let (mut steps, mut groups) = (0u64, 0u64);
+    for o in &outputs {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let last = stdout.lines().last().unwrap();
+        let v: serde_json::Value = serde_json::from_str(last).unwrap();
+        let s = &v["summary"];
+        assert_eq!(s["completed"].as_u64(), Some(share as u64), "{last}");
+        steps += s["steps"].as_u64().unwrap();
+        groups += s["groups"].as_u64().unwrap();
+    }
+    (wall, steps, steps as f64 / groups.max(1) as f64)
+}
+
+struct FleetRow {
+    procs: usize,
+    rate: f64,
+    group: f64,
+}
+
+/// Steps/s of 1, 2 and 4 processes: the median of `reps` rounds, each
+/// round running every count once (in rotating order).
+fn fleet(pg: bool, threads: usize, jobs: usize, reps: usize) -> Vec<FleetRow> {
+    let counts = [1usize, 2, 4];
+    let mut rates: Vec<Vec<(f64, f64)>> = vec![Vec::new(); counts.len()];
+    for r in 0..reps {
+        for k in 0..counts.len() {
+            let i = (k + r) % counts.len();
+            let (wall, steps, group) = fleet_run(pg, counts[i], threads, jobs);
+            rates[i].push((steps as f64 / wall.as_secs_f64(), group));
+        }
+    }
+    counts
+        .iter()
+        .zip(rates)
+        .map(|(&procs, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (rate, group) = v[v.len() / 2];
+            FleetRow { procs, rate, group }
+        })
+        .collect()
+}
+
+fn fleet_bench(threads_pg: usize, threads_lmdb: usize, jobs: usize) {
+    let reps = 3;
+    let pg = fleet(true, threads_pg, jobs, reps);
+    let lmdb = fleet(false, threads_lmdb, jobs, reps);
+    println!("\n## group commit: `uwf-db batch` processes sharing one store (durable)\n");
+    println!(
+        "each process: `batch review --prompts (its share) --agent script:examples/review.scenario.yaml --jobs {jobs}/N` \
+         (N processes, {jobs} drivers in all, as a store's connections allow: a PostgreSQL runner holds about 2 per job; \
+         4 steps a thread); PostgreSQL {threads_pg} threads in all, LMDB {threads_lmdb}; \
+         wall time from the first spawn to the last exit; median of {reps} rounds\n"
+    );
+    println!(
+        "| processes | PostgreSQL steps/s | scaling | avg group | LMDB steps/s | scaling | avg group |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (p, l) in pg.iter().zip(&lmdb) {
+        println!(
+            "| {} | {:.0} | {:.2}× | {:.1} | {:.0} | {:.2}× | {:.1} |",
+            p.procs,
+            p.rate,
+            p.rate / pg[0].rate,
+            p.group,
+            l.rate,
+            l.rate / lmdb[0].rate,
+            l.group
+        );
+    }
+    println!(
+        "\nmachine: {} cores (the processes, their agents and the server share them)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 3. Pages: newest 50 steps, first page of threads
+
+/// Times `fetches` calls of `visit_log(id, 50)`.
+fn fetch_log(store: &Store, id: ThreadId, fetches: u64) -> Duration {
+    time(|| {
+        for _ in 0..fetches {
+            let n = store
+                .visit_log(id, 50, None, |h, bytes| {
+                    std::hint::black_box((h, bytes));
+                    Ok::<_, uwf_db::thread::ThreadError>(())
+                })
+                .unwrap();
+            assert_eq!(n, 50);
+        }
+    })
+}
+
+fn log_bench(steps: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Counts)>) {
+    let short_steps = 100;
+    // PostgreSQL: built without fsync (the pages read the same either way).
+    let db = Db::create("log");
+    let store = db.open(Durability::None);
+    let built = Instant::now();
+    let long = start(&store, "long");
+    let long_head = grow(&store, long.id, long.head, steps);
+    let short = start(&store, "short");
+    grow(&store, short.id, short.head, short_steps);
+    println!(
+        "(built a {steps}-step and a {short_steps}-step thread on PostgreSQL in {:.1} s)",
+        built.elapsed().as_secs_f64()
+    );
+    let fetches = 200;
+    rows.push(Comparison::run(
+        &format!(
+            "PostgreSQL: newest 50 steps (visit_log) of a {steps}-step thread vs of a {short_steps}-step one"
+        ),
+        fetches,
+        5,
+        || fetch_log(&store, long.id, fetches),
+        || fetch_log(&store, short.id, fetches),
+    ));
+    // The raw side: 50 SELECTs of the same keys in one read transaction.
+    let keys: Vec<Vec<u8>> = store
+        .thread_log(long.id, 50, None)
+        .unwrap()
+        .iter()
+        .map(|e| e.hash.as_bytes().to_vec())
+        .collect();
+    let mut client = db.client();
+    let select = client
+        .prepare_typed("SELECT v FROM uwf_blobs WHERE k = $1", &[Type::BYTEA])
+        .unwrap();
+    let select_any = client
+        .prepare_typed(
+            "SELECT k, v FROM uwf_blobs WHERE k = ANY($1)",
+            &[Type::BYTEA_ARRAY],
+        )
+        .unwrap();
+    let client = Mutex::new(client);
+    rows.push(Comparison::run(
+        &format!(
+            "PostgreSQL: newest 50 steps of a {steps}-step thread vs 50 raw prepared SELECTs of the same keys in one read txn"
+        ),
+        fetches,
+        5,
+        || fetch_log(&store, long.id, fetches),
+        || {
+            let mut c = client.lock().unwrap();
+            time(|| {
+                for _ in 0..fetches {
+                    let mut tx = c
+                        .build_transaction()
+                        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                        .read_only(true)
+                        .start()
+                        .unwrap();
+                    for k in &keys {
+                        std::hint::black_box(tx.query_one(&select, &[k]).unwrap());
+                    }
+                    tx.commit().unwrap();
+                }
+            })
+        },
+    ));
+    rows.push(Comparison::run(
+        &format!(
+            "PostgreSQL: newest 50 steps of a {steps}-step thread vs one raw SELECT … WHERE k = ANY(50 keys) (context)"
+        ),
+        fetches,
+        5,
+        || fetch_log(&store, long.id, fetches),
+        || {
+            let mut c = client.lock().unwrap();
+            time(|| {
+                for _ in 0..fetches {
+                    let got = c.query(&select_any, &[&keys]).unwrap();
+                    assert_eq!(got.len(), 50);
+                    std::hint::black_box(got);
+                }
+            })
+        },
+    ));
+    let (counted_store, log) = db.open_counted();
+    let c = count_ops(&log, || {
+        counted_store
+            .visit_log(long.id, 50, None, |_, _| {
+                Ok::<_, uwf_db::thread::ThreadError>(())
+            })
+            .unwrap();
+    });
+    ops.push((format!("newest 50 steps of a {steps}-step thread"), c));
+    let c = count_ops(&log, || {
+        grow_from(&counted_store, long.id, long_head, 1_000_000..1_000_020);
+    });
+    ops.push((
+        "append_step, new content (mean of 20)".into(),
+        Counts {
+            read_txns: c.read_txns / 20,
+            write_txns: c.write_txns / 20,
+            gets: c.gets / 20,
+            writes: c.writes / 20,
+            counts: c.counts / 20,
+            ranges: c.ranges / 20,
+            range_rows: c.range_rows / 20,
+            range_queries: c.range_queries / 20,
+        },
+    ));
+    let wf = placeholder_workflow(&counted_store, "counted");
+    let c = count_ops(&log, || {
+        counted_store
+            .low_level()
+            .start_thread(new_thread(wf, "counted", "task".into()))
+            .unwrap();
+    });
+    ops.push(("start_thread".into(), c));
+    drop((counted_store, store));
+
+    // LMDB beside it.
+    let dir = scratch_dir("pg-log-lmdb");
+    let lstore = Store::open(dir.path(), options(Durability::None)).unwrap();
+    let long = start(&lstore, "long");
+    grow(&lstore, long.id, long.head, steps);
+    let short = start(&lstore, "short");
+    grow(&lstore, short.id, short.head, short_steps);
+    let fetches = 2000;
+    rows.push(Comparison::run(
+        &format!(
+            "LMDB: newest 50 steps (visit_log) of a {steps}-step thread vs of a {short_steps}-step one"
+        ),
+        fetches,
+        5,
+        || fetch_log(&lstore, long.id, fetches),
+        || fetch_log(&lstore, short.id, fetches),
+    ));
+}
+
+fn list_page(store: &Store, lists: u64) -> Duration {
+    let q = ThreadQuery {
+        limit: 50,
+        ..ThreadQuery::default()
+    };
+    time(|| {
+        for _ in 0..lists {
+            let page = store.list_threads(&q).unwrap();
+            assert_eq!(page.len(), 50);
+            std::hint::black_box(page);
+        }
+    })
+}
+
+fn list_bench(threads: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Counts)>) {
+    let small = 1000.min(threads);
+    let big_db = Db::create("list_big");
+    let small_db = Db::create("list_small");
+    let big = big_db.open(Durability::None);
+    let small_store = small_db.open(Durability::None);
+    let built = Instant::now();
+    start_many(&big, threads);
+    println!(
+        "(started {threads} threads on PostgreSQL through group commit in {:.1} s)",
+        built.elapsed().as_secs_f64()
+    );
+    start_many(&small_store, small);
+    let lists = 200;
+    rows.push(Comparison::run(
+        &format!("PostgreSQL: first page of 50 of {threads} active threads vs of {small}"),
+        lists,
+        5,
+        || list_page(&big, lists),
+        || list_page(&small_store, lists),
+    ));
+    for (db, n) in [(&big_db, threads), (&small_db, small)] {
+        let (s, log) = db.open_counted();
+        let c = count_ops(&log, || {
+            list_page(&s, 1);
+        });
+        ops.push((format!("thread list, first page of 50 of {n}"), c));
+    }
+    drop((big, small_store));
+
+    let dir = scratch_dir("pg-list-lmdb");
+    let sdir = scratch_dir("pg-list-lmdb-small");
+    let big = Store::open(dir.path(), options(Durability::None)).unwrap();
+    let small_store = Store::open(sdir.path(), options(Durability::None)).unwrap();
+    start_many(&big, threads);
+    start_many(&small_store, small);
+    let lists = 2000;
+    rows.push(Comparison::run(
+        &format!("LMDB: first page of 50 of {threads} active threads vs of {small}"),
+        lists,
+        5,
+        || list_page(&big, lists),
+        || list_page(&small_store, lists),
+    ));
+}
+
+fn print_ops(ops: &[(String, Counts)]) {
+    println!("\n## statements per operation on PostgreSQL (counted at the storage boundary)\n");
+    println!("| operation | txns | point gets | writes | range scans (rows read) | round trips |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (what, c) in ops {
+        println!(
+            "| {what} | {} | {} | {} | {} ({}) | {} |",
+            c.read_txns + c.write_txns,
+            c.gets,
+            c.writes,
+            c.ranges,
+            c.range_rows,
+            c.round_trips()
+        );
+    }
+    println!(
+        "\nround trips: one per statement (`query_typed`), plus one to begin each transaction \
+         (`BEGIN` and, for a writer, `pg_advisory_xact_lock` in one simple query) and one to end it; \
+         a range scan fetches {PG_PAGE} rows per round trip"
+    );
+}
+
+fn main() {
+    if !reachable() {
+        return;
+    }
+    let sections: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wants = |s: &str| sections.is_empty() || sections.iter().any(|x| x == s);
+    print_settings();
+    let mut rows = Vec::new();
+    let mut ops = Vec::new();
+    if wants("append") {
+        rows.extend(append_bench(scale(1000, 10), scale(2000, 10)));
+    }
+    if wants("log") {
+        log_bench(scale(10_000, 60), &mut rows, &mut ops);
+    }
+    if wants("list") {
+        list_bench(scale(100_000, 60), &mut rows, &mut ops);
+    }
+    if !rows.is_empty() {
+        report(
+            "postgres: PostgreSQL backend vs baselines, LMDB beside it",
+            "append ≥ 0.5× raw postgres-crate txns of the same rows; \
+             a page O(page): the ratio of a large thread or store to a small one near 1",
+            &rows,
+        );
+    }
+    if !ops.is_empty() {
+        print_ops(&ops);
+    }
+    if wants("fleet") {
+        fleet_bench(scale(1000, 8), scale(4000, 8), 32);
+    }
+}
