@@ -1,6 +1,7 @@
 //! Read and write transactions over the store's databases.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 
 use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
 use super::{GC_EPOCH_KEY, StoreError, now_ms, parse_gc_epoch, read_format_version};
@@ -191,6 +192,14 @@ pub struct WriteTxn<'s> {
     buf: Vec<u8>,
     /// `meta["gc_epoch"]`, read on first need: `Some(None)` when no GC runs.
     gc_epoch: Option<Option<u64>>,
+    /// Blobs this transaction wrote (inserted, or refreshed by the
+    /// barrier): stored, with a `touched_at` of this transaction's stamp,
+    /// so a ref check or barrier for one of them reads nothing.
+    written: HashSet<Hash>,
+    /// Blobs this transaction found stored: a ref check for one of them
+    /// reads nothing while no GC runs (while one runs, the barrier must
+    /// still look at its `touched_at`).
+    seen: HashSet<Hash>,
 }
 
 impl<'s> WriteTxn<'s> {
@@ -201,6 +210,8 @@ impl<'s> WriteTxn<'s> {
             now_ms: now_ms(),
             buf: Vec::with_capacity(1024),
             gc_epoch: None,
+            written: HashSet::new(),
+            seen: HashSet::new(),
         })
     }
 
@@ -240,9 +251,20 @@ impl<'s> WriteTxn<'s> {
     /// (`reput: true`: also when it is over a second old). Returns whether
     /// the blob is stored. This is the GC's write barrier (§7).
     pub(crate) fn touch(&mut self, hash: &Hash, reput: bool) -> Result<bool, StoreError> {
+        // Written by this transaction: stored, and stamped now.
+        if self.written.contains(hash) {
+            return Ok(true);
+        }
         let epoch = self.gc_epoch()?;
         if epoch.is_none() && !reput {
-            return self.contains(hash);
+            if self.seen.contains(hash) {
+                return Ok(true);
+            }
+            let stored = self.contains(hash)?;
+            if stored {
+                self.seen.insert(*hash);
+            }
+            return Ok(stored);
         }
         let stamp = self.stamp()?;
         let Some(value) = self.txn.get(Table::Blobs, hash.as_bytes())? else {
@@ -265,6 +287,7 @@ impl<'s> WriteTxn<'s> {
             field.copy_from_slice(&stamp.to_be_bytes());
         }
         self.txn.put(Table::Blobs, hash.as_bytes(), &self.buf)?;
+        self.written.insert(*hash);
         Ok(true)
     }
 
@@ -313,6 +336,7 @@ impl<'s> WriteTxn<'s> {
             .txn
             .insert(Table::Blobs, blob.hash().as_bytes(), &self.buf)?
         {
+            self.written.insert(blob.hash());
             return Ok(true);
         }
         // Content addressing: same key, same bytes. Only the record's
