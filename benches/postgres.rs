@@ -5,17 +5,17 @@
 //!   crate transaction writing the same rows (goal ≥ 0.5×); beside it LMDB
 //!   vs a raw heed transaction writing the same rows. The rows are the
 //!   writes the store makes, captured from an in-memory store doing the
-//!   same steps. Further raw replays add back what the store sends (its
-//!   reads, its SQL and writer lock, unnamed statements) to split the gap
-//!   into its causes, and two what-ifs measure proposed fixes;
+//!   same steps. For context, the same writes sent raw as literal SQL with
+//!   `COMMIT` in one simple query (the floor of how the store sends them);
 //! - group commit from 1, 2 and 4 `uwf-db batch` processes sharing one
 //!   store: total steps/s and the scaling factor against one process;
 //! - the newest 50 steps of a 10,000-step thread and the first page of 50
 //!   of `list_threads` at 100,000 threads, each against the same on a small
 //!   thread or store (goal: O(page), a ratio near 1), and the newest 50
 //!   against 50 raw `SELECT`s of the same keys;
-//! - the statements (round trips) each operation sends, counted at the
-//!   storage boundary, and the server's settings.
+//! - the operations each engine call makes at the storage boundary and
+//!   the round trips they cost (the backend's own counter), and the
+//!   server's settings.
 //!
 //! The server: `UWF_BENCH_POSTGRES`, else `UWF_TEST_POSTGRES`, else
 //! `postgres://root@127.0.0.1:5432/postgres` (a URL whose user may
@@ -41,10 +41,10 @@ use heed::types::Bytes;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
 use uwf_db::backend::memory::MemoryBackend;
-use uwf_db::backend::postgres::{PostgresBackend, WRITER_LOCK};
+use uwf_db::backend::postgres::PostgresBackend;
 use uwf_db::backend::{
-    Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
-    WriteTables,
+    Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, Refresh, StorageStats,
+    Table, WriteTables,
 };
 use uwf_db::thread::{NewThread, Next, StepWrite, ThreadId, ThreadQuery, ThreadRecord};
 use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
@@ -100,8 +100,11 @@ impl Db {
 
     /// A handle whose storage operations are counted.
     fn open_counted(&self) -> (Store, Arc<Mutex<Log>>) {
-        let backend = PostgresBackend::connect(&self.url, Durability::None, true).unwrap();
-        counted(Arc::new(backend), false)
+        let backend =
+            Arc::new(PostgresBackend::connect(&self.url, Durability::None, true).unwrap());
+        let (store, log) = counted(backend.clone(), false);
+        log.lock().unwrap().pg = Some(backend);
+        (store, log)
     }
 }
 
@@ -342,20 +345,11 @@ struct Counts {
     /// Range queries the PostgreSQL backend sends: one per `PG_PAGE` rows
     /// read, at least one per range.
     range_queries: u64,
+    /// Round trips the PostgreSQL backend made (its own counter).
+    round_trips: u64,
 }
 
 impl Counts {
-    /// Round trips on the PostgreSQL backend: each transaction's `BEGIN`
-    /// (with the writer lock, one simple query) and its end, and one
-    /// statement per operation.
-    fn round_trips(&self) -> u64 {
-        2 * (self.read_txns + self.write_txns)
-            + self.gets
-            + self.writes
-            + self.counts
-            + self.range_queries
-    }
-
     fn minus(&self, o: &Counts) -> Counts {
         Counts {
             read_txns: self.read_txns - o.read_txns,
@@ -366,6 +360,7 @@ impl Counts {
             ranges: self.ranges - o.ranges,
             range_rows: self.range_rows - o.range_rows,
             range_queries: self.range_queries - o.range_queries,
+            round_trips: self.round_trips - o.round_trips,
         }
     }
 }
@@ -373,6 +368,8 @@ impl Counts {
 #[derive(Debug, Default)]
 struct Log {
     counts: Counts,
+    /// The PostgreSQL backend under the counter, for its real round trips.
+    pg: Option<Arc<PostgresBackend>>,
     /// Keep every committed write transaction's writes in `txns`.
     capture: bool,
     txns: Vec<Vec<Write>>,
@@ -483,6 +480,17 @@ impl ReadTables for CountedRead<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
         counted_get(&*self.t, self.log, None, table, key)
     }
+    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+        self.t.prefetch(keys)
+    }
+    fn get_many(
+        &self,
+        table: Table,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+        self.log.lock().unwrap().counts.gets += 1;
+        self.t.get_many(table, keys)
+    }
     fn range(
         &self,
         table: Table,
@@ -499,6 +507,24 @@ impl ReadTables for CountedRead<'_> {
 impl ReadTables for CountedWrite<'_> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
         counted_get(&*self.t, self.log, Some(&self.writes), table, key)
+    }
+    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+        self.t.prefetch(keys)
+    }
+    fn get_many(
+        &self,
+        table: Table,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+        if self.log.lock().unwrap().capture {
+            // Captured key by key, for the replays.
+            return keys
+                .iter()
+                .map(|key| counted_get(&*self.t, self.log, Some(&self.writes), table, key))
+                .collect();
+        }
+        self.log.lock().unwrap().counts.gets += 1;
+        self.t.get_many(table, keys)
     }
     fn range(
         &self,
@@ -552,6 +578,35 @@ impl WriteTables for CountedWrite<'_> {
             self.log.lock().unwrap().counts.writes += 1;
         }
         Ok(deleted)
+    }
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+        if self.log.lock().unwrap().capture {
+            return self.delete(table, key).map(|_| ());
+        }
+        self.log.lock().unwrap().counts.writes += 1;
+        self.t.remove(table, key)
+    }
+    fn insert_or_refresh(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        value: &[u8],
+        refresh: Refresh,
+    ) -> Result<(), StoreError> {
+        if self.log.lock().unwrap().capture {
+            // The boundary's default, through the counted operations, so
+            // the replays see an insert (or a get and a put).
+            if self.insert(table, key, value)? {
+                return Ok(());
+            }
+            let refreshed = self.get(table, key)?.and_then(|v| refresh.apply(&v));
+            return match refreshed {
+                Some(new) => self.put(table, key, &new),
+                None => Ok(()),
+            };
+        }
+        self.log.lock().unwrap().counts.writes += 1;
+        self.t.insert_or_refresh(table, key, value, refresh)
     }
     fn commit(self: Box<Self>) -> Result<(), StoreError> {
         let me = *self;
@@ -608,9 +663,15 @@ impl Backend for Counted {
 
 /// The storage operations `f` makes through a counted store.
 fn count_ops(log: &Mutex<Log>, f: impl FnOnce()) -> Counts {
-    let before = log.lock().unwrap().counts;
+    let snapshot = || {
+        let log = log.lock().unwrap();
+        let mut c = log.counts;
+        c.round_trips = log.pg.as_ref().map_or(0, |pg| pg.round_trips());
+        c
+    };
+    let before = snapshot();
     f();
-    log.lock().unwrap().counts.minus(&before)
+    snapshot().minus(&before)
 }
 
 // ---------------------------------------------------------------------------
@@ -754,39 +815,22 @@ enum Replay {
     /// The writes only, as prepared statements between `BEGIN` and
     /// `COMMIT`: the baseline.
     Writes,
-    /// The store's reads and writes in the store's order, as prepared
-    /// statements.
-    ReadsAndWrites,
-    /// The backend's SQL and writer lock, as prepared statements.
-    ProtocolPrepared,
-    /// The store's statements as the backend sends them: its SQL, unnamed
-    /// (`query_typed`), the writer lock taken in `BEGIN`.
-    Protocol,
-    /// What-if: [`Replay::Protocol`] without a point read of a key the
-    /// transaction already wrote or read (the blobs a step has just
-    /// inserted, the head it has just read).
-    ProtocolNoRereads,
-    /// What-if: [`Replay::ProtocolNoRereads`] with the writes held back
-    /// and sent with `COMMIT`, in one round trip (one simple query).
-    Batched,
+    /// The writes only, as literal SQL sent with `COMMIT` in one simple
+    /// query after `BEGIN`: two round trips, the floor of the way the store
+    /// sends them (context).
+    WritesWithCommit,
 }
 
 /// A raw client with the statements of every operation, prepared once.
 struct RawPg {
     client: Client,
     prepared: HashMap<(Op, Table), postgres::Statement>,
-    /// The backend's SQL, for [`Replay::Protocol`].
-    backend_sql: HashMap<(Op, Table), String>,
-    /// The same, prepared.
-    backend_prepared: HashMap<(Op, Table), postgres::Statement>,
 }
 
 impl RawPg {
     fn new(url: &str) -> RawPg {
         let mut client = Client::connect(url, NoTls).unwrap();
         let mut prepared = HashMap::new();
-        let mut backend_sql = HashMap::new();
-        let mut backend_prepared = HashMap::new();
         for table in Table::ALL {
             let name = format!("uwf_{}", table.name());
             let cols = col_names(table);
@@ -798,20 +842,10 @@ impl RawPg {
                 .collect();
             let insert = format!("INSERT INTO {name} (k, v{columns}) VALUES ($1, $2{values})");
             let upsert = format!("{insert} ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}");
-            let get = format!("SELECT v FROM {name} WHERE k = $1");
-            for (op, raw, backend) in [
-                (Op::Get, get.clone(), get),
-                (Op::Put, upsert.clone(), upsert),
-                (
-                    Op::Insert,
-                    insert.clone(),
-                    format!("{insert} ON CONFLICT (k) DO NOTHING RETURNING 1"),
-                ),
-                (
-                    Op::Delete,
-                    format!("DELETE FROM {name} WHERE k = $1"),
-                    format!("DELETE FROM {name} WHERE k = $1 RETURNING 1"),
-                ),
+            for (op, raw) in [
+                (Op::Put, upsert),
+                (Op::Insert, insert),
+                (Op::Delete, format!("DELETE FROM {name} WHERE k = $1")),
             ] {
                 let mut types = vec![Type::BYTEA];
                 if matches!(op, Op::Put | Op::Insert) {
@@ -819,65 +853,26 @@ impl RawPg {
                     types.extend(cols.iter().map(|c| col_type(c)));
                 }
                 prepared.insert((op, table), client.prepare_typed(&raw, &types).unwrap());
-                backend_prepared
-                    .insert((op, table), client.prepare_typed(&backend, &types).unwrap());
-                backend_sql.insert((op, table), backend);
             }
         }
-        RawPg {
-            client,
-            prepared,
-            backend_sql,
-            backend_prepared,
-        }
+        RawPg { client, prepared }
     }
 
     /// One transaction per entry of `txns`.
     fn replay(&mut self, txns: &[Vec<Write>], mode: Replay) {
-        let begin = match mode {
-            Replay::Protocol
-            | Replay::ProtocolPrepared
-            | Replay::ProtocolNoRereads
-            | Replay::Batched => format!(
-                "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock({WRITER_LOCK})"
-            ),
-            _ => "BEGIN".to_owned(),
-        };
         for ops in txns {
             let c = &mut self.client;
-            c.batch_execute(&begin).unwrap();
-            let mut seen = std::collections::HashSet::new();
+            c.batch_execute("BEGIN").unwrap();
             let mut held = String::new();
             for w in ops {
-                let first = seen.insert((w.table, &w.key));
-                let mode = match mode {
-                    Replay::ProtocolNoRereads | Replay::Batched if w.op == Op::Get && !first => {
-                        continue;
-                    }
-                    Replay::Batched if w.op != Op::Get => {
-                        held.push_str(&literal_sql(w));
-                        continue;
-                    }
-                    Replay::ProtocolNoRereads | Replay::Batched => Replay::Protocol,
-                    m => m,
-                };
-                let typed = w.params();
-                let plain: Vec<&(dyn ToSql + Sync)> = typed.iter().map(|(v, _)| *v).collect();
-                let statement = (w.op, w.table);
                 match (mode, w.op) {
-                    (Replay::Writes, Op::Get) => {}
-                    (Replay::Protocol, _) => {
-                        c.query_typed(&self.backend_sql[&statement], &typed)
-                            .unwrap();
-                    }
-                    (Replay::ProtocolPrepared, _) => {
-                        c.query(&self.backend_prepared[&statement], &plain).unwrap();
-                    }
-                    (_, Op::Get) => {
-                        c.query(&self.prepared[&statement], &plain).unwrap();
-                    }
-                    (_, _) => {
-                        c.execute(&self.prepared[&statement], &plain).unwrap();
+                    (_, Op::Get) => {}
+                    (Replay::WritesWithCommit, _) => held.push_str(&literal_sql(w)),
+                    (Replay::Writes, _) => {
+                        let typed = w.params();
+                        let plain: Vec<&(dyn ToSql + Sync)> =
+                            typed.iter().map(|(v, _)| *v).collect();
+                        c.execute(&self.prepared[&(w.op, w.table)], &plain).unwrap();
                     }
                 }
             }
@@ -959,12 +954,10 @@ fn raw_append(n: usize, mode: Replay) -> Duration {
 }
 
 /// Durable `append_step` on PostgreSQL against raw replays of the same
-/// steps: the goal's baseline (the writes), three that add back what the
-/// store sends (its reads; its SQL and writer lock; its unnamed
-/// statements), so the ratio's gap is split into its causes, and two
-/// what-ifs (the store's statements less its re-reads; and with its writes
-/// sent with `COMMIT`). Each round runs the seven in rotating order on
-/// fresh databases; medians of `reps` rounds.
+/// steps: the goal's baseline (the writes, prepared), and for context the
+/// same writes sent with `COMMIT` in one simple query (the floor of how the
+/// store sends them). Each round runs the three in rotating order on fresh
+/// databases; medians of `reps` rounds.
 fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
     let store_run = || {
         let db = Db::create("append");
@@ -974,15 +967,9 @@ fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
             grow(&store, t.id, t.head, n);
         })
     };
-    let runs: [&dyn Fn() -> Duration; 7] = [
-        &store_run,
-        &|| raw_append(n, Replay::Writes),
-        &|| raw_append(n, Replay::ReadsAndWrites),
-        &|| raw_append(n, Replay::ProtocolPrepared),
-        &|| raw_append(n, Replay::Protocol),
-        &|| raw_append(n, Replay::ProtocolNoRereads),
-        &|| raw_append(n, Replay::Batched),
-    ];
+    let runs: [&dyn Fn() -> Duration; 3] = [&store_run, &|| raw_append(n, Replay::Writes), &|| {
+        raw_append(n, Replay::WritesWithCommit)
+    }];
     for run in runs {
         run();
     }
@@ -994,15 +981,7 @@ fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
         }
     }
     let medians: Vec<Duration> = times.into_iter().map(median).collect();
-    let [
-        store,
-        writes,
-        reads,
-        protocol_prepared,
-        protocol,
-        no_rereads,
-        batched,
-    ]: [Duration; 7] = medians.try_into().unwrap();
+    let [store, writes, with_commit]: [Duration; 3] = medians.try_into().unwrap();
     let row = |name: &str, subject, baseline| Comparison {
         name: name.to_owned(),
         ops: n as u64,
@@ -1016,34 +995,9 @@ fn append_pg(n: usize, reps: usize) -> Vec<Comparison> {
             writes,
         ),
         row(
-            "(context) raw: the store's reads and writes, prepared, vs the writes alone",
-            reads,
-            writes,
-        ),
-        row(
-            "(context) raw: the store's SQL and writer lock, prepared, vs the writes alone",
-            protocol_prepared,
-            writes,
-        ),
-        row(
-            "(context) raw: the store's exact statements (unnamed, writer lock) vs the writes alone",
-            protocol,
-            writes,
-        ),
-        row(
-            "(context) append_step vs raw replay of its exact statements (the store's own work)",
+            "(context) append_step vs raw: BEGIN, then the same writes as literal SQL with COMMIT in one simple query",
             store,
-            protocol,
-        ),
-        row(
-            "(what-if) raw: the store's exact statements less re-reads of keys the txn already wrote or read, vs the writes alone",
-            no_rereads,
-            writes,
-        ),
-        row(
-            "(what-if) raw: the same with the writes sent with COMMIT in one round trip, vs the writes alone",
-            batched,
-            writes,
+            with_commit,
         ),
     ]
 }
@@ -1377,6 +1331,7 @@ fn log_bench(steps: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Co
             ranges: c.ranges / 20,
             range_rows: c.range_rows / 20,
             range_queries: c.range_queries / 20,
+            round_trips: c.round_trips / 20,
         },
     ));
     let wf = placeholder_workflow(&counted_store, "counted");
@@ -1480,12 +1435,13 @@ fn print_ops(ops: &[(String, Counts)]) {
             c.writes,
             c.ranges,
             c.range_rows,
-            c.round_trips()
+            c.round_trips
         );
     }
     println!(
-        "\nround trips: one per statement (`query_typed`), plus one to begin each transaction \
-         (`BEGIN` and, for a writer, `pg_advisory_xact_lock` in one simple query) and one to end it; \
+        "\nround trips: counted by the backend (`PostgresBackend::round_trips`): `BEGIN` goes with \
+         the first statement and its prefetched keys, held writes with `COMMIT`; point gets and \
+         writes are the operations the store asked for (a `get_many` is one), \
          a range scan fetches {PG_PAGE} rows per round trip"
     );
 }

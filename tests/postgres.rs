@@ -857,3 +857,68 @@ fn the_documented_sql_examples_run() {
         .get(0);
     assert_eq!(total, 4);
 }
+
+// ---------------------------------------------------------------------
+// Round trips (`docs/design.md` §4b, "Round trips").
+
+/// The round trips the store's transactions have made so far.
+fn round_trips(store: &Store) -> u64 {
+    store
+        .backend()
+        .as_any()
+        .downcast_ref::<uwf_db::backend::postgres::PostgresBackend>()
+        .expect("a PostgreSQL store")
+        .round_trips()
+}
+
+/// An `append_step` is three round trips, whatever it writes: `BEGIN` with
+/// the writer lock, the GC epoch and the thread's record; the head and
+/// start nodes together; the writes with `COMMIT`. Ending a thread (which
+/// moves its record to history) is no more.
+#[test]
+fn an_append_step_costs_three_round_trips() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let t = new_thread(&store, "rt");
+    let mut head = t.head;
+    for i in 0..5 {
+        let before = round_trips(&store);
+        let w = store
+            .low_level()
+            .append_step(
+                t.id,
+                head,
+                step("dev", "again", &format!("step {i}")),
+                next("dev"),
+            )
+            .unwrap();
+        assert_eq!(round_trips(&store) - before, 3, "step {i}");
+        head = w.record.head;
+    }
+    // The same reply again: its blobs are stored already (the refresh of
+    // their `touched_at` goes with the commit too).
+    let before = round_trips(&store);
+    let w = store
+        .low_level()
+        .append_step(t.id, head, step("dev", "again", "step 4"), next("dev"))
+        .unwrap();
+    assert_eq!(round_trips(&store) - before, 3);
+    // A read of an active thread: `BEGIN` with the record, `ROLLBACK`.
+    let before = round_trips(&store);
+    assert_eq!(store.thread(t.id).unwrap().unwrap().head, w.record.head);
+    assert_eq!(round_trips(&store) - before, 2);
+    let before = round_trips(&store);
+    store
+        .low_level()
+        .end_thread(t.id, w.record.head, end(0))
+        .unwrap();
+    assert_eq!(round_trips(&store) - before, 3);
+    // Of an ended one: its day comes with `BEGIN`, then its history entry.
+    let before = round_trips(&store);
+    let ended = store.thread(t.id).unwrap().unwrap();
+    assert_eq!(round_trips(&store) - before, 3);
+    assert_eq!(ended.status, ThreadStatus::Completed);
+    assert_eq!(ended.seq, 7);
+}

@@ -208,6 +208,28 @@ pub trait ReadTables {
     /// Number of entries in `table`.
     fn count(&self, table: Table) -> Result<u64, StoreError>;
 
+    /// A hint: this transaction is about to read these keys. A
+    /// client–server backend may fetch them with its first statement
+    /// (PostgreSQL sends them with `BEGIN`, in the same round trip) and
+    /// answer the `get`s from what it fetched; it may also ignore the
+    /// hint (once a transaction has sent anything, PostgreSQL does). The
+    /// default does nothing: an embedded engine's reads are cheap.
+    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+        let _ = keys;
+        Ok(())
+    }
+
+    /// The values under `keys`, in their order: what a `get` of each
+    /// would return, in one round trip on a client–server backend. The
+    /// default calls [`ReadTables::get`] for each key.
+    fn get_many(
+        &self,
+        table: Table,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+        keys.iter().map(|key| self.get(table, key)).collect()
+    }
+
     /// Calls `visit` with each entry of `range` in key order until it
     /// returns `Ok(false)` or an error: what [`ReadTables::range`] gives,
     /// without an iterator object or a per-entry dynamic call, for the long
@@ -242,8 +264,70 @@ pub trait WriteTables: ReadTables {
     /// Deletes `key`; returns whether it was there.
     fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError>;
 
+    /// Deletes `key` if it is there, without saying whether it was: a
+    /// client–server backend may hold it back and send it with the
+    /// commit. The default calls [`WriteTables::delete`].
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+        self.delete(table, key).map(|_| ())
+    }
+
+    /// Sets `key` to `value` if it is absent; if it is there, applies
+    /// `refresh` to the stored value (a content-addressed blob stored
+    /// again: only its `touched_at` may move forward). Says neither which
+    /// happened, so a client–server backend may hold it back and send it
+    /// with the commit (PostgreSQL does the refresh in the statement's
+    /// `ON CONFLICT` clause). The default is [`WriteTables::insert`], then
+    /// a `get` and a `put` when the refresh changes the stored value.
+    fn insert_or_refresh(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        value: &[u8],
+        refresh: Refresh,
+    ) -> Result<(), StoreError> {
+        if self.insert(table, key, value)? {
+            return Ok(());
+        }
+        let refreshed = self
+            .get(table, key)?
+            .and_then(|stored| refresh.apply(&stored));
+        match refreshed {
+            Some(new) => self.put(table, key, &new),
+            None => Ok(()),
+        }
+    }
+
     /// Commits every write of the transaction, or none of them.
     fn commit(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+/// How [`WriteTables::insert_or_refresh`] updates a stored value: the
+/// 8 bytes at `offset`, a big-endian `u64`, become `stamp` when they are
+/// below `below`. A value too short to hold them is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refresh {
+    /// Where the field starts.
+    pub offset: usize,
+    /// The field is rewritten only when it is below this.
+    pub below: u64,
+    /// What it becomes.
+    pub stamp: u64,
+}
+
+impl Refresh {
+    /// The value after the refresh, or `None` when it leaves `value` as
+    /// it is.
+    pub fn apply(&self, value: &[u8]) -> Option<Vec<u8>> {
+        let end = self.offset.checked_add(8)?;
+        let field: [u8; 8] = value.get(self.offset..end)?.try_into().ok()?;
+        if u64::from_be_bytes(field) >= self.below {
+            return None;
+        }
+        let mut new = value.to_vec();
+        new.get_mut(self.offset..end)?
+            .copy_from_slice(&self.stamp.to_be_bytes());
+        Some(new)
+    }
 }
 
 /// A lock held until dropped (a driver's claim, a collector's lock). It

@@ -119,8 +119,11 @@ impl Store {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// The storage backend (the boundary every layer above is written on).
-    pub(crate) fn backend(&self) -> &dyn Backend {
+    /// The storage backend (the boundary every layer above is written on):
+    /// for backend-specific figures, such as
+    /// `backend().as_any().downcast_ref::<PostgresBackend>()` and its
+    /// round trips. Writing through it bypasses every check of the store.
+    pub fn backend(&self) -> &dyn Backend {
         &*self.inner.backend
     }
 

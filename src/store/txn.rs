@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
 use super::{GC_EPOCH_KEY, StoreError, now_ms, parse_gc_epoch, read_format_version};
-use crate::backend::{Backend, Direction, KeyRange, ReadTables, Table, WriteTables};
+use crate::backend::{Backend, Direction, KeyRange, ReadTables, Refresh, Table, WriteTables};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::{Blob, EncodedBlob, Kind};
 
@@ -204,8 +204,12 @@ pub struct WriteTxn<'s> {
 
 impl<'s> WriteTxn<'s> {
     pub(super) fn begin(backend: &'s dyn Backend) -> Result<Self, StoreError> {
+        let txn = backend.begin_write()?;
+        // Nearly every write reads it (the GC barrier): fetched with `BEGIN`
+        // by a server backend.
+        txn.prefetch(&[(Table::Meta, GC_EPOCH_KEY.as_bytes())])?;
         Ok(WriteTxn {
-            txn: backend.begin_write()?,
+            txn,
             backend,
             now_ms: now_ms(),
             buf: Vec::with_capacity(1024),
@@ -313,8 +317,69 @@ impl<'s> WriteTxn<'s> {
     /// Encodes and stores a blob; returns its hash. See [`WriteTxn::put_encoded`].
     pub fn put_blob(&mut self, blob: &Blob) -> Result<Hash, StoreError> {
         let encoded = blob.encode()?;
-        self.put_encoded(&encoded)?;
+        self.store_encoded(&encoded)?;
         Ok(encoded.hash())
+    }
+
+    /// Notes which of `hashes` are stored, in one read (one round trip on a
+    /// server backend, whose later `get` of them is answered from it): a
+    /// ref check of one of them then reads nothing.
+    pub(crate) fn note_stored(&mut self, hashes: &[Hash]) -> Result<(), StoreError> {
+        let unknown: Vec<&[u8]> = hashes
+            .iter()
+            .filter(|h| !self.written.contains(*h) && !self.seen.contains(*h))
+            .map(|h| h.as_bytes().as_slice())
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let found = self.txn.get_many(Table::Blobs, &unknown)?;
+        let stored: Vec<Hash> = unknown
+            .iter()
+            .zip(&found)
+            .filter(|(_, value)| value.is_some())
+            .filter_map(|(key, _)| Hash::from_slice(key))
+            .collect();
+        drop(found);
+        self.seen.extend(stored);
+        Ok(())
+    }
+
+    /// Stores an encoded blob, like [`WriteTxn::put_encoded`], without
+    /// finding out whether it was new: a server backend sends it with the
+    /// commit, the refresh of a stored copy's `touched_at` included
+    /// ([`WriteTables::insert_or_refresh`]).
+    pub(crate) fn store_encoded(&mut self, blob: &EncodedBlob) -> Result<(), StoreError> {
+        for target in blob.refs_to_check() {
+            if !self.touch(target, false)? {
+                return Err(StoreError::MissingRef {
+                    blob: blob.hash(),
+                    missing: *target,
+                });
+            }
+        }
+        let hash = blob.hash();
+        if self.written.contains(&hash) {
+            return Ok(());
+        }
+        let epoch = self.gc_epoch()?;
+        let stamp = self.stamp()?;
+        write_record(&mut self.buf, blob, self.now_ms, stamp);
+        // What `touch(hash, true)` refreshes: a `touched_at` before a
+        // running GC's epoch, or over a second old.
+        let refresh = Refresh {
+            offset: TOUCHED_AT.start,
+            below: epoch
+                .unwrap_or(0)
+                .max(self.now_ms.saturating_sub(REFRESH_AFTER_MS)),
+            stamp,
+        };
+        self.txn
+            .insert_or_refresh(Table::Blobs, hash.as_bytes(), &self.buf, refresh)?;
+        // Stored now, with a `touched_at` at or after `below`: no barrier
+        // or refresh of it is due in this transaction.
+        self.written.insert(hash);
+        Ok(())
     }
 
     /// Stores an encoded blob. Returns `true` if it was new and `false` if it

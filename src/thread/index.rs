@@ -39,6 +39,7 @@ pub(crate) fn find(
     id: ThreadId,
 ) -> Result<Option<(ThreadRecord, Location)>, ThreadError> {
     let key = id.to_bytes();
+    t.prefetch(&[(Table::Threads, &key), (Table::HistoryIds, &key)])?;
     if let Some(bytes) = t.get(Table::Threads, &key)? {
         return Ok(Some((decode(id, &bytes)?, Location::Active)));
     }
@@ -129,7 +130,7 @@ pub(crate) fn put(
     let key = id.to_bytes();
     let location = Location::of(new);
     if let Some((old, old_location)) = old {
-        t.delete(Table::Activity, &activity_key(old.last_activity(), id))?;
+        t.remove(Table::Activity, &activity_key(old.last_activity(), id))?;
         if old_location != location {
             delete_record(t, id, old_location)?;
         }
@@ -161,11 +162,11 @@ fn delete_record(
     let key = id.to_bytes();
     match location {
         Location::Active => {
-            t.delete(Table::Threads, &key)?;
+            t.remove(Table::Threads, &key)?;
         }
         Location::History(day) => {
-            t.delete(Table::History, &history_key(day, id))?;
-            t.delete(Table::HistoryIds, &key)?;
+            t.remove(Table::History, &history_key(day, id))?;
+            t.remove(Table::HistoryIds, &key)?;
         }
     }
     Ok(())
@@ -180,9 +181,9 @@ pub(crate) fn remove(
     let t = w.tables_mut();
     let id = record.id;
     delete_record(t, id, location)?;
-    t.delete(Table::Activity, &activity_key(record.last_activity(), id))?;
+    t.remove(Table::Activity, &activity_key(record.last_activity(), id))?;
     if let Some(parent) = record.parent_thread {
-        t.delete(Table::Children, &child_key(parent, id))?;
+        t.remove(Table::Children, &child_key(parent, id))?;
     }
     Ok(())
 }

@@ -140,8 +140,13 @@ pub struct Written {
 /// `seq` and `ancestors` for the node after the record's head. The head's
 /// seq is the record's; its ancestors are read from its bytes without
 /// decoding the rest.
-fn next_position(w: &WriteTxn<'_>, record: &ThreadRecord) -> Result<(u64, Vec<Hash>), ThreadError> {
+fn next_position(
+    w: &mut WriteTxn<'_>,
+    record: &ThreadRecord,
+) -> Result<(u64, Vec<Hash>), ThreadError> {
     let head = record.head;
+    // The new node's ref checks will look for both: one read.
+    w.note_stored(&[head, record.start])?;
     let Some(stored) = w.get_record(&head)? else {
         return Err(ThreadError::MissingNode { hash: head });
     };
@@ -198,8 +203,8 @@ fn write_state(
     child_thread: Option<Hash>,
 ) -> Result<Hash, ThreadError> {
     let (seq, ancestors) = next_position(w, record)?;
-    w.put_encoded(&blobs.content)?;
-    w.put_encoded(&blobs.input)?;
+    w.store_encoded(&blobs.content)?;
+    w.store_encoded(&blobs.input)?;
     let node = Blob::State(StateNode {
         ancestors,
         child_thread,

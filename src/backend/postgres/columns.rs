@@ -158,6 +158,47 @@ impl ThreadColumns {
         ]
     }
 
+    /// The values of `table`'s typed columns as SQL literals of a simple
+    /// query, in the order of [`columns_of`]: text as
+    /// `convert_from(decode('<hex>', 'hex'), 'UTF8')` (no quoting or
+    /// escaping to get wrong), times as exact milliseconds after the
+    /// epoch.
+    pub fn literals(&self, table: Table) -> Vec<String> {
+        fn text(s: &str) -> String {
+            use std::fmt::Write;
+            let mut out = String::with_capacity(2 * s.len() + 40);
+            out.push_str("convert_from(decode('");
+            for b in s.as_bytes() {
+                let _ = write!(out, "{b:02x}");
+            }
+            out.push_str("', 'hex'), 'UTF8')");
+            out
+        }
+        fn time(t: &SystemTime) -> String {
+            let ms = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+            format!("(TIMESTAMPTZ 'epoch' + {ms} * INTERVAL '1 millisecond')")
+        }
+        let optional = |s: &Option<String>| s.as_deref().map_or("NULL".to_owned(), text);
+        let all: [String; COLUMN_COUNT] = [
+            text(&self.id),
+            text(self.status),
+            text(&self.workflow),
+            time(&self.created_at),
+            time(&self.updated_at),
+            self.completed_at.as_ref().map_or("NULL".to_owned(), time),
+            text(&self.head),
+            format!("{}::bigint", self.seq),
+            optional(&self.parent_thread),
+            optional(&self.last_error),
+        ];
+        COLUMNS
+            .iter()
+            .zip(all)
+            .filter(|(c, _)| table == Table::History || !c.history_only)
+            .map(|(_, v)| v)
+            .collect()
+    }
+
     /// The parameters of `table`'s typed columns, in the order of
     /// [`columns_of`].
     pub fn params(&self, table: Table) -> Vec<(&(dyn ToSql + Sync), Type)> {

@@ -37,6 +37,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
@@ -52,8 +53,8 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
 
 use super::{
-    Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
-    WriteTables,
+    Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, Refresh, StorageStats,
+    Table, WriteTables,
 };
 use crate::store::{Durability, StoreError};
 use crate::thread::ThreadId;
@@ -99,6 +100,8 @@ pub struct PostgresBackend {
     idle: Mutex<Vec<Client>>,
     /// Idle connections for claims and the GC lock (`locks.rs`).
     lock_pool: locks::LockPool,
+    /// Round trips of this handle's transactions ([`PostgresBackend::round_trips`]).
+    round_trips: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -191,6 +194,7 @@ impl PostgresBackend {
             durability,
             idle: Mutex::new(Vec::new()),
             lock_pool: Arc::new(Mutex::new(Vec::new())),
+            round_trips: std::sync::atomic::AtomicU64::new(0),
         };
         backend.migrate(create)?;
         Ok(backend)
@@ -204,6 +208,19 @@ impl PostgresBackend {
         self.config
             .connect(NoTls)
             .map_err(|e| self.error("connecting".into(), e))
+    }
+
+    /// How many round trips this handle's transactions have made to the
+    /// server so far (each statement or simple query sent and answered;
+    /// claims and the GC lock not counted): a figure for benchmarks and
+    /// tests of the statements an operation costs.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn round_trip(&self) {
+        self.round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(super) fn error(&self, op: String, e: postgres::Error) -> StoreError {
@@ -244,29 +261,271 @@ pub(super) fn column<'r, T: postgres::types::FromSql<'r>>(
     })
 }
 
-/// A transaction's connection, shared by its reads (which take `&self`).
+/// Held-back SQL past which the overlay is sent before the commit, so a
+/// large transaction's memory stays bounded.
+const HELD_SQL_LIMIT: usize = 4 << 20;
+
+/// A write held back until the commit (or until something must see it
+/// on the server).
+#[derive(Debug)]
+enum Held {
+    /// The key's value becomes this (`put`, or an `insert` known to write).
+    Put { value: Vec<u8>, sql: String },
+    /// The key is gone (`remove`, or a `delete` known to delete).
+    Remove { sql: String },
+    /// `insert_or_refresh`: the stored value is not known here.
+    Refresh { sql: String },
+}
+
+impl Held {
+    fn sql(&self) -> &str {
+        match self {
+            Held::Put { sql, .. } | Held::Remove { sql } | Held::Refresh { sql } => sql,
+        }
+    }
+}
+
+/// What a transaction knows and holds, beside its connection.
+#[derive(Default)]
+struct TxnState {
+    client: Option<Client>,
+    /// Whether `BEGIN` has been sent.
+    started: bool,
+    /// Keys to fetch with `BEGIN` ([`ReadTables::prefetch`]).
+    prefetch: Vec<(Table, Vec<u8>)>,
+    /// Values read from the server in this transaction (`None`: absent),
+    /// valid until this transaction writes the key.
+    cache: HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    /// Writes not yet sent, one per key, the last one winning.
+    held: BTreeMap<(Table, Vec<u8>), Held>,
+    /// The held writes' SQL, in bytes.
+    held_sql: usize,
+}
+
+/// A transaction: its connection, its read cache and its held writes
+/// (`docs/design.md` §4b, "Round trips"). Reads take `&self`, so the
+/// state is in a `RefCell`.
 struct Txn<'b> {
     backend: &'b PostgresBackend,
-    client: RefCell<Option<Client>>,
+    /// What `BEGIN` is (isolation, the writer lock, `SET LOCAL`s), sent
+    /// with the first statement.
+    begin: String,
+    state: RefCell<TxnState>,
+}
+
+/// `decode('…', 'hex')`: bytes as a `bytea` literal of a simple query.
+fn bytea_literal(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(2 * bytes.len() + 20);
+    s.push_str("decode('");
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s.push_str("', 'hex')");
+    s
+}
+
+/// Hex text as sent back by `encode(v, 'hex')`, as bytes.
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    digits
+        .chunks_exact(2)
+        .map(|pair| {
+            let [hi, lo] = pair else { return None };
+            let hi = char::from(*hi).to_digit(16)?;
+            let lo = char::from(*lo).to_digit(16)?;
+            u8::try_from(hi * 16 + lo).ok()
+        })
+        .collect()
 }
 
 impl Txn<'_> {
+    fn lost(&self, op: String) -> StoreError {
+        StoreError::ConnectionLost {
+            location: self.backend.location.clone(),
+            op,
+        }
+    }
+
+    /// Runs `f` on the connection once `BEGIN` (with the prefetch) has
+    /// been sent.
     fn with<R>(
         &self,
         op: impl Fn() -> String,
         f: impl FnOnce(&mut Client) -> Result<R, postgres::Error>,
     ) -> Result<R, StoreError> {
-        let mut slot = self.client.borrow_mut();
-        let Some(client) = slot.as_mut() else {
-            return Err(StoreError::ConnectionLost {
-                location: self.backend.location.clone(),
-                op: op(),
-            });
+        let mut state = self.state.borrow_mut();
+        self.start(&mut state, None)?;
+        let Some(client) = state.client.as_mut() else {
+            return Err(self.lost(op()));
         };
+        self.backend.round_trip();
         f(client).map_err(|e| self.backend.error(op(), e))
     }
 
+    /// Sends `BEGIN` unless it was sent, with the prefetched keys and
+    /// `also` read in the same round trip into the cache.
+    fn start(
+        &self,
+        state: &mut TxnState,
+        also: Option<(Table, &[&[u8]])>,
+    ) -> Result<(), StoreError> {
+        if state.started {
+            return Ok(());
+        }
+        let mut keys = std::mem::take(&mut state.prefetch);
+        if let Some((table, more)) = also {
+            keys.extend(more.iter().map(|k| (table, k.to_vec())));
+        }
+        keys.sort();
+        keys.dedup();
+        keys.retain(|key| !state.cache.contains_key(key) && !state.held.contains_key(key));
+        let mut sql = self.begin.clone();
+        if !keys.is_empty() {
+            let selects: Vec<String> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, (table, key))| {
+                    format!(
+                        "SELECT {i}, encode(v, 'hex') FROM {} WHERE k = {}",
+                        sql_table(*table),
+                        bytea_literal(key)
+                    )
+                })
+                .collect();
+            sql.push_str("; ");
+            sql.push_str(&selects.join(" UNION ALL "));
+        }
+        let Some(client) = state.client.as_mut() else {
+            return Err(self.lost("starting a transaction".into()));
+        };
+        self.backend.round_trip();
+        let messages = client
+            .simple_query(&sql)
+            .map_err(|e| self.backend.error("starting a transaction".into(), e))?;
+        state.started = true;
+        let mut found: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for message in &messages {
+            let postgres::SimpleQueryMessage::Row(row) = message else {
+                continue;
+            };
+            // The writer lock's `SELECT` returns one column; ours two.
+            if row.len() != 2 {
+                continue;
+            }
+            let bad = || StoreError::BadSchema {
+                table: "a prefetch",
+                detail: "a row that is not an index and hex bytes".into(),
+            };
+            let slot = row
+                .get(0)
+                .and_then(|i| i.parse::<usize>().ok())
+                .and_then(|i| found.get_mut(i))
+                .ok_or_else(bad)?;
+            *slot = Some(row.get(1).and_then(from_hex).ok_or_else(bad)?);
+        }
+        state.cache.extend(keys.into_iter().zip(found));
+        Ok(())
+    }
+
+    /// Sends the held writes (and `then`, say `COMMIT`) as one simple
+    /// query; they become cached values.
+    fn send_held(&self, state: &mut TxnState, then: &str) -> Result<(), StoreError> {
+        let mut sql = String::with_capacity(state.held_sql + then.len() + 200);
+        if !state.started {
+            sql.push_str(&self.begin);
+            sql.push_str("; ");
+        }
+        for held in state.held.values() {
+            sql.push_str(held.sql());
+            sql.push_str("; ");
+        }
+        sql.push_str(then);
+        if sql.trim().is_empty() {
+            return Ok(());
+        }
+        let Some(client) = state.client.as_mut() else {
+            return Err(self.lost("writing".into()));
+        };
+        self.backend.round_trip();
+        client
+            .batch_execute(&sql)
+            .map_err(|e| self.backend.error(Self::held_op(&state.held), e))?;
+        state.started = true;
+        state.held_sql = 0;
+        for (key, held) in std::mem::take(&mut state.held) {
+            match held {
+                Held::Put { value, .. } => state.cache.insert(key, Some(value)),
+                Held::Remove { .. } => state.cache.insert(key, None),
+                Held::Refresh { .. } => state.cache.remove(&key),
+            };
+        }
+        Ok(())
+    }
+
+    /// What a failed send of held writes was doing, for its message.
+    fn held_op(held: &BTreeMap<(Table, Vec<u8>), Held>) -> String {
+        let mut tables: Vec<&str> = held.keys().map(|(t, _)| t.name()).collect();
+        tables.dedup();
+        if tables.is_empty() {
+            "committing".into()
+        } else {
+            format!("writing {} (sent with the commit)", tables.join(", "))
+        }
+    }
+
+    /// Sends the held writes first if any is in `table` (`key`: only one
+    /// held as a refresh of that key), so the server's answer includes
+    /// them.
+    fn send_held_for(
+        &self,
+        state: &mut TxnState,
+        table: Table,
+        key: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let needed = match key {
+            Some(key) => matches!(
+                state.held.get(&(table, key.to_vec())),
+                Some(Held::Refresh { .. })
+            ),
+            None => state.held.keys().any(|(t, _)| *t == table),
+        };
+        if needed {
+            self.send_held(state, "")?;
+        }
+        Ok(())
+    }
+
+    /// What this transaction knows of `key` without asking the server:
+    /// `Some(value or absence)`, or `None` when it must ask.
+    fn known(state: &TxnState, table: Table, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let k = (table, key.to_vec());
+        match state.held.get(&k) {
+            Some(Held::Put { value, .. }) => return Some(Some(value.clone())),
+            Some(Held::Remove { .. }) => return Some(None),
+            Some(Held::Refresh { .. }) => return None,
+            None => {}
+        }
+        state.cache.get(&k).cloned()
+    }
+
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'static, [u8]>>, StoreError> {
+        {
+            let mut state = self.state.borrow_mut();
+            self.send_held_for(&mut state, table, Some(key))?;
+            if let Some(known) = Self::known(&state, table, key) {
+                return Ok(known.map(Cow::Owned));
+            }
+            if !state.started {
+                self.start(&mut state, Some((table, &[key])))?;
+                if let Some(known) = Self::known(&state, table, key) {
+                    return Ok(known.map(Cow::Owned));
+                }
+            }
+        }
         let sql = format!("SELECT v FROM {} WHERE k = $1", sql_table(table));
         let rows = self.with(
             || format!("reading {table}"),
@@ -277,6 +536,46 @@ impl Txn<'_> {
             .transpose()
     }
 
+    fn get_many(
+        &self,
+        table: Table,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Cow<'static, [u8]>>>, StoreError> {
+        let mut state = self.state.borrow_mut();
+        for key in keys {
+            self.send_held_for(&mut state, table, Some(key))?;
+        }
+        if !state.started {
+            self.start(&mut state, Some((table, keys)))?;
+        }
+        let missing: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|key| Self::known(&state, table, key).is_none())
+            .collect();
+        if !missing.is_empty() {
+            let sql = format!("SELECT k, v FROM {} WHERE k = ANY($1)", sql_table(table));
+            let Some(client) = state.client.as_mut() else {
+                return Err(self.lost(format!("reading {table}")));
+            };
+            self.backend.round_trip();
+            let rows = client
+                .query_typed(&sql, &[(&missing, Type::BYTEA_ARRAY)])
+                .map_err(|e| self.backend.error(format!("reading {table}"), e))?;
+            for key in &missing {
+                state.cache.insert((table, key.to_vec()), None);
+            }
+            for row in &rows {
+                let (k, v): (Vec<u8>, Vec<u8>) = (column(row, 0, table)?, column(row, 1, table)?);
+                state.cache.insert((table, k), Some(v));
+            }
+        }
+        Ok(keys
+            .iter()
+            .map(|key| Self::known(&state, table, key).flatten().map(Cow::Owned))
+            .collect())
+    }
+
     fn page(
         &self,
         table: Table,
@@ -284,6 +583,7 @@ impl Txn<'_> {
         upper: &Bound<Vec<u8>>,
         direction: Direction,
     ) -> Result<Vec<Row>, StoreError> {
+        self.send_held_for(&mut self.state.borrow_mut(), table, None)?;
         let mut sql = format!("SELECT k, v FROM {} WHERE true", sql_table(table));
         let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::new();
         for (bound, inclusive, exclusive) in [(lower, ">=", ">"), (upper, "<=", "<")] {
@@ -310,17 +610,24 @@ impl Txn<'_> {
     }
 
     fn count(&self, table: Table) -> Result<u64, StoreError> {
+        self.send_held_for(&mut self.state.borrow_mut(), table, None)?;
         let sql = format!("SELECT count(*) FROM {}", sql_table(table));
         let rows = self.with(|| format!("counting {table}"), |c| c.query_typed(&sql, &[]))?;
         let n: i64 = rows.first().map_or(Ok(0), |r| column(r, 0, table))?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    /// Ends the transaction; the connection goes back to the pool when it
-    /// ended cleanly.
-    fn finish(&self, sql: &str) -> Result<(), StoreError> {
-        let outcome = self.with(|| "ending a transaction".into(), |c| c.batch_execute(sql));
-        if let Some(client) = self.client.borrow_mut().take()
+    /// Ends the transaction: `end` (`COMMIT`) after the held writes, in
+    /// one round trip; nothing at all when nothing was sent or held. The
+    /// connection goes back to the pool when it ended cleanly.
+    fn finish(&self, end: &str) -> Result<(), StoreError> {
+        let mut state = self.state.borrow_mut();
+        let outcome = if !state.started && state.held.is_empty() {
+            Ok(())
+        } else {
+            self.send_held(&mut state, end)
+        };
+        if let Some(client) = state.client.take()
             && outcome.is_ok()
         {
             self.backend.release(client);
@@ -331,9 +638,19 @@ impl Txn<'_> {
 
 impl Drop for Txn<'_> {
     fn drop(&mut self) {
-        // Not committed: roll back. A connection that cannot is dropped.
-        if self.client.borrow().is_some() {
-            let _ = self.finish("ROLLBACK");
+        // Not committed: roll back what was sent (held writes are simply
+        // forgotten). A connection that cannot is dropped.
+        let mut state = self.state.borrow_mut();
+        let Some(mut client) = state.client.take() else {
+            return;
+        };
+        if !state.started {
+            self.backend.release(client);
+            return;
+        }
+        self.backend.round_trip();
+        if client.batch_execute("ROLLBACK").is_ok() {
+            self.backend.release(client);
         }
     }
 }
@@ -421,6 +738,24 @@ macro_rules! pg_reads {
             fn count(&self, table: Table) -> Result<u64, StoreError> {
                 self.0.count(table)
             }
+
+            fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+                let mut state = self.0.state.borrow_mut();
+                if !state.started {
+                    state
+                        .prefetch
+                        .extend(keys.iter().map(|(t, k)| (*t, k.to_vec())));
+                }
+                Ok(())
+            }
+
+            fn get_many(
+                &self,
+                table: Table,
+                keys: &[&[u8]],
+            ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+                self.0.get_many(table, keys)
+            }
         }
     };
 }
@@ -432,7 +767,9 @@ pg_reads!(PgRead);
 pg_reads!(PgWrite);
 
 impl PgWrite<'_> {
-    fn rows(
+    /// Runs a write statement now; returns the rows it returned. The key's
+    /// cached value is forgotten (`insert`, `delete` set it after).
+    fn now(
         &self,
         op: &str,
         table: Table,
@@ -443,61 +780,192 @@ impl PgWrite<'_> {
             .with(|| format!("{op} {table}"), |c| c.query_typed(sql, params))
             .map(|rows| rows.len())
     }
-}
 
-impl PgWrite<'_> {
-    /// Writes a row; `replace` overwrites an existing one (`put`), else an
-    /// existing row is kept (`insert`). Returns the rows the statement
-    /// returned (`insert`: 1 when it wrote). The thread tables' typed
-    /// columns are filled from `value` ([`columns`]).
-    fn write(
-        &self,
+    /// The statement that writes a row (`replace`: over an existing one,
+    /// else `DO NOTHING RETURNING 1`), with literal values, for a held
+    /// write. The thread tables' typed columns are filled from `value`
+    /// ([`columns`]).
+    fn literal_write(
         table: Table,
         key: &[u8],
         value: &[u8],
         replace: bool,
-    ) -> Result<usize, StoreError> {
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
-            vec![(&key, Type::BYTEA), (&value, Type::BYTEA)];
-        if !columns::has_columns(table) {
-            let sql = if replace {
-                format!(
-                    "INSERT INTO {} (k, v) VALUES ($1, $2) \
-                     ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
-                    sql_table(table)
-                )
-            } else {
-                format!(
-                    "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1",
-                    sql_table(table)
-                )
-            };
-            return self.rows("writing", table, &sql, &params);
+    ) -> Result<String, StoreError> {
+        let mut names = String::new();
+        let mut values = String::new();
+        let mut updates = String::new();
+        if columns::has_columns(table) {
+            let typed = columns::ThreadColumns::of(table, key, value)?;
+            for (column, literal) in columns::columns_of(table).zip(typed.literals(table)) {
+                names.push_str(", ");
+                names.push_str(column.name);
+                values.push_str(", ");
+                values.push_str(&literal);
+                updates.push_str(&format!(", {0} = EXCLUDED.{0}", column.name));
+            }
         }
-        let typed = columns::ThreadColumns::of(table, key, value)?;
-        params.extend(typed.params(table));
-        self.rows(
-            "writing",
+        let conflict = if replace {
+            format!("DO UPDATE SET v = EXCLUDED.v{updates}")
+        } else {
+            "DO NOTHING".into()
+        };
+        Ok(format!(
+            "INSERT INTO {} (k, v{names}) VALUES ({}, {}{values}) ON CONFLICT (k) {conflict}",
+            sql_table(table),
+            bytea_literal(key),
+            bytea_literal(value),
+        ))
+    }
+
+    /// Holds a write back until the commit (sending the held writes first
+    /// when they pass [`HELD_SQL_LIMIT`]).
+    fn hold(&mut self, table: Table, key: &[u8], held: Held) -> Result<(), StoreError> {
+        let state = self.0.state.get_mut();
+        let added = held.sql().len();
+        if let Some(old) = state.held.insert((table, key.to_vec()), held) {
+            state.held_sql -= old.sql().len().min(state.held_sql);
+        }
+        state.cache.remove(&(table, key.to_vec()));
+        state.held_sql += added;
+        if state.held_sql > HELD_SQL_LIMIT {
+            let mut state = self.0.state.borrow_mut();
+            self.0.send_held(&mut state, "")?;
+        }
+        Ok(())
+    }
+
+    fn hold_put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let sql = Self::literal_write(table, key, value, true)?;
+        self.hold(
             table,
-            &columns::write_sql(table, replace),
-            &params,
+            key,
+            Held::Put {
+                value: value.to_vec(),
+                sql,
+            },
         )
+    }
+
+    /// What the transaction knows of `key` (held or cached), after sending
+    /// a held refresh of it.
+    fn known(&mut self, table: Table, key: &[u8]) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+        let mut state = self.0.state.borrow_mut();
+        self.0.send_held_for(&mut state, table, Some(key))?;
+        Ok(Txn::known(&state, table, key))
+    }
+
+    fn forget(&mut self, table: Table, key: &[u8]) {
+        self.0.state.get_mut().cache.remove(&(table, key.to_vec()));
     }
 }
 
 impl WriteTables for PgWrite<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.write(table, key, value, true).map(|_| ())
+        self.hold_put(table, key, value)
     }
 
     fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
-        self.write(table, key, value, false).map(|n| n == 1)
+        match self.known(table, key)? {
+            Some(Some(_)) => return Ok(false),
+            // Known absent: the writer lock keeps it so until the commit.
+            Some(None) => return self.hold_put(table, key, value).map(|()| true),
+            None => {}
+        }
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
+            vec![(&key, Type::BYTEA), (&value, Type::BYTEA)];
+        let typed;
+        let sql = if columns::has_columns(table) {
+            typed = columns::ThreadColumns::of(table, key, value)?;
+            params.extend(typed.params(table));
+            columns::write_sql(table, false)
+        } else {
+            format!(
+                "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO NOTHING RETURNING 1",
+                sql_table(table)
+            )
+        };
+        let wrote = self.now("writing", table, &sql, &params)? == 1;
+        self.forget(table, key);
+        if wrote {
+            self.0
+                .state
+                .get_mut()
+                .cache
+                .insert((table, key.to_vec()), Some(value.to_vec()));
+        }
+        Ok(wrote)
     }
 
     fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+        match self.known(table, key)? {
+            Some(Some(_)) => {
+                self.remove(table, key)?;
+                return Ok(true);
+            }
+            Some(None) => return Ok(false),
+            None => {}
+        }
         let sql = format!("DELETE FROM {} WHERE k = $1 RETURNING 1", sql_table(table));
-        self.rows("deleting from", table, &sql, &[(&key, Type::BYTEA)])
-            .map(|n| n == 1)
+        let deleted = self.now("deleting from", table, &sql, &[(&key, Type::BYTEA)])? == 1;
+        self.0
+            .state
+            .get_mut()
+            .cache
+            .insert((table, key.to_vec()), None);
+        Ok(deleted)
+    }
+
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+        let sql = format!(
+            "DELETE FROM {} WHERE k = {}",
+            sql_table(table),
+            bytea_literal(key)
+        );
+        self.hold(table, key, Held::Remove { sql })
+    }
+
+    fn insert_or_refresh(
+        &mut self,
+        table: Table,
+        key: &[u8],
+        value: &[u8],
+        refresh: Refresh,
+    ) -> Result<(), StoreError> {
+        match self.known(table, key)? {
+            // Known absent: an insert.
+            Some(None) => return self.hold_put(table, key, value),
+            // Known stored: refresh it here.
+            Some(Some(stored)) => {
+                return match refresh.apply(&stored) {
+                    Some(new) => self.hold_put(table, key, &new),
+                    None => Ok(()),
+                };
+            }
+            None => {}
+        }
+        if columns::has_columns(table) {
+            // Not a blob table: no held form; the boundary's default.
+            if self.insert(table, key, value)? {
+                return Ok(());
+            }
+            let refreshed = self.get(table, key)?.and_then(|v| refresh.apply(&v));
+            return match refreshed {
+                Some(new) => self.hold_put(table, key, &new),
+                None => Ok(()),
+            };
+        }
+        let name = sql_table(table);
+        let (from, end) = (refresh.offset + 1, refresh.offset + 8);
+        let sql = format!(
+            "INSERT INTO {name} (k, v) VALUES ({}, {}) ON CONFLICT (k) DO UPDATE \
+             SET v = overlay({name}.v PLACING {} FROM {from} FOR 8) \
+             WHERE length({name}.v) >= {end} AND substring({name}.v FROM {from} FOR 8) < {}",
+            bytea_literal(key),
+            bytea_literal(value),
+            bytea_literal(&refresh.stamp.to_be_bytes()),
+            bytea_literal(&refresh.below.to_be_bytes()),
+        );
+        self.hold(table, key, Held::Refresh { sql })
     }
 
     fn commit(self: Box<Self>) -> Result<(), StoreError> {
@@ -512,14 +980,15 @@ impl fmt::Debug for Txn<'_> {
 }
 
 impl PostgresBackend {
-    fn begin(&self, sql: &str) -> Result<Txn<'_>, StoreError> {
-        let mut client = self.client()?;
-        client
-            .batch_execute(sql)
-            .map_err(|e| self.error("starting a transaction".into(), e))?;
+    /// A transaction that sends `begin` with its first statement.
+    fn begin(&self, begin: String) -> Result<Txn<'_>, StoreError> {
         Ok(Txn {
             backend: self,
-            client: RefCell::new(Some(client)),
+            begin,
+            state: RefCell::new(TxnState {
+                client: Some(self.client()?),
+                ..TxnState::default()
+            }),
         })
     }
 }
@@ -527,7 +996,7 @@ impl PostgresBackend {
 impl Backend for PostgresBackend {
     fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
         Ok(Box::new(PgRead(self.begin(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY".into(),
         )?)))
     }
 
@@ -538,7 +1007,7 @@ impl Backend for PostgresBackend {
             Durability::None => "SET LOCAL synchronous_commit = off; ",
             _ => "",
         };
-        Ok(Box::new(PgWrite(self.begin(&format!(
+        Ok(Box::new(PgWrite(self.begin(format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; {relaxed}SELECT pg_advisory_xact_lock({WRITER_LOCK})"
         ))?)))
     }
