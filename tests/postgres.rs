@@ -922,3 +922,46 @@ fn an_append_step_costs_three_round_trips() {
     assert_eq!(ended.status, ThreadStatus::Completed);
     assert_eq!(ended.seq, 7);
 }
+
+/// A page of history or of `thread list` costs a handful of round trips,
+/// not one per step or thread shown: the nodes of an ancestor list, and
+/// the records of a page, are each one `get_many`.
+#[test]
+fn a_page_of_steps_or_threads_costs_a_few_round_trips() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let long = new_thread(&store, "long");
+    append_n(&store, long.id, 60);
+    let before = round_trips(&store);
+    let seen = store
+        .visit_log(long.id, 50, None, |_, _| {
+            Ok::<_, uwf_db::thread::ThreadError>(())
+        })
+        .unwrap();
+    assert_eq!(seen, 50);
+    // `BEGIN` with the record; the head; 49 more nodes from ancestor
+    // lists of up to 11 (5 reads); `ROLLBACK`.
+    assert_eq!(round_trips(&store) - before, 8);
+
+    // 60 threads, half of them ended (in history).
+    for i in 0..60 {
+        let t = new_thread(&store, "many");
+        if i % 2 == 0 {
+            store.low_level().end_thread(t.id, t.head, end(0)).unwrap();
+        }
+    }
+    let q = ThreadQuery {
+        limit: 50,
+        ..ThreadQuery::default()
+    };
+    let before = round_trips(&store);
+    let page = store.list_threads(&q).unwrap();
+    assert_eq!(page.len(), 50);
+    assert!(page.iter().any(|t| t.status == ThreadStatus::Completed));
+    // `BEGIN`; the activity range; the records in `threads`, the days in
+    // `history_ids` and the records in `history` of the ended ones;
+    // `ROLLBACK`.
+    assert_eq!(round_trips(&store) - before, 6);
+}

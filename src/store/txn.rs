@@ -85,6 +85,29 @@ macro_rules! blob_reads {
             Ok(Some(RecordRef { hash: *hash, value }))
         }
 
+        /// The records of many blobs, in their order: what
+        /// [`Self::get_record`] gives for each, in one read (one round trip
+        /// on a server backend).
+        pub fn get_records(
+            &self,
+            hashes: &[Hash],
+        ) -> Result<Vec<Option<RecordRef<'_>>>, StoreError> {
+            let keys: Vec<&[u8]> = hashes.iter().map(|h| h.as_bytes().as_slice()).collect();
+            let values = self.tables().get_many(Table::Blobs, &keys)?;
+            hashes
+                .iter()
+                .zip(values)
+                .map(|(hash, value)| {
+                    value
+                        .map(|value| {
+                            parse_record(hash, &value)?;
+                            Ok(RecordRef { hash: *hash, value })
+                        })
+                        .transpose()
+                })
+                .collect()
+        }
+
         /// Reads one blob's record.
         pub fn get_stored(&self, hash: &Hash) -> Result<Option<StoredBlob>, StoreError> {
             let Some(value) = self.tables().get(Table::Blobs, hash.as_bytes())? else {

@@ -46,18 +46,10 @@ pub(crate) fn find(
     let Some(day) = t.get(Table::HistoryIds, &key)? else {
         return Ok(None);
     };
-    let day = <[u8; 4]>::try_from(&*day)
-        .map(u32::from_be_bytes)
-        .map_err(|_| ThreadError::CorruptRecord {
-            thread: id.to_string(),
-            detail: "history_ids entry is not 4 bytes".into(),
-        })?;
+    let day = history_day(id, &day)?;
     match t.get(Table::History, &history_key(day, id))? {
         Some(bytes) => Ok(Some((decode(id, &bytes)?, Location::History(day)))),
-        None => Err(ThreadError::CorruptRecord {
-            thread: id.to_string(),
-            detail: format!("history_ids points at day {day}, which has no entry"),
-        }),
+        None => Err(no_history_entry(id, day)),
     }
 }
 
@@ -107,6 +99,76 @@ pub(crate) fn resolve(t: &dyn ReadTables, prefix: &IdPrefix) -> Result<ThreadId,
             prefix: prefix.to_string(),
             candidates: found,
         }),
+    }
+}
+
+/// [`find`] for many threads, in their order: one `get_many` of
+/// `threads`, then of `history_ids` and of `history` for those not there
+/// (three round trips at most on a server backend, whatever the count).
+pub(crate) fn find_many(
+    t: &dyn ReadTables,
+    ids: &[ThreadId],
+) -> Result<Vec<Option<(ThreadRecord, Location)>>, ThreadError> {
+    let keys: Vec<[u8; 16]> = ids.iter().map(|id| id.to_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let mut found = Vec::with_capacity(ids.len());
+    // Those not active: (position, id).
+    let mut elsewhere = Vec::new();
+    for (i, (&id, value)) in ids
+        .iter()
+        .zip(t.get_many(Table::Threads, &refs)?)
+        .enumerate()
+    {
+        match value {
+            Some(bytes) => found.push(Some((decode(id, &bytes)?, Location::Active))),
+            None => {
+                found.push(None);
+                elsewhere.push((i, id));
+            }
+        }
+    }
+    if elsewhere.is_empty() {
+        return Ok(found);
+    }
+    let keys: Vec<[u8; 16]> = elsewhere.iter().map(|(_, id)| id.to_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    // Those in history: (position, id, day).
+    let mut ended = Vec::new();
+    for (&(i, id), day) in elsewhere.iter().zip(t.get_many(Table::HistoryIds, &refs)?) {
+        if let Some(day) = day {
+            ended.push((i, id, history_day(id, &day)?));
+        }
+    }
+    let keys: Vec<[u8; 20]> = ended
+        .iter()
+        .map(|&(_, id, day)| history_key(day, id))
+        .collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    for (&(i, id, day), value) in ended.iter().zip(t.get_many(Table::History, &refs)?) {
+        let Some(bytes) = value else {
+            return Err(no_history_entry(id, day));
+        };
+        if let Some(slot) = found.get_mut(i) {
+            *slot = Some((decode(id, &bytes)?, Location::History(day)));
+        }
+    }
+    Ok(found)
+}
+
+/// The day a `history_ids` entry holds.
+fn history_day(id: ThreadId, value: &[u8]) -> Result<u32, ThreadError> {
+    <[u8; 4]>::try_from(value)
+        .map(u32::from_be_bytes)
+        .map_err(|_| ThreadError::CorruptRecord {
+            thread: id.to_string(),
+            detail: "history_ids entry is not 4 bytes".into(),
+        })
+}
+
+fn no_history_entry(id: ThreadId, day: u32) -> ThreadError {
+    ThreadError::CorruptRecord {
+        thread: id.to_string(),
+        detail: format!("history_ids points at day {day}, which has no entry"),
     }
 }
 

@@ -123,11 +123,12 @@ fn visit_chain<E: From<ThreadError> + From<StoreError>>(
     let mut batch = vec![from];
     while visited < limit && !batch.is_empty() {
         let mut oldest = None;
-        for hash in &batch {
-            if visited == limit {
-                break;
-            }
-            let Some(stored) = r.get_record(hash)? else {
+        // The batch's nodes in one read (one round trip on a server
+        // backend).
+        batch.truncate(limit - visited);
+        let records = r.get_records(&batch)?;
+        for (hash, stored) in batch.iter().zip(records) {
+            let Some(stored) = stored else {
                 return Err(ThreadError::MissingNode { hash: *hash }.into());
             };
             let record = stored.record()?;
@@ -301,7 +302,17 @@ impl Store {
                 }
                 ids.extend(key.get(8..).and_then(ThreadId::from_slice));
             }
-            ids.into_iter().map(|id| need(r, id)).collect()
+            // The page's records in one batch (a few round trips on a
+            // server backend, not one per thread).
+            index::find_many(r.tables(), &ids)?
+                .into_iter()
+                .zip(&ids)
+                .map(|(found, id)| {
+                    found
+                        .map(|(record, _)| record)
+                        .ok_or_else(|| ThreadError::Unknown(id.to_string()))
+                })
+                .collect()
         })
     }
 
