@@ -483,6 +483,9 @@ impl ReadTables for CountedRead<'_> {
     fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
         self.t.prefetch(keys)
     }
+    fn prefers_batches(&self) -> bool {
+        self.t.prefers_batches()
+    }
     fn get_many(
         &self,
         table: Table,
@@ -510,6 +513,9 @@ impl ReadTables for CountedWrite<'_> {
     }
     fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
         self.t.prefetch(keys)
+    }
+    fn prefers_batches(&self) -> bool {
+        self.t.prefers_batches()
     }
     fn get_many(
         &self,

@@ -219,6 +219,15 @@ pub trait ReadTables {
         Ok(())
     }
 
+    /// Whether one [`ReadTables::get_many`] of several keys is much cheaper
+    /// than a `get` of each (a client–server backend: one round trip
+    /// instead of many), so a caller should fetch together what it will
+    /// read next. An embedded engine says no (the default): there a batch
+    /// only adds allocations, and callers read key by key as they go.
+    fn prefers_batches(&self) -> bool {
+        false
+    }
+
     /// The values under `keys`, in their order: what a `get` of each
     /// would return, in one round trip on a client–server backend. The
     /// default calls [`ReadTables::get`] for each key.

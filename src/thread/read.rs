@@ -123,11 +123,19 @@ fn visit_chain<E: From<ThreadError> + From<StoreError>>(
     let mut batch = vec![from];
     while visited < limit && !batch.is_empty() {
         let mut oldest = None;
-        // The batch's nodes in one read (one round trip on a server
-        // backend).
         batch.truncate(limit - visited);
-        let records = r.get_records(&batch)?;
-        for (hash, stored) in batch.iter().zip(records) {
+        // On a server backend, the batch's nodes in one read (one round
+        // trip); on LMDB, each as it is visited.
+        let mut fetched = if r.tables().prefers_batches() {
+            Some(r.get_records(&batch)?.into_iter())
+        } else {
+            None
+        };
+        for hash in &batch {
+            let stored = match fetched.as_mut() {
+                Some(records) => records.next().flatten(),
+                None => r.get_record(hash)?,
+            };
             let Some(stored) = stored else {
                 return Err(ThreadError::MissingNode { hash: *hash }.into());
             };

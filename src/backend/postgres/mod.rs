@@ -749,6 +749,10 @@ macro_rules! pg_reads {
                 Ok(())
             }
 
+            fn prefers_batches(&self) -> bool {
+                true
+            }
+
             fn get_many(
                 &self,
                 table: Table,
