@@ -135,7 +135,12 @@ impl Store {
                     "$status".to_owned(),
                     crate::node::Value::Str(status.into()),
                 )]);
-                let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta) {
+                let route = match wf.route_in(
+                    Some(&self.engine_state().templates),
+                    role,
+                    &meta,
+                    &summary,
+                ) {
                     Ok(r) => r,
                     Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
                 };

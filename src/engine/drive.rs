@@ -378,7 +378,8 @@ impl Store {
             }
             ThreadStatus::Completed | ThreadStatus::Failed => {
                 let wf = self.load_workflow(record.workflow_hash)?;
-                let (role, start_prompt) = wf.first_in(Some(&self.engine_state().templates))?;
+                // `$START.resume` when the workflow has one.
+                let (role, start_prompt) = wf.resume_in(Some(&self.engine_state().templates))?;
                 let instruction = with_text(&start_prompt);
                 self.run_step(
                     &record,
@@ -669,7 +670,12 @@ impl Store {
                 }
             }
         };
-        let route = match wf.route_in(Some(&self.engine_state().templates), role, &extracted.meta) {
+        let route = match wf.route_in(
+            Some(&self.engine_state().templates),
+            role,
+            &extracted.meta,
+            &extracted.body,
+        ) {
             Ok(r) => r,
             Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
         };

@@ -507,10 +507,12 @@ fn fork_state(
         }
         .into());
     }
+    let body = store.text(&state.content)?;
     match wf.route_in(
         Some(&store.engine_state().templates),
         &state.role,
         &state.meta,
+        &body,
     )? {
         Next::End(_) => Err(EngineError::ForkAfterEnd {
             thread: record.id,

@@ -87,7 +87,18 @@ impl Workflow {
     /// prompt are the rendered `$END` prompt. An unknown status is an error
     /// (the step must not be committed).
     pub fn route(&self, role: &str, meta: &BTreeMap<String, Value>) -> Result<Next, WorkflowError> {
-        self.route_in(None, role, meta)
+        self.route_in(None, role, meta, "")
+    }
+
+    /// [`Workflow::route`] for a reply whose body is `body`: the edge
+    /// prompt may use it as `{{_body}}`.
+    pub fn route_reply(
+        &self,
+        role: &str,
+        meta: &BTreeMap<String, Value>,
+        body: &str,
+    ) -> Result<Next, WorkflowError> {
+        self.route_in(None, role, meta, body)
     }
 
     /// [`Workflow::route`] rendering with a store's compiled templates.
@@ -96,6 +107,7 @@ impl Workflow {
         templates: Option<&Templates>,
         role: &str,
         meta: &BTreeMap<String, Value>,
+        body: &str,
     ) -> Result<Next, WorkflowError> {
         let edges = self
             .graph
@@ -109,8 +121,9 @@ impl Workflow {
                 status: status.clone(),
                 allowed: edges.keys().cloned().collect(),
             })?;
+        let data = ReplyData { meta, body };
         let text =
-            render_in(templates, &edge.prompt, meta).map_err(|source| WorkflowError::Template {
+            render_in(templates, &edge.prompt, &data).map_err(|source| WorkflowError::Template {
                 role: role.to_owned(),
                 target: edge.role.clone(),
                 source,
@@ -145,6 +158,33 @@ impl Workflow {
         let edge = self
             .start_edge()
             .ok_or_else(|| WorkflowError::UnknownRole(model::START.to_owned()))?;
+        Self::start_text(templates, edge)
+    }
+
+    /// Where a completed or failed thread's resume starts: the
+    /// `$START.resume` edge's role and prompt, or, without one, the
+    /// `$START` entry edge's (SPEC §4).
+    pub fn first_on_resume(&self) -> Result<(String, String), WorkflowError> {
+        self.resume_in(None)
+    }
+
+    /// [`Workflow::first_on_resume`] rendering with a store's compiled
+    /// templates.
+    pub(crate) fn resume_in(
+        &self,
+        templates: Option<&Templates>,
+    ) -> Result<(String, String), WorkflowError> {
+        match self.resume_edge() {
+            Some(edge) => Self::start_text(templates, edge),
+            None => self.first_in(templates),
+        }
+    }
+
+    /// A `$START` edge's role and rendered prompt (no variables).
+    fn start_text(
+        templates: Option<&Templates>,
+        edge: &model::Edge,
+    ) -> Result<(String, String), WorkflowError> {
         let text =
             render_in(templates, &edge.prompt, &serde_json::json!({})).map_err(|source| {
                 WorkflowError::Template {
@@ -177,6 +217,16 @@ impl Workflow {
             other => Err(corrupt(format!("it is a {} blob", other.kind()))),
         }
     }
+}
+
+/// What an edge prompt is rendered with: the reply's frontmatter, and its
+/// body as `_body`.
+#[derive(serde::Serialize)]
+struct ReplyData<'a> {
+    #[serde(flatten)]
+    meta: &'a BTreeMap<String, Value>,
+    #[serde(rename = "_body")]
+    body: &'a str,
 }
 
 /// Renders with `templates` when given, else compiles for this one call.

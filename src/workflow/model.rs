@@ -12,6 +12,14 @@ pub const END: &str = "$END";
 pub const SUSPEND: &str = "$SUSPEND";
 /// The status key used when an agent gives no `$status`.
 pub const DEFAULT_STATUS: &str = "_";
+/// The reference's name for the `$START` entry edge (the same as `_`).
+pub const START_NEW: &str = "new";
+/// The `$START` edge a resumed completed or failed thread follows.
+pub const RESUME: &str = "resume";
+/// The reserved template variable holding the previous reply's body.
+pub const BODY_VARIABLE: &str = "_body";
+/// The reference's format version this crate reads (`version: 1`).
+pub const FORMAT_VERSION: u32 = 1;
 /// Default loop protection.
 pub const DEFAULT_MAX_ROUNDS: u32 = 100;
 
@@ -73,6 +81,11 @@ impl Workflow {
     /// The `$START` edge.
     pub fn start_edge(&self) -> Option<&Edge> {
         self.graph.get(START).and_then(|e| e.get(DEFAULT_STATUS))
+    }
+
+    /// The `$START.resume` edge, if the workflow has one.
+    pub fn resume_edge(&self) -> Option<&Edge> {
+        self.graph.get(START).and_then(|e| e.get(RESUME))
     }
 }
 

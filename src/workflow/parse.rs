@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::model::{
-    Compact, DEFAULT_MAX_ROUNDS, DEFAULT_STATUS, END, Edge, Role, START, SUSPEND, Workflow,
+    BODY_VARIABLE, Compact, DEFAULT_MAX_ROUNDS, DEFAULT_STATUS, END, Edge, FORMAT_VERSION, RESUME,
+    Role, START, START_NEW, SUSPEND, Workflow,
 };
 use super::template;
 use crate::thread::END_ROLE;
@@ -42,6 +43,8 @@ type GraphSrc = BTreeMap<String, Spanned<BTreeMap<String, Spanned<EdgeSrc>>>>;
 
 #[derive(Deserialize)]
 struct WorkflowSrc {
+    /// The reference's format version: absent, or 1.
+    version: Option<Spanned<serde_json::Value>>,
     name: Option<Spanned<String>>,
     description: Option<String>,
     #[serde(rename = "maxRounds")]
@@ -144,8 +147,20 @@ pub fn parse_workflow(
         "",
         None,
         &src.extra,
-        "name, description, maxRounds, compact, roles, graph",
+        "version, name, description, maxRounds, compact, roles, graph",
     );
+    if let Some(v) = &src.version
+        && v.value != serde_json::json!(FORMAT_VERSION)
+    {
+        p.at(
+            "version",
+            Some(v),
+            format!(
+                "unsupported workflow format version {} (this uwf-db reads version {FORMAT_VERSION}, or files without a version)",
+                v.value
+            ),
+        );
+    }
 
     let name = match &src.name {
         None => {
@@ -240,6 +255,17 @@ pub fn parse_workflow(
             }
         }
         if let Some(schema) = &v.frontmatter
+            && declares_property(schema, BODY_VARIABLE)
+        {
+            p.at(
+                format!("{path}.frontmatter"),
+                Some(r),
+                format!(
+                    "'{BODY_VARIABLE}' is reserved (the template variable holding the previous reply's body); rename the property"
+                ),
+            );
+        }
+        if let Some(schema) = &v.frontmatter
             && let Err(e) = jsonschema::validator_for(schema)
         {
             p.at(
@@ -267,12 +293,29 @@ pub fn parse_workflow(
     match graph_src.get(START) {
         None => p.at::<()>("graph", None, "missing the $START node"),
         Some(s) => {
-            let keys: Vec<&String> = s.value.keys().collect();
-            if keys != [DEFAULT_STATUS] {
+            let entries = [DEFAULT_STATUS, START_NEW]
+                .iter()
+                .filter(|k| s.value.contains_key(**k))
+                .count();
+            let others: Vec<&String> = s
+                .value
+                .keys()
+                .filter(|k| ![DEFAULT_STATUS, START_NEW, RESUME].contains(&k.as_str()))
+                .collect();
+            if entries != 1 || !others.is_empty() {
                 p.at(
                     format!("graph.{START}"),
                     Some(s),
-                    "$START must have exactly one edge, '_'",
+                    "$START must have exactly one entry edge, '_' or 'new', and may have a 'resume' edge",
+                );
+            }
+            if let Some(resume) = s.value.get(RESUME)
+                && resume.value.role.as_deref().is_some_and(|t| t == END || t == SUSPEND)
+            {
+                p.at(
+                    format!("graph.{START}.{RESUME}.role"),
+                    Some(resume),
+                    "the resume edge must lead to a role",
                 );
             }
         }
@@ -357,12 +400,15 @@ pub fn parse_workflow(
             match template::variables(&prompt) {
                 Err(err) => p.at(format!("{path}.prompt"), Some(e), err.to_string()),
                 Ok(vars) => {
-                    let allowed: Vec<String> = match from_role {
+                    let mut allowed: Vec<String> = match from_role {
                         _ if from == START => Vec::new(),
                         Some(r) if r.workflow.is_some() => vec!["$status".into()],
                         Some(r) => r.properties_for(status),
                         None => Vec::new(),
                     };
+                    if from != START {
+                        allowed.push(BODY_VARIABLE.to_owned());
+                    }
                     for v in vars {
                         if !allowed.contains(&v) {
                             let why = if from == START {
@@ -382,8 +428,15 @@ pub fn parse_workflow(
                     }
                 }
             }
+            // `new` is the reference's name for the entry edge: stored as
+            // `_`, so both spellings make the same workflow blob.
+            let key = if from == START && status == START_NEW {
+                DEFAULT_STATUS.to_owned()
+            } else {
+                status.clone()
+            };
             out.insert(
-                status.clone(),
+                key,
                 Edge {
                     role: target,
                     prompt,
@@ -434,6 +487,21 @@ pub fn parse_workflow(
         p.0.sort_by_key(|x| (x.line.unwrap_or(u32::MAX), x.column.unwrap_or(0)));
         Err(p.0)
     }
+}
+
+/// Whether a JSON Schema declares `name` as a property, at its top level
+/// or in one of its `oneOf` variants.
+fn declares_property(schema: &serde_json::Value, name: &str) -> bool {
+    let here = |s: &serde_json::Value| {
+        s.get("properties")
+            .and_then(|p| p.as_object())
+            .is_some_and(|o| o.contains_key(name))
+    };
+    here(schema)
+        || schema
+            .get("oneOf")
+            .and_then(|v| v.as_array())
+            .is_some_and(|variants| variants.iter().any(here))
 }
 
 fn join(items: impl IntoIterator<Item = impl AsRef<str>>) -> String {
