@@ -13,6 +13,7 @@
 //!   prefix resolution, group commit, statistics.
 //! - [`thread`]: thread records, chains, forks, history and listings.
 //! - [`workflow`] and [`engine`]: YAML workflows and the synchronous engine.
+//! - [`yaml`]: the one way YAML is read (the YAML 1.2 core schema).
 //! - [`gc`]: garbage collection that is safe while writers run.
 //! - [`verify`]: re-hash every blob and check every ref and index entry.
 //! - [`copy`]: a whole store into another, on any pair of backends,
@@ -59,6 +60,7 @@ pub mod store;
 pub mod thread;
 pub mod verify;
 pub mod workflow;
+pub mod yaml;
 
 pub use codec::CodecError;
 pub use hash::{Hash, HashPrefix, ParseHashError};

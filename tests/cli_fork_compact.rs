@@ -72,6 +72,41 @@ fn fork_computes_its_state_from_the_node_and_the_workflow(b: TestBackend) {
     assert_eq!(env.log(&id), log);
 }
 
+fn fork_from_a_role_that_did_not_run_lists_the_roles_that_did(b: TestBackend) {
+    let env = Cli::new(b);
+    let r = env.json(&[
+        "run",
+        "examples/review.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    let id = r["thread"].as_str().unwrap();
+    let o = env.uwf(&["thread", "fork", id, "--from-role", "tester"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("has no step of role 'tester' (roles that ran: developer, reviewer)"),
+        "{}",
+        stderr(&o)
+    );
+    // A thread where nothing ran yet says so.
+    let t = env.json(&["thread", "start", "review", "-p", "t"]);
+    let o = env.uwf(&[
+        "thread",
+        "fork",
+        t["thread"].as_str().unwrap(),
+        "--from-role",
+        "developer",
+    ]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("no role has run on it yet"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 fn compaction_manual_and_automatic(b: TestBackend) {
     let env = Cli::new(b);
     let wf = env.file(
@@ -126,5 +161,6 @@ fn compaction_manual_and_automatic(b: TestBackend) {
 
 process_conformance!(
     fork_computes_its_state_from_the_node_and_the_workflow,
+    fork_from_a_role_that_did_not_run_lists_the_roles_that_did,
     compaction_manual_and_automatic,
 );

@@ -71,6 +71,68 @@ fn count_returns_one_result_per_step(b: TestBackend) {
     assert!(stderr(&o).contains("completed"));
 }
 
+/// A regression: `--count 0` ran nothing and exited 0, hiding the mistake.
+fn count_zero_is_bad_usage_and_c_is_short_for_count(b: TestBackend) {
+    let env = Cli::new(b);
+    // Approved at once, twice: a run, then a resume.
+    let sc = env.file(
+        "twice.yaml",
+        &review_scenario(&[
+            ("developer", DEV),
+            ("reviewer", OK),
+            ("developer", DEV),
+            ("reviewer", OK),
+        ]),
+    );
+    let agent = &format!("script:{sc}");
+    let t = env.json(&[
+        "thread",
+        "start",
+        "examples/review.yaml",
+        "-p",
+        "task",
+        "--agent",
+        agent,
+    ]);
+    let id = t["thread"].as_str().unwrap();
+    for args in [
+        ["thread", "step", id, "--count", "0"],
+        ["thread", "step", id, "-c", "0"],
+        ["thread", "resume", id, "--count", "0"],
+        ["thread", "resume", id, "-c", "0"],
+    ] {
+        let o = env.uwf(&args);
+        assert_eq!(code(&o), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("--count") && stderr(&o).contains("at least 1"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    let o = env.uwf(&["thread", "step", id, "-c", "two"]);
+    assert_eq!(code(&o), Some(2));
+    assert!(stderr(&o).contains("not a whole number"), "{}", stderr(&o));
+    assert!(env.log(id).is_empty(), "nothing ran");
+    // -c N is --count N for step, resume and batch.
+    let r = env.json(&["thread", "step", id, "-c", "4"]);
+    assert_eq!(r.as_array().unwrap().len(), 2, "stops early at the end");
+    assert_eq!(r[1]["status"], "completed");
+    let r = env.json(&["thread", "resume", id, "-c", "2", "-p", "again"]);
+    assert_eq!(r.as_array().unwrap().len(), 2);
+    assert_eq!(r[1]["status"], "completed");
+    let agent = "script:examples/review.scenario.yaml";
+    let o = env.uwf(&["batch", "review", "-c", "0", "-p", "x", "--agent", agent]);
+    assert_eq!(code(&o), Some(2), "{}", stderr(&o));
+    let o = env.uwf(&["batch", "review", "-c", "2", "-p", "x", "--agent", agent]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let listed = env.json(&["thread", "list", "--status", "completed"]);
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        3,
+        "the batch's two threads too"
+    );
+}
+
 fn a_role_mismatch_commits_nothing_and_a_retry_works(b: TestBackend) {
     let env = Cli::new(b);
     let bad = env.file("bad.yaml", &review_scenario(&[("reviewer", OK)]));
@@ -147,6 +209,7 @@ fn unknown_status_is_a_step_failure(b: TestBackend) {
 process_conformance!(
     run_loops_and_templates_reach_the_next_prompt_exactly,
     count_returns_one_result_per_step,
+    count_zero_is_bad_usage_and_c_is_short_for_count,
     a_role_mismatch_commits_nothing_and_a_retry_works,
     max_rounds_ends_the_thread_as_failed,
     unknown_status_is_a_step_failure,

@@ -156,6 +156,52 @@ fn a_failed_resume_keeps_the_previous_status(b: TestBackend) {
     assert!(s["last_error"].as_str().unwrap().contains("exit status: 5"));
 }
 
+/// A regression: resuming a thread that cannot be resumed, with no agent
+/// given or stored, said "has no agent" instead of the thread's status.
+fn resume_reports_the_status_before_a_missing_agent(b: TestBackend) {
+    let env = Cli::new(b);
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let id = t["thread"].as_str().unwrap();
+    let o = env.uwf(&["thread", "resume", id]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("is idle: only suspended, completed or failed threads"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("no agent"), "{}", stderr(&o));
+    env.json(&["thread", "cancel", id]);
+    let o = env.uwf(&["thread", "resume", id, "-p", "x"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("is cancelled"), "{}", stderr(&o));
+    // A thread that can be resumed, with no agent anywhere: now the agent
+    // is what is missing (the stored spec is removed through the library).
+    let p = env.json(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "t",
+        "--agent",
+        "script:examples/planner.scenario.yaml",
+    ]);
+    assert_eq!(p["status"], "suspended");
+    let pid = p["thread"].as_str().unwrap();
+    {
+        let store = env.open_store();
+        let tid: uwf_db::thread::ThreadId = pid.parse().unwrap();
+        store
+            .low_level()
+            .update_record(tid, |r| {
+                r.agent = None;
+                Ok(())
+            })
+            .unwrap();
+    }
+    let o = env.uwf(&["thread", "resume", pid]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("has no agent"), "{}", stderr(&o));
+}
+
 fn cancel_ends_with_return_code_2(b: TestBackend) {
     let env = Cli::new(b);
     let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
@@ -186,5 +232,6 @@ process_conformance!(
     suspend_resume_cycles_record_what_the_human_said,
     a_completed_thread_resumes_with_the_first_role,
     a_failed_resume_keeps_the_previous_status,
+    resume_reports_the_status_before_a_missing_agent,
     cancel_ends_with_return_code_2,
 );

@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = extract(&Role::default(), text);
     if let Some(fast) = flat_frontmatter(text) {
         let parsed: serde_json::Value =
-            serde_saphyr::from_str(text).expect("the parser takes what the fast path takes");
+            uwf_db::yaml::from_str(text).expect("the parser takes what the fast path takes");
         assert_eq!(parsed, serde_json::Value::Object(fast), "{text:?}");
     }
 });

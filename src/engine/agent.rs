@@ -356,7 +356,7 @@ impl ScriptAgent {
                 source,
             })?;
         let scenario: Scenario =
-            serde_saphyr::from_str(&text).map_err(|e| AgentError::ScenarioYaml {
+            crate::yaml::from_str(&text).map_err(|e| AgentError::ScenarioYaml {
                 path: path.to_path_buf(),
                 source: Box::new(e),
             })?;

@@ -320,15 +320,46 @@ impl Store {
         agent: &mut dyn Agent,
         cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
-        if let Some(record) = self.thread(id)?
-            && let Some(parent) = record.parent_thread
+        self.check_resumable(id)?;
+        self.resume_inner(id, text, agent, cancel)
+    }
+
+    /// Whether thread `id` can be resumed now: it is suspended, completed
+    /// or failed ([`EngineError::NotResumable`] names its status otherwise),
+    /// and it is not a child suspended inside its parent
+    /// ([`EngineError::ResumeThroughParent`] names the parent). A resume
+    /// checks this itself; a caller that must choose an agent first asks
+    /// it before, so that a thread that cannot be resumed says so rather
+    /// than that it has no agent.
+    ///
+    /// ```
+    /// use uwf_db::engine::{EngineError, StartOptions};
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// // Idle: step it instead.
+    /// let e = store.check_resumable(thread.id).unwrap_err();
+    /// assert!(matches!(e, EngineError::NotResumable { .. }));
+    /// assert!(e.to_string().contains("is idle"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_resumable(&self, id: ThreadId) -> Result<(), EngineError> {
+        let record = self.need_thread(id)?;
+        if let Some(parent) = record.parent_thread
             && let Some(p) = self.thread(parent)?
             && p.active_child == Some(id)
             && p.underlying_status() == ThreadStatus::Suspended
         {
             return Err(EngineError::ResumeThroughParent { thread: id, parent });
         }
-        self.resume_inner(id, text, agent, cancel)
+        match record.underlying_status() {
+            ThreadStatus::Suspended | ThreadStatus::Completed | ThreadStatus::Failed => Ok(()),
+            status => Err(EngineError::NotResumable { thread: id, status }),
+        }
     }
 
     /// `resume_thread` without the refusal for children of suspended parents.

@@ -71,14 +71,17 @@ fn split(text: &str) -> Option<(&str, &str)> {
 ///
 /// A line qualifies when its key is `[A-Za-z_$][A-Za-z0-9_$-]*`, then `": "`,
 /// then a value that starts with an ASCII letter, holds only printable ASCII
-/// other than `#` and `:`, and is not a word YAML reads as null or a boolean.
+/// other than `#` and `:`, and is not a word YAML 1.2 reads as null or a
+/// boolean (see [`crate::yaml`]: `yes`, `no`, `on`, `off`, `y` and `n` are
+/// strings).
 /// Duplicate keys do not qualify (the parser rejects them).
 #[doc(hidden)]
 pub fn flat_frontmatter(yaml: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
     fn special(word: &str) -> bool {
-        const WORDS: [&str; 11] = [
-            "null", "true", "false", "yes", "no", "on", "off", "y", "n", "nan", "inf",
-        ];
+        // Null, the YAML 1.2 booleans, and non-finite float spellings the
+        // parser might take. `yes`, `no`, `on`, `off`, `y` and `n` are plain
+        // strings in the YAML 1.2 core schema (`crate::yaml`).
+        const WORDS: [&str; 5] = ["null", "true", "false", "nan", "inf"];
         WORDS.iter().any(|w| w.eq_ignore_ascii_case(word))
     }
     let mut map = serde_json::Map::new();
@@ -142,7 +145,7 @@ pub(crate) fn extract_with(
     } else if let Some(flat) = flat_frontmatter(yaml) {
         serde_json::Value::Object(flat)
     } else {
-        serde_saphyr::from_str(yaml).map_err(|e| ExtractError::NotYaml(e.to_string()))?
+        crate::yaml::from_str(yaml).map_err(|e| ExtractError::NotYaml(e.to_string()))?
     };
     let Some(map) = front.as_object() else {
         return Err(ExtractError::NotYaml(
@@ -336,6 +339,27 @@ mod tests {
         assert_eq!(x.artifacts, vec![h]);
     }
 
+    /// The YAML 1.1 boolean words in every case (lower, Upper, UPPER):
+    /// YAML 1.2 strings.
+    const YAML_11_BOOLEANS: [&str; 16] = [
+        "y", "Y", "n", "N", "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off",
+        "OFF",
+    ];
+
+    /// The YAML 1.1 boolean words are strings for the fast path and the
+    /// parser alike, as keys and as values.
+    #[test]
+    fn yaml_11_boolean_words_are_strings() {
+        for w in YAML_11_BOOLEANS {
+            let yaml = format!("$status: {w}\n{w}: {w}\n");
+            let expected = json!({"$status": w, w: w});
+            let fast = flat_frontmatter(&yaml).map(serde_json::Value::Object);
+            assert_eq!(fast.as_ref(), Some(&expected), "fast path, {yaml:?}");
+            let parsed: serde_json::Value = crate::yaml::from_str(&yaml).unwrap();
+            assert_eq!(parsed, expected, "parser, {yaml:?}");
+        }
+    }
+
     /// The fast path gives exactly what the YAML parser gives, or stands
     /// aside.
     #[test]
@@ -343,12 +367,6 @@ mod tests {
         let values = [
             "approved",
             "the README does not mention --json",
-            "yes",
-            "No",
-            "ON",
-            "off",
-            "y",
-            "N",
             "null",
             "Null",
             "NULL",
@@ -410,10 +428,10 @@ mod tests {
             "$status", "reason", "_k", "a-b", "yes", "null", "1a", "a b", "a:b", "k",
         ];
         let mut checked = 0;
-        for k in keys {
-            for v in values {
+        for k in keys.into_iter().chain(YAML_11_BOOLEANS) {
+            for v in values.into_iter().chain(YAML_11_BOOLEANS) {
                 let yaml = format!("{k}: {v}\nother: word\n");
-                let parsed: Result<serde_json::Value, _> = serde_saphyr::from_str(&yaml);
+                let parsed: Result<serde_json::Value, _> = crate::yaml::from_str(&yaml);
                 if let Some(fast) = flat_frontmatter(&yaml) {
                     checked += 1;
                     assert_eq!(

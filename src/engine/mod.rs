@@ -148,13 +148,24 @@ pub enum EngineError {
     #[error(transparent)]
     Agent(#[from] agent::AgentError),
     /// No step of that role on the chain.
-    #[error("thread {thread} has no step of role '{role}'")]
+    #[error("thread {thread} has no step of role '{role}' ({})", roles_that_ran(.ran))]
     NoSuchStep {
         /// The thread.
         thread: ThreadId,
         /// The role.
         role: String,
+        /// The roles that did run on the chain, in the order each first ran.
+        ran: Vec<String>,
     },
+}
+
+/// `NoSuchStep`'s list of the roles a thread did run.
+fn roles_that_ran(ran: &[String]) -> String {
+    if ran.is_empty() {
+        "no role has run on it yet".to_owned()
+    } else {
+        format!("roles that ran: {}", ran.join(", "))
+    }
 }
 
 /// Where a fork starts.
@@ -459,19 +470,35 @@ impl Store {
     }
 
     /// The parent (or the start) of the newest step of `role` on the chain.
+    /// When there is none, the error lists the roles that did run (the
+    /// whole chain was read to find out, so listing them costs nothing).
     fn before_latest_step(&self, record: &ThreadRecord, role: &str) -> Result<Hash, EngineError> {
         let mut before = None;
+        // Newest first, as the log pages come.
+        let mut seen: Vec<String> = Vec::new();
         loop {
             let page = self.thread_log(record.id, 256, before)?;
             if let Some(e) = page.iter().find(|e| e.node.role == role) {
                 return Ok(e.node.ancestors.first().copied().unwrap_or(record.start));
             }
+            seen.extend(
+                page.iter()
+                    .filter(|e| e.node.role != END_ROLE)
+                    .map(|e| e.node.role.clone()),
+            );
             match page.last() {
                 Some(last) if page.len() == 256 => before = Some(last.hash),
                 _ => {
+                    let mut ran: Vec<String> = Vec::new();
+                    for r in seen.into_iter().rev() {
+                        if !ran.contains(&r) {
+                            ran.push(r);
+                        }
+                    }
                     return Err(EngineError::NoSuchStep {
                         thread: record.id,
                         role: role.to_owned(),
+                        ran,
                     });
                 }
             }

@@ -130,7 +130,7 @@ pub fn parse_workflow(
     expected_name: Option<&str>,
     is_registered: &dyn Fn(&str) -> bool,
 ) -> Result<Workflow, Vec<Problem>> {
-    let src: WorkflowSrc = serde_saphyr::from_str(yaml).map_err(|e| {
+    let src: WorkflowSrc = crate::yaml::from_str(yaml).map_err(|e| {
         let loc = e.location();
         vec![Problem {
             path: "(document)".into(),

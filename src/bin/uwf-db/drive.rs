@@ -50,6 +50,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"))
 }
 
+/// A `--count`: a whole number, at least 1 (0 would run nothing and
+/// succeed silently, which hides a mistake in a script).
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (0 would do nothing)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
+
 impl AgentArgs {
     /// How built-in agents run.
     pub fn options(&self) -> AgentOptions {
@@ -130,6 +140,11 @@ pub fn drive(
     cancel: &Cancel,
     out: &mut Output,
 ) -> Result<(), CliError> {
+    if resume.is_some() {
+        // A thread that cannot be resumed says so (with its status) before
+        // anything is said about its agent.
+        store.check_resumable(id)?;
+    }
     let (mut a, spec) = agent.agent_for(store, id)?;
     let options = DriveOptions {
         max_steps: Some(count),

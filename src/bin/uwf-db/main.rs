@@ -90,10 +90,10 @@ enum Command {
         /// finish its threads if it dies
         #[arg(long, requires = "continue_")]
         wait: bool,
-        /// Start N threads with the prompt given by -p
-        #[arg(short = 'n', long = "count", value_name = "N", requires = "prompt",
-              value_parser = clap::value_parser!(u32).range(1..))]
-        count: Option<u32>,
+        /// Start N threads with the prompt given by -p (1 or more)
+        #[arg(short = 'n', visible_short_alias = 'c', long = "count", value_name = "N",
+              requires = "prompt", value_parser = drive::parse_count)]
+        count: Option<usize>,
         /// The prompt for -n
         #[arg(short = 'p', long = "prompt", requires = "count")]
         prompt: Option<String>,
@@ -250,7 +250,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             agent,
             &batch::Args {
                 file: prompts.as_deref(),
-                count: count.map(|n| n as usize),
+                count: *count,
                 prompt: prompt.as_deref(),
                 continue_: *continue_,
                 wait: wait.then(|| std::time::Duration::from_secs(1)),

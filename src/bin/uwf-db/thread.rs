@@ -44,8 +44,9 @@ pub enum ThreadCommand {
         id: IdPrefix,
         #[command(flatten)]
         agent: crate::drive::AgentArgs,
-        /// How many steps at most
-        #[arg(long, default_value_t = 1)]
+        /// How many steps at most (1 or more)
+        #[arg(short = 'c', long, value_name = "N", default_value_t = 1,
+              value_parser = crate::drive::parse_count)]
         count: usize,
     },
     /// Resume a suspended, completed or failed thread (the resumed step is the first of N)
@@ -58,8 +59,9 @@ pub enum ThreadCommand {
         prompt: Option<String>,
         #[command(flatten)]
         agent: crate::drive::AgentArgs,
-        /// How many steps at most
-        #[arg(long, default_value_t = 1)]
+        /// How many steps at most (1 or more)
+        #[arg(short = 'c', long, value_name = "N", default_value_t = 1,
+              value_parser = crate::drive::parse_count)]
         count: usize,
     },
     /// Cancel: end node with return code 2, into history (suspended children too)
@@ -201,7 +203,7 @@ pub fn run(
                 &store,
                 id,
                 agent,
-                (*count).max(1),
+                *count,
                 Some(prompt.as_deref()),
                 cancel,
                 out,
