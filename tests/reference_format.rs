@@ -67,8 +67,7 @@ impl Agent for Recorder {
 }
 
 fn load(store: &Store, yaml: &str) -> (Workflow, uwf_db::Hash) {
-    let wf = parse_workflow(yaml, None, &|_| false)
-        .unwrap_or_else(|p| panic!("refused: {p:#?}"));
+    let wf = parse_workflow(yaml, None, &|_| false).unwrap_or_else(|p| panic!("refused: {p:#?}"));
     let (hash, _) = store.add_workflow(&wf).unwrap();
     (wf, hash)
 }
@@ -80,7 +79,10 @@ fn the_reference_format_runs_to_the_end_and_resumes_through_start_resume(b: Test
     let ours = PLANNER
         .replace("version: 1\n", "")
         .replace("    new: {", "    _: {");
-    assert_eq!(parse_workflow(&ours, None, &|_| false).unwrap().graph, wf.graph);
+    assert_eq!(
+        parse_workflow(&ours, None, &|_| false).unwrap().graph,
+        wf.graph
+    );
 
     let mut agent = Recorder::default();
     let (thread, report) = store
@@ -105,7 +107,9 @@ fn the_reference_format_runs_to_the_end_and_resumes_through_start_resume(b: Test
     let end = &log[0].node;
     assert_eq!(
         end.meta.get("summary"),
-        Some(&uwf_db::Value::Str("Written: The write-up & its table.".into()))
+        Some(&uwf_db::Value::Str(
+            "Written: The write-up & its table.".into()
+        ))
     );
 
     // Resuming the completed thread follows `$START.resume`: its role, its
@@ -141,7 +145,10 @@ conformance!(the_reference_format_runs_to_the_end_and_resumes_through_start_resu
 #[test]
 fn without_a_resume_edge_a_resume_starts_at_the_entry_edge() {
     let wf = parse_workflow(
-        &PLANNER.replace("    resume: { role: writer, prompt: 'Revise the write-up' }\n", ""),
+        &PLANNER.replace(
+            "    resume: { role: writer, prompt: 'Revise the write-up' }\n",
+            "",
+        ),
         None,
         &|_| false,
     )
@@ -167,7 +174,10 @@ fn bad_versions_start_edges_and_body_properties_are_refused() {
             "unsupported workflow format version",
         ),
         (
-            PLANNER.replace("    new: {", "    _: { role: planner, prompt: 'x' }\n    new: {"),
+            PLANNER.replace(
+                "    new: {",
+                "    _: { role: planner, prompt: 'x' }\n    new: {",
+            ),
             "graph.$START",
             "exactly one entry edge",
         ),
@@ -177,10 +187,7 @@ fn bad_versions_start_edges_and_body_properties_are_refused() {
             "exactly one entry edge",
         ),
         (
-            PLANNER.replace(
-                "resume: { role: writer,",
-                "resume: { role: $END,",
-            ),
+            PLANNER.replace("resume: { role: writer,", "resume: { role: $END,"),
             "graph.$START.resume.role",
             "must lead to a role",
         ),

@@ -122,12 +122,13 @@ impl Workflow {
                 allowed: edges.keys().cloned().collect(),
             })?;
         let data = ReplyData { meta, body };
-        let text =
-            render_in(templates, &edge.prompt, &data).map_err(|source| WorkflowError::Template {
+        let text = render_in(templates, &edge.prompt, &data).map_err(|source| {
+            WorkflowError::Template {
                 role: role.to_owned(),
                 target: edge.role.clone(),
                 source,
-            })?;
+            }
+        })?;
         Ok(match edge.role.as_str() {
             model::END => Next::End(EndSpec {
                 return_code: 0,

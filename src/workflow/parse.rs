@@ -310,7 +310,11 @@ pub fn parse_workflow(
                 );
             }
             if let Some(resume) = s.value.get(RESUME)
-                && resume.value.role.as_deref().is_some_and(|t| t == END || t == SUSPEND)
+                && resume
+                    .value
+                    .role
+                    .as_deref()
+                    .is_some_and(|t| t == END || t == SUSPEND)
             {
                 p.at(
                     format!("graph.{START}.{RESUME}.role"),
