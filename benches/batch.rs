@@ -85,6 +85,7 @@ fn group_commit_bench(per_writer: usize) -> Comparison {
                                 let next = Next::Role {
                                     role: "developer".into(),
                                     instruction: "Implement the change".into(),
+                                    location: None,
                                 };
                                 head = g
                                     .low_level()

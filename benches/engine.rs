@@ -57,6 +57,7 @@ fn main() {
             Next::Role {
                 role: "reviewer".into(),
                 instruction: "Review the change".into(),
+                location: None,
             },
         ),
         (
@@ -71,6 +72,7 @@ fn main() {
             Next::Role {
                 role: "developer".into(),
                 instruction: "Fix this: the README does not mention --json".into(),
+                location: None,
             },
         ),
         (
@@ -85,6 +87,7 @@ fn main() {
             Next::Role {
                 role: "reviewer".into(),
                 instruction: "Review the change".into(),
+                location: None,
             },
         ),
         (
@@ -156,6 +159,8 @@ fn main() {
                                 next_role: "developer".into(),
                                 next_instruction: "Implement the change".into(),
                                 agent: None,
+                                cwd: None,
+                                next_location: None,
                             })
                             .unwrap();
                         let mut head = t.head;

@@ -44,6 +44,7 @@ fn build(store: &Store, threads: usize) -> Vec<ThreadId> {
             let next = Next::Role {
                 role: "dev".into(),
                 instruction: "Implement the change".into(),
+                location: None,
             };
             head = store
                 .low_level()

@@ -706,6 +706,8 @@ fn new_thread(wf: Hash, name: &str, prompt: String) -> NewThread {
         next_role: "developer".into(),
         next_instruction: "Implement the change".into(),
         agent: None,
+        cwd: None,
+        next_location: None,
     }
 }
 
@@ -738,6 +740,7 @@ fn next() -> Next {
     Next::Role {
         role: "reviewer".into(),
         instruction: "Review the change".into(),
+        location: None,
     }
 }
 

@@ -61,6 +61,7 @@ fn next() -> Next {
     Next::Role {
         role: "reviewer".into(),
         instruction: "Review the change".into(),
+        location: None,
     }
 }
 
@@ -238,6 +239,7 @@ fn main() {
     let fork_state = || Next::Role {
         role: "developer".into(),
         instruction: "again".into(),
+        location: None,
     };
     let fork = Comparison::run(
         "fork a 100,000-step thread (baseline: a 10-step one)",
@@ -295,6 +297,8 @@ fn main() {
                 next_role: "developer".into(),
                 next_instruction: "Implement".into(),
                 agent: None,
+                cwd: None,
+                next_location: None,
             })
             .unwrap();
         ids.push(r.id);

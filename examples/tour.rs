@@ -56,6 +56,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         next_role: "developer".into(),
         next_instruction: "Implement the change".into(),
         agent: None,
+        cwd: None,
+        next_location: None,
     })?;
     println!("started thread {} ({})", t.id, t.status);
 
@@ -71,6 +73,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into(),
+            location: None,
         },
     )?;
     let rejected = store.low_level().append_step(
@@ -85,6 +88,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Next::Role {
             role: "developer".into(),
             instruction: "Fix this: document the flag".into(),
+            location: None,
         },
     )?;
     // A stale head is refused: compare-and-swap.
@@ -95,6 +99,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Next::Role {
             role: "tester".into(),
             instruction: "Run the tests".into(),
+            location: None,
         },
     );
     println!(
@@ -110,6 +115,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into(),
+            location: None,
         },
     )?;
     let suspended = store.low_level().append_step(
@@ -143,6 +149,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         Next::Role {
             role: "reviewer".into(),
             instruction: "Review the change".into(),
+            location: None,
         },
     )?;
     let done = store.low_level().append_step(

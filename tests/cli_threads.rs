@@ -45,6 +45,7 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
             uwf_db::thread::Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
+                location: None,
             },
         )
         .unwrap();

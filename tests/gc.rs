@@ -86,6 +86,7 @@ fn nothing_reachable_is_collected(b: TestBackend) {
             Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
+                location: None,
             },
         )
         .unwrap();
@@ -118,6 +119,7 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
             Next::Role {
                 role: "dev".into(),
                 instruction: "again".into(),
+                location: None,
             },
         )
         .unwrap();
@@ -370,6 +372,7 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                                         Next::Role {
                                             role: "dev".into(),
                                             instruction: "again".into(),
+                                            location: None,
                                         },
                                     )
                                     .unwrap();

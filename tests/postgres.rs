@@ -229,6 +229,8 @@ fn drive_some_threads(store: &Store) -> Vec<ThreadId> {
             next_role: "dev".into(),
             next_instruction: "Implement".into(),
             agent: None,
+            cwd: None,
+            next_location: None,
         })
         .unwrap();
     let ended = new_thread(store, "review");

@@ -206,6 +206,55 @@ fn bad_versions_start_edges_and_body_properties_are_refused() {
             "expected {path}: {message} in {problems:#?}"
         );
     }
+    // A location: on an edge into a role, with the variables its prompt
+    // may use.
+    for (yaml, path, message) in [
+        (
+            PLANNER.replace(
+                "done: { role: $END, prompt: 'Written: {{{ _body }}}' }",
+                "done: { role: $END, prompt: 'Written', location: 'x' }",
+            ),
+            "graph.writer.done.location",
+            "not to $END or $SUSPEND",
+        ),
+        (
+            PLANNER.replace(
+                "prompt: \"Write up",
+                "location: '{{ nowhere }}', prompt: \"Write up",
+            ),
+            "graph.planner.planned.location",
+            "template variable 'nowhere' is not defined",
+        ),
+    ] {
+        let problems = parse_workflow(&yaml, None, &|_| false).unwrap_err();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.path == path && p.message.contains(message)),
+            "expected {path}: {message} in {problems:#?}"
+        );
+    }
+    let with_location = PLANNER.replace(
+        "prompt: \"Write up",
+        "location: '{{ title }}/{{_body}}', prompt: \"Write up",
+    );
+    let wf = parse_workflow(&with_location, None, &|_| false).unwrap();
+    assert_eq!(
+        wf.graph["planner"]["planned"].location.as_deref(),
+        Some("{{ title }}/{{_body}}")
+    );
+    // `location: null` is no location.
+    let wf = parse_workflow(
+        &PLANNER.replace(
+            "prompt: 'Make a plan' }",
+            "prompt: 'Make a plan', location: null }",
+        ),
+        None,
+        &|_| false,
+    )
+    .unwrap();
+    assert_eq!(wf.graph["$START"]["_"].location, None);
+
     // `_body` in a `$START` prompt: there is no previous reply.
     let problems = parse_workflow(
         &PLANNER.replace("'Make a plan'", "'Make a plan {{_body}}'"),

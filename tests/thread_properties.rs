@@ -141,6 +141,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Next::Role {
                         role: "dev".into(),
                         instruction: "go".into(),
+                        location: None,
                     },
                 );
                 prop_assert_eq!(store.thread(m.id).unwrap().unwrap(), before);

@@ -217,6 +217,7 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
     let idle = Next::Role {
         role: "dev".into(),
         instruction: "again".into(),
+        location: None,
     };
     // At a middle step, at the head and at the start.
     let mid = store
@@ -479,6 +480,8 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
             next_role: "tester".into(),
             next_instruction: "Run the tests".into(),
             agent: None,
+            cwd: None,
+            next_location: None,
         })
         .unwrap();
     let c = store

@@ -33,7 +33,8 @@ fn the_review_example_parses_and_routes() {
             .unwrap(),
         Next::Role {
             role: "reviewer".into(),
-            instruction: "Review the change".into()
+            instruction: "Review the change".into(),
+            location: None,
         }
     );
     assert_eq!(
@@ -44,7 +45,8 @@ fn the_review_example_parses_and_routes() {
         .unwrap(),
         Next::Role {
             role: "developer".into(),
-            instruction: "Fix this: no <tests> & docs".into()
+            instruction: "Fix this: no <tests> & docs".into(),
+            location: None,
         }
     );
     assert_eq!(

@@ -115,6 +115,8 @@ pub fn start_thread(
             next_role: role.into(),
             next_instruction: "Implement the change".into(),
             agent: None,
+            cwd: None,
+            next_location: None,
         })
         .unwrap()
 }

@@ -35,6 +35,10 @@ pub struct AgentRequest<'a> {
     pub prompt: &'a str,
     /// Agent-answered role steps the thread already has.
     pub answered_steps: usize,
+    /// The directory to work in (the edge's `location` resolved against
+    /// the thread's `cwd`; it exists): a `cmd:` agent is started there.
+    /// `None`: the driver's working directory.
+    pub cwd: Option<&'a std::path::Path>,
     /// For a summarising call: how many summaries the thread already has.
     pub summary_index: Option<usize>,
     /// The token the drive runs under: an agent that starts processes
@@ -534,8 +538,22 @@ impl Agent for CmdAgent {
 
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
         use std::os::unix::process::CommandExt;
-        let program = self.program.clone();
-        let mut child = Command::new(&program)
+        let mut program = self.program.clone();
+        let mut command = Command::new(&program);
+        if let Some(dir) = req.cwd {
+            // A relative program path names a file from where the driver
+            // runs, not from the agent's directory.
+            let path = std::path::Path::new(&program);
+            if path.is_relative()
+                && path.components().count() > 1
+                && let Ok(here) = std::env::current_dir()
+            {
+                program = here.join(path).to_string_lossy().into_owned();
+                command = Command::new(&program);
+            }
+            command.current_dir(dir);
+        }
+        let mut child = command
             .args(&self.args)
             .env("UWF_THREAD", req.thread.to_string())
             .env("UWF_ROLE", req.role_name)

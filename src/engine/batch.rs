@@ -28,6 +28,8 @@ pub struct BatchOptions {
     pub agent_spec: Option<String>,
     /// Loop protection for every thread (default: the workflow's).
     pub max_rounds: Option<u32>,
+    /// Each thread's working directory ([`StartOptions::cwd`]).
+    pub cwd: Option<std::path::PathBuf>,
     /// The token the batch runs under: cancelling it starts no new thread,
     /// kills the agents running and leaves their threads retryable.
     pub cancel: Cancel,
@@ -468,6 +470,7 @@ fn drive_one(
     let start = StartOptions {
         agent_spec: options.agent_spec.clone(),
         max_rounds: options.max_rounds,
+        cwd: options.cwd.clone(),
         cancel: options.cancel.clone(),
     };
     match store.run_workflow(workflow, prompt, &start, agent) {

@@ -46,8 +46,14 @@ impl Store {
                         ),
                     ));
                 };
-                let (first_role, first_instruction) =
-                    child_wf.first_in(Some(&self.engine_state().templates))?;
+                let templates = Some(&self.engine_state().templates);
+                let (first_role, first_instruction) = child_wf.first_in(templates)?;
+                let next_location = child_wf.start_location_in(templates, false)?;
+                // The child works where this step would have: the edge's
+                // location, resolved against this thread's directory.
+                let cwd =
+                    super::drive::step_dir(record.cwd.as_deref(), record.next_location.as_deref())
+                        .map(|d| d.to_string_lossy().into_owned());
                 let c = self.low_level().start_thread(NewThread {
                     workflow: child_wf.name.clone(),
                     workflow_hash: hash,
@@ -59,6 +65,8 @@ impl Store {
                     next_role: first_role,
                     next_instruction: first_instruction,
                     agent: record.agent.clone(),
+                    cwd,
+                    next_location,
                 })?;
                 let child = c.id;
                 self.low_level().update_record(id, move |r| {

@@ -70,6 +70,7 @@ impl Store {
             instruction: &instruction,
             prompt: &prompt,
             answered_steps: 0,
+            cwd: record.cwd.as_deref().map(std::path::Path::new),
             summary_index: Some(summaries),
             cancel,
         };

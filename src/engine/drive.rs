@@ -184,6 +184,24 @@ pub struct CancelOptions {
     pub force: bool,
 }
 
+/// The meta key under which a step that ran at an edge's `location`
+/// records the directory its agent worked in.
+pub const CWD_META: &str = "$cwd";
+
+/// The directory a step's agent works in: the rendered `location` of the
+/// edge into the role (an absolute path as it is; a relative one joined to
+/// the thread's `cwd`, or left relative to the driver's directory when the
+/// thread has none), else the thread's `cwd`; `None` when neither is set.
+pub(crate) fn step_dir(cwd: Option<&str>, location: Option<&str>) -> Option<std::path::PathBuf> {
+    use std::path::{Path, PathBuf};
+    match (cwd, location) {
+        (Some(c), Some(l)) => Some(Path::new(c).join(l)),
+        (None, Some(l)) => Some(PathBuf::from(l)),
+        (Some(c), None) => Some(PathBuf::from(c)),
+        (None, None) => None,
+    }
+}
+
 /// Which kind of step to run.
 pub(super) enum Mode {
     /// The next role of an idle thread.
@@ -641,6 +659,30 @@ impl Store {
                 (agent, cancel),
             );
         }
+        // Where the agent works: the edge's location (resolved against the
+        // thread's directory), which must exist; the step fails, with
+        // nothing committed, when it does not.
+        let location = match mode {
+            Mode::Next => record.next_location.clone(),
+            Mode::ResumeEnded => {
+                wf.start_location_in(Some(&self.engine_state().templates), true)?
+            }
+            Mode::ResumeSuspended => None,
+        };
+        let dir = step_dir(record.cwd.as_deref(), location.as_deref());
+        if let Some(dir) = &dir
+            && !dir.is_dir()
+        {
+            let what = if location.is_some() {
+                format!("the location of the edge into role '{role}'")
+            } else {
+                "the thread's working directory".to_owned()
+            };
+            return Err(self.fail(
+                id,
+                format!("directory '{}' does not exist ({what})", dir.display()),
+            ));
+        }
         let (task, max_rounds) = self.task_of(record.start)?;
         let context = self.context_of(record, RECENT_STEPS + 1)?;
         let header = self.role_header_of(record.workflow_hash, role, role_def);
@@ -670,6 +712,7 @@ impl Store {
                 prompt: &ask,
                 answered_steps: answered,
                 summary_index: None,
+                cwd: dir.as_deref(),
                 cancel,
             };
             let reply = match agent.call(&request) {
@@ -715,9 +758,17 @@ impl Store {
             _ => record.rounds() + 1,
         };
         let after = with_max_rounds(route, rounds, max_rounds);
+        let mut meta = extracted.meta;
+        if let (Some(dir), Some(_)) = (&dir, &location) {
+            // Where the agent worked, kept with the step (SPEC §4).
+            meta.insert(
+                CWD_META.to_owned(),
+                crate::node::Value::Str(dir.to_string_lossy().into_owned()),
+            );
+        }
         let step = StepWrite {
             role: role.to_owned(),
-            meta: extracted.meta,
+            meta,
             reply: extracted.body,
             artifacts: extracted.artifacts,
             instruction: instruction.to_owned(),

@@ -187,6 +187,11 @@ pub struct StartOptions {
     pub agent_spec: Option<String>,
     /// Loop protection (default: the workflow's `maxRounds`).
     pub max_rounds: Option<u32>,
+    /// The directory the thread's agents work in, and relative edge
+    /// `location`s resolve against (recorded on the thread; the CLI gives
+    /// `--cwd` or the directory it was called from). `None`: the driver's
+    /// working directory, whatever it is at each step.
+    pub cwd: Option<std::path::PathBuf>,
     /// The token the drive of [`Store::run_workflow`] runs under (starting
     /// alone runs nothing and ignores it).
     pub cancel: Cancel,
@@ -399,7 +404,9 @@ impl Store {
         options: &StartOptions,
     ) -> Result<NewThread, EngineError> {
         let wf = self.load_workflow(workflow)?;
-        let (role, instruction) = wf.first_in(Some(&self.engine_state().templates))?;
+        let templates = Some(&self.engine_state().templates);
+        let (role, instruction) = wf.first_in(templates)?;
+        let next_location = wf.start_location_in(templates, false)?;
         Ok(NewThread {
             workflow: wf.name.clone(),
             workflow_hash: workflow,
@@ -411,6 +418,11 @@ impl Store {
             next_role: role,
             next_instruction: instruction,
             agent: options.agent_spec.clone(),
+            cwd: options
+                .cwd
+                .as_ref()
+                .map(|c| c.to_string_lossy().into_owned()),
+            next_location,
         })
     }
 
@@ -513,8 +525,14 @@ fn fork_state(
     node: Hash,
 ) -> Result<Next, EngineError> {
     if node == record.start {
-        let (role, instruction) = wf.first_in(Some(&store.engine_state().templates))?;
-        return Ok(Next::Role { role, instruction });
+        let templates = Some(&store.engine_state().templates);
+        let (role, instruction) = wf.first_in(templates)?;
+        let location = wf.start_location_in(templates, false)?;
+        return Ok(Next::Role {
+            role,
+            instruction,
+            location,
+        });
     }
     let state = match store.get(&node)? {
         Some(Blob::State(s)) => s,

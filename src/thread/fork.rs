@@ -61,29 +61,41 @@ impl LowLevel<'_> {
                 (node.seq, last_end)
             };
             let now = w.now_ms();
-            let (status, next_role, next_instruction, suspended_role, suspend_message) =
-                match state.clone() {
-                    Next::Role { role, instruction } => (
-                        ThreadStatus::Idle,
-                        Some(role),
-                        Some(instruction),
-                        None,
-                        None,
-                    ),
-                    Next::Suspend { role, message } => (
-                        ThreadStatus::Suspended,
-                        None,
-                        None,
-                        Some(role),
-                        Some(message),
-                    ),
-                    Next::End(_) => {
-                        return Err(ThreadError::ForkIntoEnd {
-                            thread: source,
-                            node: at,
-                        });
-                    }
-                };
+            let (
+                status,
+                next_role,
+                next_instruction,
+                next_location,
+                suspended_role,
+                suspend_message,
+            ) = match state.clone() {
+                Next::Role {
+                    role,
+                    instruction,
+                    location,
+                } => (
+                    ThreadStatus::Idle,
+                    Some(role),
+                    Some(instruction),
+                    location,
+                    None,
+                    None,
+                ),
+                Next::Suspend { role, message } => (
+                    ThreadStatus::Suspended,
+                    None,
+                    None,
+                    None,
+                    Some(role),
+                    Some(message),
+                ),
+                Next::End(_) => {
+                    return Err(ThreadError::ForkIntoEnd {
+                        thread: source,
+                        node: at,
+                    });
+                }
+            };
             let record = ThreadRecord {
                 active_child: None,
                 agent: src.agent.clone(),
@@ -91,6 +103,7 @@ impl LowLevel<'_> {
                 claimed_status: None,
                 completed_at: None,
                 created_at: now,
+                cwd: src.cwd.clone(),
                 forked_from: Some(super::ForkOrigin {
                     node: at,
                     thread: source,
@@ -100,6 +113,7 @@ impl LowLevel<'_> {
                 last_end_seq,
                 last_error: None,
                 next_instruction,
+                next_location,
                 next_role,
                 parent_thread: src.parent_thread,
                 seq,

@@ -134,6 +134,11 @@ pub struct ThreadRecord {
     pub completed_at: Option<u64>,
     /// When the thread was created (ms).
     pub created_at: u64,
+    /// The directory its agents work in, and relative `location`s resolve
+    /// against: where `run`/`thread start` was called, or `--cwd`. `None`
+    /// (a thread made through the library without one): the driver's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
     /// The thread and node this thread was forked from.
     pub forked_from: Option<ForkOrigin>,
     /// The newest node of the chain.
@@ -147,6 +152,9 @@ pub struct ThreadRecord {
     pub last_error: Option<String>,
     /// The rendered instruction of the next step (when idle).
     pub next_instruction: Option<String>,
+    /// The rendered `location` of the edge into the next step (when idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_location: Option<String>,
     /// The role of the next step (when idle).
     pub next_role: Option<String>,
     /// The thread whose `workflow:` role spawned this one.

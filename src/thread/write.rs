@@ -70,6 +70,10 @@ pub struct NewThread {
     pub next_instruction: String,
     /// The agent spec to store on the record.
     pub agent: Option<String>,
+    /// The directory the thread's agents work in ([`ThreadRecord::cwd`]).
+    pub cwd: Option<String>,
+    /// The rendered `location` of the `$START` edge.
+    pub next_location: Option<String>,
 }
 
 /// One role step to append.
@@ -112,6 +116,9 @@ pub enum Next {
         role: String,
         /// Its rendered instruction.
         instruction: String,
+        /// The rendered `location` of the edge into it: the directory its
+        /// agent works in, relative to the thread's `cwd` (SPEC §4).
+        location: Option<String>,
     },
     /// Wait for a human: status `suspended`; `role` (the one that produced
     /// the suspending status) runs again on resume.
@@ -252,6 +259,7 @@ fn write_end(
 fn clear_next(record: &mut ThreadRecord) {
     record.next_role = None;
     record.next_instruction = None;
+    record.next_location = None;
     record.suspended_role = None;
     record.suspend_message = None;
 }
@@ -266,9 +274,14 @@ fn apply_after(
     // outcome goes underneath, in `claimed_status`.
     let claimed = record.status == ThreadStatus::Running && record.claimed_status.is_some();
     let status = match after {
-        Next::Role { role, instruction } => {
+        Next::Role {
+            role,
+            instruction,
+            location,
+        } => {
             record.next_role = Some(role);
             record.next_instruction = Some(instruction);
+            record.next_location = location;
             ThreadStatus::Idle
         }
         Next::Suspend { role, message } => {
@@ -341,12 +354,14 @@ impl LowLevel<'_> {
                 claimed_status: claimed.then_some(ThreadStatus::Idle),
                 completed_at: None,
                 created_at: now,
+                cwd: new.cwd.clone(),
                 forked_from: None,
                 head: start,
                 id,
                 last_end_seq: 0,
                 last_error: None,
                 next_instruction: Some(new.next_instruction.clone()),
+                next_location: new.next_location.clone(),
                 next_role: Some(new.next_role.clone()),
                 parent_thread: new.parent_thread,
                 seq: 0,

@@ -142,6 +142,7 @@ impl Workflow {
             next => Next::Role {
                 role: next.to_owned(),
                 instruction: text,
+                location: edge_location(templates, role, edge, &data)?,
             },
         })
     }
@@ -178,6 +179,23 @@ impl Workflow {
         match self.resume_edge() {
             Some(edge) => Self::start_text(templates, edge),
             None => self.first_in(templates),
+        }
+    }
+
+    /// The rendered `location` of the `$START` entry edge (`resume`: of the
+    /// edge a resume of an ended thread follows), if it has one.
+    pub(crate) fn start_location_in(
+        &self,
+        templates: Option<&Templates>,
+        resume: bool,
+    ) -> Result<Option<String>, WorkflowError> {
+        let edge = match (resume, self.resume_edge()) {
+            (true, Some(edge)) => Some(edge),
+            _ => self.start_edge(),
+        };
+        match edge {
+            Some(edge) => edge_location(templates, model::START, edge, &serde_json::json!({})),
+            None => Ok(None),
         }
     }
 
@@ -218,6 +236,25 @@ impl Workflow {
             other => Err(corrupt(format!("it is a {} blob", other.kind()))),
         }
     }
+}
+
+/// An edge's `location`, rendered with `data`; `None` when it has none or
+/// it renders to nothing but whitespace.
+fn edge_location(
+    templates: Option<&Templates>,
+    from: &str,
+    edge: &model::Edge,
+    data: &impl serde::Serialize,
+) -> Result<Option<String>, WorkflowError> {
+    let Some(template) = &edge.location else {
+        return Ok(None);
+    };
+    let text = render_in(templates, template, data).map_err(|source| WorkflowError::Template {
+        role: from.to_owned(),
+        target: edge.role.clone(),
+        source,
+    })?;
+    Ok(Some(text).filter(|t| !t.trim().is_empty()))
 }
 
 /// What an edge prompt is rendered with: the reply's frontmatter, and its

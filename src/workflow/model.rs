@@ -75,6 +75,11 @@ pub struct Edge {
     pub role: String,
     /// A Mustache template rendered with the step's frontmatter.
     pub prompt: String,
+    /// A template rendered like the prompt: the directory the target
+    /// role's agent works in, relative to the thread's `cwd` (the
+    /// reference's `location`; absent or null: the thread's `cwd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
 }
 
 impl Workflow {

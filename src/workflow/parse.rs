@@ -82,6 +82,7 @@ struct RoleSrc {
 struct EdgeSrc {
     role: Option<String>,
     prompt: Option<String>,
+    location: Option<String>,
     #[serde(flatten)]
     extra: Extra,
 }
@@ -375,7 +376,14 @@ pub fn parse_workflow(
         let mut out = BTreeMap::new();
         for (status, e) in &edges.value {
             let path = format!("{node_path}.{status}");
-            p.unknown_keys(&path, Some(e), &e.value.extra, "role, prompt");
+            p.unknown_keys(&path, Some(e), &e.value.extra, "role, prompt, location");
+            if e.value.location.is_some() && (target_is(e, END) || target_is(e, SUSPEND)) {
+                p.at(
+                    format!("{path}.location"),
+                    Some(e),
+                    "a location applies to an edge into a role, not to $END or $SUSPEND",
+                );
+            }
             let target = match &e.value.role {
                 Some(t) => t.clone(),
                 None => {
@@ -401,33 +409,37 @@ pub fn parse_workflow(
             if prompt.trim().is_empty() {
                 p.at(format!("{path}.prompt"), Some(e), "missing or empty prompt");
             }
-            match template::variables(&prompt) {
-                Err(err) => p.at(format!("{path}.prompt"), Some(e), err.to_string()),
-                Ok(vars) => {
-                    let mut allowed: Vec<String> = match from_role {
-                        _ if from == START => Vec::new(),
-                        Some(r) if r.workflow.is_some() => vec!["$status".into()],
-                        Some(r) => r.properties_for(status),
-                        None => Vec::new(),
-                    };
-                    if from != START {
-                        allowed.push(BODY_VARIABLE.to_owned());
-                    }
-                    for v in vars {
-                        if !allowed.contains(&v) {
-                            let why = if from == START {
-                                "$START prompts have no variables".to_owned()
-                            } else {
-                                format!(
-                                    "the '{status}' variant of role '{from}' defines {}",
-                                    join(&allowed)
-                                )
-                            };
-                            p.at(
-                                format!("{path}.prompt"),
-                                Some(e),
-                                format!("template variable '{v}' is not defined: {why}"),
-                            );
+            let templates = std::iter::once(("prompt", prompt.as_str()))
+                .chain(e.value.location.as_deref().map(|l| ("location", l)));
+            for (field, text) in templates {
+                match template::variables(text) {
+                    Err(err) => p.at(format!("{path}.{field}"), Some(e), err.to_string()),
+                    Ok(vars) => {
+                        let mut allowed: Vec<String> = match from_role {
+                            _ if from == START => Vec::new(),
+                            Some(r) if r.workflow.is_some() => vec!["$status".into()],
+                            Some(r) => r.properties_for(status),
+                            None => Vec::new(),
+                        };
+                        if from != START {
+                            allowed.push(BODY_VARIABLE.to_owned());
+                        }
+                        for v in vars {
+                            if !allowed.contains(&v) {
+                                let why = if from == START {
+                                    "$START prompts have no variables".to_owned()
+                                } else {
+                                    format!(
+                                        "the '{status}' variant of role '{from}' defines {}",
+                                        join(&allowed)
+                                    )
+                                };
+                                p.at(
+                                    format!("{path}.{field}"),
+                                    Some(e),
+                                    format!("template variable '{v}' is not defined: {why}"),
+                                );
+                            }
                         }
                     }
                 }
@@ -444,6 +456,7 @@ pub fn parse_workflow(
                 Edge {
                     role: target,
                     prompt,
+                    location: e.value.location.clone(),
                 },
             );
         }
@@ -491,6 +504,11 @@ pub fn parse_workflow(
         p.0.sort_by_key(|x| (x.line.unwrap_or(u32::MAX), x.column.unwrap_or(0)));
         Err(p.0)
     }
+}
+
+/// Whether an edge as written leads to `target`.
+fn target_is(edge: &Spanned<EdgeSrc>, target: &str) -> bool {
+    edge.value.role.as_deref() == Some(target)
 }
 
 /// Whether a JSON Schema declares `name` as a property, at its top level

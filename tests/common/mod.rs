@@ -162,6 +162,8 @@ pub fn try_new_thread(
         next_role: "dev".into(),
         next_instruction: "Implement the change".into(),
         agent: Some("script:test.yaml".into()),
+        cwd: None,
+        next_location: None,
     })
 }
 
@@ -182,6 +184,7 @@ pub fn next(role: &str) -> Next {
     Next::Role {
         role: role.into(),
         instruction: format!("your turn, {role}"),
+        location: None,
     }
 }
 

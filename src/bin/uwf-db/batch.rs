@@ -1,7 +1,7 @@
 //! `batch`: drive many threads in parallel, committing in groups.
 
 use std::ops::ControlFlow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use uwf_db::engine::Cancel;
@@ -89,6 +89,8 @@ pub struct Args<'a> {
     pub max_group: usize,
     /// Loop protection for new threads.
     pub max_rounds: Option<u32>,
+    /// New threads' working directory.
+    pub cwd: PathBuf,
 }
 
 pub fn run(
@@ -134,6 +136,7 @@ pub fn run(
         max_group: source.max_group,
         agent_spec: Some(spec.clone()),
         max_rounds: source.max_rounds,
+        cwd: Some(source.cwd.clone()),
         cancel: cancel.clone(),
     };
     let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));

@@ -1,5 +1,6 @@
 //! `run`, `thread step|resume|cancel|compact`: driving threads.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
@@ -157,16 +158,37 @@ pub fn drive(
     crate::drive::report(out, &report.results, count > 1, report.error)
 }
 
+/// `--cwd DIR` (clap value parser: bad input exits 2): an existing
+/// directory, made absolute.
+pub fn parse_dir(s: &str) -> Result<PathBuf, String> {
+    let path = std::path::absolute(s).map_err(|e| format!("cannot resolve '{s}': {e}"))?;
+    if path.is_dir() {
+        Ok(path)
+    } else {
+        Err(format!("'{s}' is not an existing directory"))
+    }
+}
+
+/// A new thread's working directory: `--cwd`, else the current one.
+pub fn thread_cwd(given: Option<&Path>) -> Result<PathBuf, CliError> {
+    match given {
+        Some(dir) => Ok(dir.to_path_buf()),
+        None => std::env::current_dir()
+            .map_err(|e| CliError::Failed(format!("cannot read the current directory: {e}"))),
+    }
+}
+
 /// `run`: start a thread and drive it until it ends or suspends.
 pub fn run(
     cli: &Cli,
     workflow: &str,
     prompt: &str,
     agent: &AgentArgs,
-    max_rounds: Option<u32>,
+    (max_rounds, cwd): (Option<u32>, Option<&Path>),
     cancel: &Cancel,
     out: &mut Output,
 ) -> Result<(), CliError> {
+    let cwd = thread_cwd(cwd)?;
     let store = cli.open(true)?;
     let Some(spec) = agent.agent.clone() else {
         return Err(CliError::Failed(
@@ -178,6 +200,7 @@ pub fn run(
     let options = StartOptions {
         agent_spec: Some(spec),
         max_rounds,
+        cwd: Some(cwd),
         cancel: cancel.clone(),
     };
     let (record, outcome) = store.run_workflow(hash, prompt, &options, a.as_mut())?;

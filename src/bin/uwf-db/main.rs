@@ -70,6 +70,10 @@ enum Command {
         /// Loop protection (default: the workflow's maxRounds)
         #[arg(long)]
         max_rounds: Option<u32>,
+        /// The thread's working directory: its agents run there, and edge
+        /// locations resolve against it [default: the current directory]
+        #[arg(long, value_name = "DIR", value_parser = drive::parse_dir)]
+        cwd: Option<PathBuf>,
     },
     /// Drive many threads in parallel, committing their steps in groups
     Batch {
@@ -106,6 +110,10 @@ enum Command {
         /// Loop protection (default: the workflow's maxRounds)
         #[arg(long)]
         max_rounds: Option<u32>,
+        /// Each new thread's working directory: its agents run there, and
+        /// edge locations resolve against it [default: the current directory]
+        #[arg(long, value_name = "DIR", value_parser = drive::parse_dir)]
+        cwd: Option<PathBuf>,
     },
     /// Register, list, show and validate workflows
     #[command(subcommand)]
@@ -232,7 +240,16 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             prompt,
             agent,
             max_rounds,
-        } => drive::run(cli, workflow, prompt, agent, *max_rounds, cancel, out),
+            cwd,
+        } => drive::run(
+            cli,
+            workflow,
+            prompt,
+            agent,
+            (*max_rounds, cwd.as_deref()),
+            cancel,
+            out,
+        ),
         Command::Batch {
             workflow,
             agent,
@@ -244,6 +261,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             jobs,
             max_group,
             max_rounds,
+            cwd,
         } => batch::run(
             cli,
             workflow,
@@ -257,6 +275,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
                 jobs: usize::from(*jobs),
                 max_group: max_group.map_or(0, |g| g as usize),
                 max_rounds: *max_rounds,
+                cwd: drive::thread_cwd(cwd.as_deref())?,
             },
             cancel,
             out,

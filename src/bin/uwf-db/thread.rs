@@ -1,5 +1,7 @@
 //! `thread list|show|log|tree|rm`: inspect and unlink threads.
 
+use std::path::PathBuf;
+
 use clap::Subcommand;
 use serde_json::{Value as Json, json};
 use uwf_db::engine::{Cancel, CancelOptions, ForkAt, StartOptions};
@@ -36,6 +38,10 @@ pub enum ThreadCommand {
         /// Loop protection (default: the workflow's maxRounds)
         #[arg(long)]
         max_rounds: Option<u32>,
+        /// The thread's working directory: its agents run there, and edge
+        /// locations resolve against it [default: the current directory]
+        #[arg(long, value_name = "DIR", value_parser = crate::drive::parse_dir)]
+        cwd: Option<PathBuf>,
     },
     /// Run up to N steps, stopping early at a suspend or an end
     Step {
@@ -162,12 +168,15 @@ pub fn run(
             prompt,
             agent,
             max_rounds,
+            cwd,
         } => {
+            let cwd = crate::drive::thread_cwd(cwd.as_deref())?;
             let store = cli.open(true)?;
             let (hash, _) = crate::workflow::resolve(&store, workflow)?;
             let options = StartOptions {
                 agent_spec: agent.clone(),
                 max_rounds: *max_rounds,
+                cwd: Some(cwd),
                 ..StartOptions::default()
             };
             let r = store.start_workflow(hash, prompt, &options)?;
