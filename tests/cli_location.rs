@@ -163,4 +163,58 @@ process_conformance!(
     an_agent_works_at_its_edge_location_under_the_thread_directory,
     a_missing_location_fails_the_step_naming_it_and_commits_nothing,
     without_cwd_a_thread_works_where_it_was_started,
+    the_reference_format_example_runs_and_resumes,
 );
+
+/// The bundled example in the reference's format, driven by its scenario
+/// to the end, then resumed through `$START.resume`.
+fn the_reference_format_example_runs_and_resumes(b: TestBackend) {
+    let env = Cli::new(b);
+    let agent = "script:examples/triage.scenario.yaml";
+    let r = env.json(&[
+        "run",
+        "examples/triage.yaml",
+        "-p",
+        "the report",
+        "--agent",
+        agent,
+    ]);
+    assert_eq!(r["status"], "completed", "{r}");
+    let id = r["thread"].as_str().unwrap().to_owned();
+    let log = env.log(&id);
+    assert_eq!(log[1]["role"], "fixer");
+    assert_eq!(
+        log[1]["meta"]["$cwd"],
+        root().join("examples").to_str().unwrap(),
+        "{}",
+        log[1]
+    );
+    let r = env.json(&["thread", "resume", &id, "-p", "And the retry."]);
+    let last = r.as_array().and_then(|a| a.last()).unwrap_or(&r).clone();
+    assert_eq!(last["status"], "completed", "{r}");
+    let log = env.log(&id);
+    // The resumed step: the fixer, given the resume edge's prompt and the
+    // text, in the thread's directory (the edge's location is null).
+    let resumed = &log[1];
+    assert_eq!(resumed["role"], "fixer", "{log:?}");
+    assert!(resumed["meta"].get("$cwd").is_none(), "{resumed}");
+    assert_eq!(
+        resumed["input"], "The report came back; fix it again\n\nAnd the retry.",
+        "{resumed}"
+    );
+    // The first fix was told what the triager wrote (`{{ title }}`, `_body`).
+    let first_fix = &log[3];
+    assert_eq!(
+        first_fix["input"], "Fix the flaky test:\n\nThe test sleeps instead of waiting.\n",
+        "{first_fix}"
+    );
+    let input = env.json(&["thread", "show", &id]);
+    assert_eq!(input["status"], "completed", "{input}");
+    let o = env.uwf(&["thread", "log", &id, "--limit", "2"]);
+    assert!(
+        stdout(&o).contains("Also removed the retry."),
+        "{}",
+        stdout(&o)
+    );
+    env.verify_clean();
+}
