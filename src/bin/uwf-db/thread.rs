@@ -469,6 +469,12 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
         rows.push(("staged summary", c.to_string()));
     }
     rows.push(("agent", opt(&r.agent)));
+    if let Some(dir) = &r.cwd {
+        rows.push(("directory", dir.clone()));
+    }
+    if let Some(location) = &r.next_location {
+        rows.push(("next location", location.clone()));
+    }
     out.table(&rows)?;
     Ok(())
 }
