@@ -43,7 +43,16 @@ impl Store {
                     path: path.to_path_buf(),
                 });
             }
+            let existed = path.exists();
             std::fs::create_dir_all(path).map_err(io("create directory"))?;
+            if !existed {
+                // Whatever the umask: only the owner may enter a new store
+                // (a file planted in it could take the place of a lock or
+                // data file).
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+                    .map_err(io("restrict the new store directory to its owner"))?;
+            }
         }
         let canonical = std::fs::canonicalize(path).map_err(io("resolve"))?;
 

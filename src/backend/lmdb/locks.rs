@@ -97,6 +97,57 @@ pub(super) fn claim_locked(file: &File, dir: &Path, id: ThreadId) -> Result<bool
     Ok(probe.l_type != libc::F_UNLCK as libc::c_short)
 }
 
+/// Opens (creating it if need be) a lock file of the store: mode 0600
+/// whatever the umask, never through a symbolic link (`O_NOFOLLOW`), and
+/// only if this user owns it. A lock file that another user could write,
+/// or that points elsewhere, would let them take or break the store's
+/// locks, so one that is not ours is refused; an old one of ours with a
+/// looser mode is tightened.
+pub(super) fn open_lock_file(
+    path: &Path,
+    read: bool,
+    op: &'static str,
+) -> Result<File, StoreError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let io = |op: &'static str| {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { op, path, source }
+    };
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .read(read)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(|source| {
+            if source.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) {
+                StoreError::Io {
+                    op: "open a lock file, which is a symbolic link (refused: a store's lock files are never followed)",
+                    path: path.to_path_buf(),
+                    source,
+                }
+            } else {
+                io(op)(source)
+            }
+        })?;
+    let meta = file.metadata().map_err(io("inspect the lock file"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(StoreError::Io {
+            op: "use a lock file that another user owns (refused)",
+            path: path.to_path_buf(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        });
+    }
+    if meta.mode() & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io("restrict the lock file to its owner"))?;
+    }
+    Ok(file)
+}
+
 /// The held GC lock (the file's `flock` is released when it closes).
 #[derive(Debug)]
 struct GcLock {
@@ -107,16 +158,7 @@ impl HeldLock for GcLock {}
 
 pub(super) fn try_lock_gc(dir: &Path) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
     let path = dir.join("gc.lock");
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|source| StoreError::Io {
-            op: "open the GC lock file",
-            path: path.clone(),
-            source,
-        })?;
+    let file = open_lock_file(&path, false, "open the GC lock file")?;
     match file.try_lock() {
         Ok(()) => Ok(Some(Box::new(GcLock { _file: file }))),
         Err(TryLockError::WouldBlock) => Ok(None),

@@ -372,17 +372,7 @@ impl LmdbBackend {
             return Ok(f);
         }
         let path = self.path.join("claims.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|source| StoreError::Io {
-                op: "open the claim lock file",
-                path,
-                source,
-            })?;
+        let file = locks::open_lock_file(&path, true, "open the claim lock file")?;
         // A racing thread may have set it first; either file works, and the
         // loser's is closed (it holds no locks yet).
         Ok(self.claims.get_or_init(|| file))
