@@ -122,6 +122,18 @@ pub enum StoreError {
         /// Whether more matched than are listed.
         truncated: bool,
     },
+    /// The LMDB data file is damaged in a way that opening it would turn
+    /// into a crash (a file shorter than its own meta page says, say):
+    /// refused before it is mapped.
+    #[error(
+        "the data file {path} is damaged: {detail}; nothing was read or changed. Restore the store from a backup or an `uwf-db copy` of it"
+    )]
+    DamagedDataFile {
+        /// The data file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A stored blob is damaged.
     #[error("blob {hash} is corrupt: {source}; run `uwf-db verify`")]
     Corrupt {

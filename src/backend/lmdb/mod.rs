@@ -3,6 +3,7 @@
 //! and claim and GC locks as open-file-description locks on files beside
 //! the data.
 
+mod check;
 mod env;
 mod locks;
 
@@ -66,6 +67,8 @@ impl LmdbBackend {
     /// The caller must not open one path twice in a process (LMDB forbids
     /// it): [`crate::Store::open`] keeps a registry for that.
     pub(crate) fn open(path: &Path, options: LmdbOptions) -> Result<LmdbBackend, StoreError> {
+        // Before the file is mapped: a truncated one would crash on read.
+        check::data_file(path)?;
         let map_size = options
             .max_map_size
             .unwrap_or(DEFAULT_MAP_SIZE)

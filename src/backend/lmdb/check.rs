@@ -1,0 +1,150 @@
+//! Checks of the LMDB data file before it is mapped: LMDB trusts its meta
+//! pages, so a file shorter than they say (truncated by a full disk, a bad
+//! copy, a stray `truncate`) would be mapped past its end and the first
+//! read there would kill the process with SIGBUS. Reading the two meta
+//! pages with plain file reads first turns that into a clear error.
+//!
+//! The layout read here is LMDB's (`mdb.c`, 64-bit little-endian builds):
+//! a page header of 16 bytes, then `MDB_meta`: `mm_magic` (u32 at 16),
+//! `mm_version` (u32 at 20), `mm_address`, `mm_mapsize`, two `MDB_db` of 48
+//! bytes from 40 (the first one's `md_pad`, at 40, holds the page size),
+//! `mm_last_pg` (u64 at 136) and `mm_txnid` (u64 at 144). The meta page
+//! with the larger transaction id is the current one.
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::store::StoreError;
+
+/// `MDB_MAGIC`.
+const MAGIC: u32 = 0xBEEF_C0DE;
+/// Bytes of a meta page this check reads.
+const META_BYTES: usize = 152;
+
+/// One meta page's fields.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    page_size: u64,
+    last_page: u64,
+    txnid: u64,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn meta(page: &[u8]) -> Option<Meta> {
+    if u32_at(page, 16)? != MAGIC {
+        return None;
+    }
+    Some(Meta {
+        page_size: u64::from(u32_at(page, 40)?),
+        last_page: u64_at(page, 136)?,
+        txnid: u64_at(page, 144)?,
+    })
+}
+
+/// Refuses a data file (`<dir>/data.mdb`) that LMDB would map past its
+/// end: empty, shorter than two pages, without a valid meta page, or
+/// shorter than its current meta page's last page. A missing file is left
+/// to the caller (a new store, or [`StoreError::NotInitialized`]).
+///
+/// A file that is empty or has no valid meta page yet may be one another
+/// process is creating this very moment (LMDB writes the meta pages just
+/// after creating the file, under its own lock, which this check does not
+/// take): such a file is looked at again a few times, 50 ms apart, before
+/// it is called damaged.
+pub(super) fn data_file(dir: &Path) -> Result<(), StoreError> {
+    let mut tries = 0;
+    loop {
+        match data_file_once(dir) {
+            Err(StoreError::DamagedDataFile { detail, .. })
+                if tries < 4 && (detail.contains("empty") || detail.contains("meta pages")) =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn data_file_once(dir: &Path) -> Result<(), StoreError> {
+    let path = dir.join("data.mdb");
+    let damaged = |detail: String| StoreError::DamagedDataFile {
+        path: path.clone(),
+        detail,
+    };
+    let mut file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(StoreError::Io {
+                op: "open the data file",
+                path,
+                source,
+            });
+        }
+    };
+    let size = file
+        .metadata()
+        .map_err(|source| StoreError::Io {
+            op: "inspect the data file",
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    if size == 0 {
+        return Err(damaged("it is empty (0 bytes)".into()));
+    }
+    let mut first = vec![0u8; META_BYTES];
+    let read_first = file.read_exact(&mut first).is_ok();
+    let meta0 = read_first.then(|| meta(&first)).flatten();
+    // The second meta page starts one page in; without a readable first
+    // one, try LMDB's usual page size.
+    let page_size = meta0.map_or(4096, |m| m.page_size);
+    let mut second = vec![0u8; META_BYTES];
+    let meta1 = {
+        use std::os::unix::fs::FileExt;
+        file.read_exact_at(&mut second, page_size)
+            .ok()
+            .and_then(|()| meta(&second))
+    };
+    let current = match (meta0, meta1) {
+        (Some(a), Some(b)) => {
+            if b.txnid > a.txnid {
+                b
+            } else {
+                a
+            }
+        }
+        (Some(m), None) | (None, Some(m)) => m,
+        (None, None) => {
+            return Err(damaged(format!(
+                "it is {size} bytes and neither of its two meta pages is valid (no LMDB magic number)"
+            )));
+        }
+    };
+    if !current.page_size.is_power_of_two() || !(512..=65536).contains(&current.page_size) {
+        return Err(damaged(format!(
+            "its meta page gives a page size of {} bytes",
+            current.page_size
+        )));
+    }
+    let needed = current
+        .last_page
+        .checked_add(1)
+        .and_then(|pages| pages.checked_mul(current.page_size))
+        .ok_or_else(|| damaged(format!("its meta page names page {}", current.last_page)))?;
+    if size < needed {
+        return Err(damaged(format!(
+            "it is {size} bytes, but its last committed transaction (id {}) uses pages up to {} of {} bytes, so LMDB expects at least {needed} bytes: it was truncated",
+            current.txnid, current.last_page, current.page_size
+        )));
+    }
+    Ok(())
+}
