@@ -34,7 +34,7 @@ pub enum ThreadCommand {
         #[arg(long)]
         agent: Option<String>,
         /// Loop protection (default: the workflow's maxRounds)
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_rounds: Option<u32>,
     },
     /// Run up to N steps, stopping early at a suspend or an end
