@@ -280,6 +280,12 @@ fn main() -> ExitCode {
     handle_signals(&cancel);
     let mut out = Output::new(cli.json);
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
+    // The signal thread cancelled the work, which may end here before that
+    // thread calls `exit`: the signal's exit code wins either way.
+    let signal = SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
+    if signal != 0 {
+        return ExitCode::from(u8::try_from(128 + signal).unwrap_or(1));
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // `uwf-db ... | head` closing the pipe is not a failure.
@@ -308,6 +314,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// The signal [`handle_signals`] received (0: none yet).
+static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
 /// SIGINT (Ctrl-C), SIGTERM (`kill`) and SIGHUP (the terminal went away):
 /// cancel the command's token, which kills the agents' process groups and
 /// releases the claims so the threads are retryable at once, then exit
@@ -322,6 +331,7 @@ fn main() -> ExitCode {
 /// child before exec.
 fn handle_signals(cancel: &Cancel) {
     use nix::sys::signal::{SigSet, Signal};
+    use std::io::Write;
     let mut signals = SigSet::empty();
     for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         signals.add(signal);
@@ -333,16 +343,18 @@ fn handle_signals(cancel: &Cancel) {
     }
     let cancel = cancel.clone();
     std::thread::spawn(move || {
+        // `sigwait` fails only for an invalid set, which this is not.
         let Ok(signal) = signals.wait() else { return };
+        SIGNALLED.store(signal as i32, std::sync::atomic::Ordering::SeqCst);
         cancel.cancel();
-        eprintln!(
-            "{}",
-            match signal {
-                Signal::SIGTERM => "terminated",
-                Signal::SIGHUP => "hangup",
-                _ => "interrupted",
-            }
-        );
+        let said = match signal {
+            Signal::SIGTERM => "terminated",
+            Signal::SIGHUP => "hangup",
+            _ => "interrupted",
+        };
+        // Not `eprintln!`, which panics when stderr is gone (a hangup often
+        // means the terminal is), and the exit below must happen.
+        let _ = writeln!(std::io::stderr(), "{said}");
         std::process::exit(128 + signal as i32);
     });
 }
