@@ -1,6 +1,7 @@
 //! Claims and signals through the real binary: one live driver per
-//! thread, a driver killed with SIGKILL is taken over, Ctrl-C kills the
-//! agents' process groups, releases claims and exits 130.
+//! thread, a driver killed with SIGKILL is taken over (and its agent dies
+//! with it), Ctrl-C, SIGTERM and SIGHUP kill the agents' process groups,
+//! release claims and exit 130, 143 and 129.
 #![cfg(feature = "cli")]
 
 mod common;
@@ -149,7 +150,115 @@ fn ctrl_c_stops_a_batch_kills_its_agents_and_leaves_threads_retryable(b: TestBac
     assert!(!marker.exists(), "every agent's process group was killed");
 }
 
+/// Polls `ready` every 20 ms for up to 60 s (a loaded machine is slow).
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn process_ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Starts `thread step` of a new thread with a `cmd:` agent that writes its
+/// pid and sleeps for ten minutes; returns the thread, the driver and the
+/// agent's pid once the agent runs.
+fn step_with_a_sleeping_agent(env: &Cli) -> (String, std::process::Child, i32) {
+    let t = env.json(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    let id = t["thread"].as_str().unwrap().to_owned();
+    let pidfile = env.path("agent.pid");
+    // `exec` keeps the pid: the sleeping process is the agent's program.
+    let agent = format!(
+        "cmd:sh -c 'echo $$ > {0}.tmp && mv {0}.tmp {0} && exec sleep 600'",
+        pidfile.display()
+    );
+    let driver = env.spawn(&["thread", "step", &id, "--agent", &agent]);
+    wait_for("the agent to start", || pidfile.exists());
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!process_ended(pid));
+    (id, driver, pid)
+}
+
+fn a_signal_kills_the_agent_releases_the_claim_and_exits(
+    b: TestBackend,
+    signal: nix::sys::signal::Signal,
+    exit: i32,
+) {
+    let env = Cli::new(b);
+    let (id, driver, agent) = step_with_a_sleeping_agent(&env);
+    assert_eq!(env.show(&id)["status"], "running");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(driver.id()).unwrap());
+    nix::sys::signal::kill(pid, signal).unwrap();
+    let out = driver.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(exit),
+        "{signal}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the agent to be killed", || process_ended(agent));
+    let s = env.show(&id);
+    assert_eq!(s["status"], "idle", "the claim was released");
+    assert_eq!(s["seq"], 0, "nothing committed");
+    assert!(s["last_error"].is_null(), "a signal is not a failure: {s}");
+    // Retryable at once.
+    let r = env.json(&[
+        "thread",
+        "step",
+        &id,
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    assert_eq!(r["current_role"], "reviewer");
+}
+
+fn sigterm_kills_the_agent_releases_the_claim_and_exits_143(b: TestBackend) {
+    a_signal_kills_the_agent_releases_the_claim_and_exits(
+        b,
+        nix::sys::signal::Signal::SIGTERM,
+        143,
+    );
+}
+
+fn sighup_kills_the_agent_releases_the_claim_and_exits_129(b: TestBackend) {
+    a_signal_kills_the_agent_releases_the_claim_and_exits(b, nix::sys::signal::Signal::SIGHUP, 129);
+}
+
+/// The driver runs no cleanup when killed with SIGKILL; the agent's
+/// parent-death signal (Linux) ends it all the same.
+#[cfg(target_os = "linux")]
+fn an_agent_dies_with_a_driver_killed_with_kill_9(b: TestBackend) {
+    let env = Cli::new(b);
+    let (id, mut driver, agent) = step_with_a_sleeping_agent(&env);
+    driver.kill().unwrap(); // SIGKILL
+    driver.wait().unwrap();
+    wait_for("the orphaned agent to die", || process_ended(agent));
+    assert_eq!(env.show(&id)["driver_alive"], false);
+}
+
 process_conformance!(
+    sigterm_kills_the_agent_releases_the_claim_and_exits_143,
+    sighup_kills_the_agent_releases_the_claim_and_exits_129,
+    #[cfg(target_os = "linux")]
+    an_agent_dies_with_a_driver_killed_with_kill_9,
     a_second_driver_is_refused_while_the_first_runs,
     a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over,
     ctrl_c_kills_the_agent_releases_the_claim_and_exits_130,

@@ -522,6 +522,47 @@ impl CmdAgent {
     }
 }
 
+/// On Linux, makes the agent's program die (SIGKILL) when the driver dies,
+/// however it dies: a driver killed with SIGKILL runs no cleanup, and its
+/// agent would otherwise run on as an orphan (design.md, "Signals").
+///
+/// The kernel sends the parent-death signal when the *thread* that forked
+/// the child ends, not the process. The thread that spawns an agent is the
+/// one that waits for it ([`CmdAgent::call`] returns only after the program
+/// has exited or been killed), so that thread outlives the agent unless the
+/// whole process dies, which is the case this covers. The signal reaches
+/// the program itself, the leader of the agent's process group; processes
+/// it started and that outlive it are not covered (see design.md).
+/// Elsewhere this does nothing: the driver's own exits (end of step,
+/// timeout, cancel, signals it handles) kill the group themselves.
+fn die_with_driver(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let driver = nix::unistd::getpid();
+        #[allow(unsafe_code)]
+        // SAFETY: the closure runs in the forked child before exec, where
+        // only async-signal-safe calls are allowed: it makes two raw system
+        // calls (prctl, getppid) and builds at most an OS-code `io::Error`,
+        // which does not allocate; it takes no lock. `driver` is a plain
+        // integer copied in.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                // The driver died between fork and prctl: nobody would
+                // send the signal, so do not start the program (the error
+                // ends the child before exec).
+                if nix::unistd::getppid() != driver {
+                    return Err(std::io::Error::from(nix::errno::Errno::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
+}
+
 pub(crate) fn kill_group(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(
@@ -553,7 +594,7 @@ impl Agent for CmdAgent {
             }
             command.current_dir(dir);
         }
-        let mut child = command
+        command
             .args(&self.args)
             .env("UWF_THREAD", req.thread.to_string())
             .env("UWF_ROLE", req.role_name)
@@ -561,12 +602,15 @@ impl Agent for CmdAgent {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|source| AgentError::Spawn {
-                program: program.clone(),
-                source,
-            })?;
+            // The program leads a process group of its own: cancelling,
+            // a timeout or the end of the step kills the whole group, and a
+            // terminal's Ctrl-C reaches the driver only.
+            .process_group(0);
+        die_with_driver(&mut command);
+        let mut child = command.spawn().map_err(|source| AgentError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
         let pid = child.id();
         req.cancel.agent_started(pid);
         let stdin = child.stdin.take();

@@ -110,6 +110,10 @@ pub struct BatchReport {
     pub groups: u64,
     /// Steps and other writes per group.
     pub average_group: f64,
+    /// The store filled up (its maximum map size or its disk): the batch
+    /// started no thread after that, so some prompts (or idle threads) were
+    /// not driven and are not counted in `threads`.
+    pub store_full: bool,
 }
 
 impl Store {
@@ -289,6 +293,8 @@ impl Store {
             };
             let pass = self.continue_ids(&ids, options, &mut agents, &mut on_driven, true)?;
             total.merge(&pass);
+            // Another pass would fail the same way.
+            stopped |= pass.store_full;
         }
         total.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         Ok(total)
@@ -416,13 +422,15 @@ impl Store {
         let skipped = AtomicUsize::new(0);
         // Set when `on_item` asks to stop: no new thread starts.
         let stop = AtomicBool::new(false);
+        // Set when a drive found the store full.
+        let full = AtomicBool::new(false);
         let mut report = BatchReport::default();
         let ((), stats) = self.group_commit(options.max_group, |store| {
             let (tx, rx) = crossbeam_channel::unbounded::<BatchItem>();
             std::thread::scope(|scope| {
                 for agent in agents.iter_mut() {
                     let tx = tx.clone();
-                    let (next, stop, skipped) = (&next, &stop, &skipped);
+                    let (next, stop, full, skipped) = (&next, &stop, &full, &skipped);
                     scope.spawn(move || {
                         loop {
                             if options.cancel.is_cancelled() || stop.load(Ordering::SeqCst) {
@@ -436,6 +444,17 @@ impl Store {
                                 skipped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
+                            // A full store fails every thread started after
+                            // it the same way: start none (the drives under
+                            // way end as they will).
+                            if done
+                                .error
+                                .as_deref()
+                                .is_some_and(EngineError::is_store_full)
+                            {
+                                full.store(true, Ordering::SeqCst);
+                                stop.store(true, Ordering::SeqCst);
+                            }
                             if tx.send(done).is_err() {
                                 break;
                             }
@@ -452,6 +471,7 @@ impl Store {
             });
         });
         report.skipped = skipped.load(Ordering::Relaxed) as u64;
+        report.store_full = full.load(Ordering::SeqCst);
         report.groups = stats.groups;
         report.average_group = stats.average_group();
         report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -553,6 +573,7 @@ impl BatchReport {
         self.errors += pass.errors;
         self.steps += pass.steps;
         self.skipped += pass.skipped;
+        self.store_full |= pass.store_full;
     }
 
     fn add(&mut self, item: &BatchItem) {

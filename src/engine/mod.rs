@@ -131,7 +131,7 @@ pub enum EngineError {
     /// A batch was given prompts but no agent to drive them.
     #[error("a batch needs at least one agent (one per driver thread)")]
     NoAgents,
-    /// The drive's [`Cancel`] token was cancelled (for the CLI: Ctrl-C):
+    /// The drive's [`Cancel`] token was cancelled (for the CLI: SIGINT, SIGTERM or SIGHUP):
     /// no new drive, claim or agent starts under it, and a step whose agent
     /// was killed records nothing.
     #[error("interrupted")]
@@ -157,6 +157,17 @@ pub enum EngineError {
         /// The roles that did run on the chain, in the order each first ran.
         ran: Vec<String>,
     },
+}
+
+impl EngineError {
+    /// Whether the store has no room left ([`StoreError::is_full`]): a
+    /// batch starts no new thread after this error.
+    pub fn is_store_full(&self) -> bool {
+        match self {
+            EngineError::Store(e) | EngineError::Thread(ThreadError::Store(e)) => e.is_full(),
+            _ => false,
+        }
+    }
 }
 
 /// `NoSuchStep`'s list of the roles a thread did run.

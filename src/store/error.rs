@@ -71,6 +71,20 @@ pub enum StoreError {
         /// The map size in force.
         map_size: u64,
     },
+    /// The maximum map size asked for cannot be mapped on this platform.
+    #[error(
+        "cannot reserve {requested} bytes of address space for the store at {path}: the largest \
+         maximum accepted is {max} bytes, and the system may grant less. Lower the limit \
+         (--max-map-size or UWF_MAX_MAP_SIZE)"
+    )]
+    MapTooLarge {
+        /// The store directory.
+        path: PathBuf,
+        /// The maximum size asked for.
+        requested: u64,
+        /// The largest maximum this build accepts ([`crate::store::MAX_MAP_SIZE`]).
+        max: u64,
+    },
     /// The disk is full (or a quota was reached).
     #[error(
         "no space left on the disk holding {path}: the write was not committed and the store is \
@@ -266,6 +280,24 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the store has no room left (its maximum map size or its
+    /// disk): every further write fails the same way until the limit is
+    /// raised or space is freed.
+    ///
+    /// ```
+    /// use std::path::PathBuf;
+    /// use uwf_db::StoreError;
+    /// let full = StoreError::MapFull { path: PathBuf::from("s"), map_size: 1 << 20 };
+    /// assert!(full.is_full());
+    /// assert!(!StoreError::NotInitialized { path: PathBuf::from("s") }.is_full());
+    /// ```
+    pub fn is_full(&self) -> bool {
+        matches!(
+            self,
+            StoreError::MapFull { .. } | StoreError::DiskFull { .. }
+        )
+    }
+
     /// The error again, for each request of a failed group: the kinds a
     /// caller acts on (a full disk or map) are kept; others become
     /// [`StoreError::GroupCommit`] sharing the error as their source.

@@ -36,7 +36,7 @@ use crate::backend::{Backend, Direction, KeyRange, ReadTables, Table};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::Blob;
 
-pub use crate::backend::lmdb::DEFAULT_MAP_SIZE;
+pub use crate::backend::lmdb::{DEFAULT_MAP_SIZE, MAX_MAP_SIZE};
 pub use copy_marker::{COPY_MARKER_KEY, UnfinishedCopy};
 pub use error::{Damage, StoreError};
 pub use group::{DEFAULT_MAX_GROUP, GroupStats};

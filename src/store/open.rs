@@ -37,7 +37,21 @@ impl Store {
             let path = path.to_path_buf();
             move |source| StoreError::Io { op, path, source }
         };
-        if !path.join("data.mdb").is_file() {
+        // Only a data file that is not there means "no store": one that
+        // cannot be looked at (permission denied, say) is reported as such.
+        let data = path.join("data.mdb");
+        let exists = match std::fs::metadata(&data) {
+            Ok(meta) => meta.is_file(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(source) => {
+                return Err(StoreError::Io {
+                    op: "read",
+                    path: data,
+                    source,
+                });
+            }
+        };
+        if !exists {
             if !options.create {
                 return Err(StoreError::NotInitialized {
                     path: path.to_path_buf(),

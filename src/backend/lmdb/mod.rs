@@ -29,6 +29,12 @@ pub const DEFAULT_MAP_SIZE: u64 = 1 << 40;
 /// Map sizes are rounded up to a multiple of this (a multiple of every page size).
 const MAP_ALIGN: u64 = 1 << 20;
 
+/// The largest maximum map size accepted: 64 TiB on 64-bit platforms, half
+/// of the 128 TiB of address space a process gets on x86-64 (and at least
+/// that on AArch64), 2 GiB on 32-bit ones. A system may still refuse to
+/// reserve less (an address-space limit): opening then fails the same way.
+pub const MAX_MAP_SIZE: u64 = if usize::BITS >= 64 { 1 << 46 } else { 1 << 31 };
+
 /// How to open an LMDB store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LmdbOptions {
@@ -69,15 +75,26 @@ impl LmdbBackend {
     pub(crate) fn open(path: &Path, options: LmdbOptions) -> Result<LmdbBackend, StoreError> {
         // Before the file is mapped: a truncated one would crash on read.
         check::data_file(path)?;
-        let map_size = options
-            .max_map_size
-            .unwrap_or(DEFAULT_MAP_SIZE)
-            .max(MAP_ALIGN)
-            .div_ceil(MAP_ALIGN)
-            * MAP_ALIGN;
-        let usize_map = usize::try_from(map_size).unwrap_or(usize::MAX / 2);
-        let env = env::open_env(path, usize_map, options.durability)
-            .map_err(|e| map_error(path, map_size, env::MAX_READERS, "opening".into(), e))?;
+        let requested = options.max_map_size.unwrap_or(DEFAULT_MAP_SIZE);
+        let too_large = || StoreError::MapTooLarge {
+            path: path.to_path_buf(),
+            requested,
+            max: MAX_MAP_SIZE,
+        };
+        if requested > MAX_MAP_SIZE {
+            return Err(too_large());
+        }
+        // Cannot overflow: MAX_MAP_SIZE is a multiple of MAP_ALIGN.
+        let map_size = requested.max(MAP_ALIGN).div_ceil(MAP_ALIGN) * MAP_ALIGN;
+        let usize_map = usize::try_from(map_size).map_err(|_| too_large())?;
+        let env = env::open_env(path, usize_map, options.durability).map_err(|e| match e {
+            // The system would not reserve that much address space.
+            heed::Error::Io(io) if io.raw_os_error() == Some(nix::libc::ENOMEM) => too_large(),
+            e => map_error(path, map_size, env::MAX_READERS, "opening".into(), e),
+        })?;
+        // LMDB never maps less than the data file: a maximum below the
+        // file's size gives way to the file's size, and errors name that.
+        let map_size = map_size.max(env.info().map_size as u64);
         let fail = |op: &str, e| map_error(path, map_size, env.max_readers(), op.into(), e);
         env.clear_stale_readers()
             .map_err(|e| fail("clearing stale readers", e))?;

@@ -185,10 +185,14 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
                 output::human_size(s.map_used),
                 output::human_size(s.map_size),
                 pct(s.map_used, s.map_size),
-                if s.max_map_size.is_some() {
-                    ", configured maximum"
-                } else {
-                    ""
+                match s.max_map_size {
+                    // LMDB never maps less than the data file.
+                    Some(max) if max < s.map_size && s.file_size > max => format!(
+                        ", in force: the configured maximum of {} is below the data file's size",
+                        output::human_size(max)
+                    ),
+                    Some(_) => ", configured maximum".to_owned(),
+                    None => String::new(),
                 }
             ),
         ));

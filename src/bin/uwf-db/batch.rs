@@ -151,6 +151,7 @@ pub fn run(
         .map(|_| agent.build(&store, &spec))
         .collect::<Result<Vec<_>, _>>()?;
     let mut written = Ok(());
+    let mut said_full = false;
     let mut on_item = |item: &BatchItem| {
         if bar.length().is_some_and(|len| bar.position() >= len) {
             bar.inc_length(1);
@@ -159,7 +160,15 @@ pub fn run(
         if out.json && written.is_ok() {
             written = out.json_value(item).and_then(|()| out.flush());
         }
-        if let Some(e) = &item.error {
+        // A full store fails every drive still under way the same way:
+        // say it once (the summary says it again).
+        let repeat = item.error.as_deref().is_some_and(|e| {
+            let full = e.is_store_full();
+            let said = said_full;
+            said_full |= full;
+            full && said
+        });
+        if let Some(e) = item.error.as_ref().filter(|_| !repeat) {
             bar.suspend(|| match item.thread {
                 Some(t) => eprintln!("thread {t}: {e}"),
                 None => eprintln!("prompt {}: {e}", item.index + 1),
@@ -232,6 +241,18 @@ pub fn run(
                 },
             ),
         ])?;
+    }
+    if report.store_full {
+        let not_started = match &work {
+            Work::Start(prompts) => prompts.len().saturating_sub(report.threads as usize),
+            Work::Continue(_) => 0,
+        };
+        return Err(CliError::Failed(format!(
+            "the store is full, so the batch stopped starting threads ({not_started} prompts not \
+             started, {} threads stopped with an error); raise --max-map-size (or free disk \
+             space), then `uwf-db batch {} --continue` drives the stopped threads on",
+            report.errors, wf.name
+        )));
     }
     if report.errors > 0 {
         return Err(CliError::Failed(format!(

@@ -2,7 +2,8 @@
 //!
 //! The binary parses arguments, calls the library and formats its answers;
 //! it holds no logic of its own. Exit codes (SPEC §7): 0 success, 1 the
-//! operation failed or found a problem, 2 bad usage, 130 interrupted.
+//! operation failed or found a problem, 2 bad usage, 130 interrupted
+//! (SIGINT), 143 terminated (SIGTERM), 129 hung up (SIGHUP).
 
 mod admin;
 mod batch;
@@ -68,7 +69,7 @@ enum Command {
         #[command(flatten)]
         agent: drive::AgentArgs,
         /// Loop protection (default: the workflow's maxRounds)
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_rounds: Option<u32>,
         /// The thread's working directory: its agents run there, and edge
         /// locations resolve against it [default: the current directory]
@@ -108,7 +109,7 @@ enum Command {
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         max_group: Option<u32>,
         /// Loop protection (default: the workflow's maxRounds)
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_rounds: Option<u32>,
         /// Each new thread's working directory: its agents run there, and
         /// edge locations resolve against it [default: the current directory]
@@ -293,20 +294,17 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Ctrl-C: exit 130. An open write transaction dies with the process and
-    // LMDB discards it, so nothing half-written can remain.
-    // One token per command; Ctrl-C cancels it.
+    // One token per command; SIGINT, SIGTERM and SIGHUP cancel it.
     let cancel = Cancel::new();
-    let on_ctrlc = cancel.clone();
-    let _ = ctrlc::set_handler(move || {
-        // Kill the agents' process groups and release claims first, so the
-        // threads are retryable at once.
-        on_ctrlc.cancel();
-        eprintln!("interrupted");
-        std::process::exit(130);
-    });
+    handle_signals(&cancel);
     let mut out = Output::new(cli.json);
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
+    // The signal thread cancelled the work, which may end here before that
+    // thread calls `exit`: the signal's exit code wins either way.
+    let signal = SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
+    if signal != 0 {
+        return ExitCode::from(u8::try_from(128 + signal).unwrap_or(1));
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // `uwf-db ... | head` closing the pipe is not a failure.
@@ -333,6 +331,51 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The signal [`handle_signals`] received (0: none yet).
+static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// SIGINT (Ctrl-C), SIGTERM (`kill`) and SIGHUP (the terminal went away):
+/// cancel the command's token, which kills the agents' process groups and
+/// releases the claims so the threads are retryable at once, then exit
+/// 128 + the signal's number (130, 143, 129). An open write transaction dies
+/// with the process and the store discards it, so nothing half-written
+/// remains.
+///
+/// The signals are blocked here, before any other thread starts, so every
+/// thread inherits the mask and only the waiting thread receives them; a
+/// handler that runs inside an arbitrary thread could not take locks. The
+/// agents do not inherit the mask: `std::process::Command` clears it in the
+/// child before exec.
+fn handle_signals(cancel: &Cancel) {
+    use nix::sys::signal::{SigSet, Signal};
+    use std::io::Write;
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(signal);
+    }
+    if signals.thread_block().is_err() {
+        // The default actions stay: the process dies, and the agents with
+        // it (their parent-death signal), but claims wait for takeover.
+        return;
+    }
+    let cancel = cancel.clone();
+    std::thread::spawn(move || {
+        // `sigwait` fails only for an invalid set, which this is not.
+        let Ok(signal) = signals.wait() else { return };
+        SIGNALLED.store(signal as i32, std::sync::atomic::Ordering::SeqCst);
+        cancel.cancel();
+        let said = match signal {
+            Signal::SIGTERM => "terminated",
+            Signal::SIGHUP => "hangup",
+            _ => "interrupted",
+        };
+        // Not `eprintln!`, which panics when stderr is gone (a hangup often
+        // means the terminal is), and the exit below must happen.
+        let _ = writeln!(std::io::stderr(), "{said}");
+        std::process::exit(128 + signal as i32);
+    });
 }
 
 /// What to type next, for the errors whose remedy is a command line (the

@@ -20,7 +20,9 @@ impl Output {
 
     /// Prints one JSON value on its own line.
     pub fn json_value<T: serde::Serialize>(&mut self, value: &T) -> io::Result<()> {
-        serde_json::to_writer(&mut self.out, value).map_err(io::Error::other)?;
+        // `io::Error::from` hands back the writer's own error, so a closed
+        // pipe stays `BrokenPipe` (exit 0, like text output).
+        serde_json::to_writer(&mut self.out, value).map_err(io::Error::from)?;
         self.out.write_all(b"\n")
     }
 

@@ -36,7 +36,7 @@ pub enum ThreadCommand {
         #[arg(long)]
         agent: Option<String>,
         /// Loop protection (default: the workflow's maxRounds)
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         max_rounds: Option<u32>,
         /// The thread's working directory: its agents run there, and edge
         /// locations resolve against it [default: the current directory]
