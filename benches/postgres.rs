@@ -602,14 +602,7 @@ impl WriteTables for CountedWrite<'_> {
         if self.log.lock().unwrap().capture {
             // The boundary's default, through the counted operations, so
             // the replays see an insert (or a get and a put).
-            if self.insert(table, key, value)? {
-                return Ok(());
-            }
-            let refreshed = self.get(table, key)?.and_then(|v| refresh.apply(&v));
-            return match refreshed {
-                Some(new) => self.put(table, key, &new),
-                None => Ok(()),
-            };
+            return uwf_db::backend::insert_then_refresh(self, table, key, value, refresh);
         }
         self.log.lock().unwrap().counts.writes += 1;
         self.t.insert_or_refresh(table, key, value, refresh)

@@ -294,20 +294,32 @@ pub trait WriteTables: ReadTables {
         value: &[u8],
         refresh: Refresh,
     ) -> Result<(), StoreError> {
-        if self.insert(table, key, value)? {
-            return Ok(());
-        }
-        let refreshed = self
-            .get(table, key)?
-            .and_then(|stored| refresh.apply(&stored));
-        match refreshed {
-            Some(new) => self.put(table, key, &new),
-            None => Ok(()),
-        }
+        insert_then_refresh(self, table, key, value, refresh)
     }
 
     /// Commits every write of the transaction, or none of them.
     fn commit(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+/// [`WriteTables::insert_or_refresh`] made of the plain operations: an
+/// `insert`, then, when the key was there, a `get` and (if the refresh
+/// changes the value) a `put`. The trait's default, and what a backend
+/// falls back to where it has no held form.
+pub fn insert_then_refresh<T: WriteTables + ?Sized>(
+    t: &mut T,
+    table: Table,
+    key: &[u8],
+    value: &[u8],
+    refresh: Refresh,
+) -> Result<(), StoreError> {
+    if t.insert(table, key, value)? {
+        return Ok(());
+    }
+    let refreshed = t.get(table, key)?.and_then(|stored| refresh.apply(&stored));
+    match refreshed {
+        Some(new) => t.put(table, key, &new),
+        None => Ok(()),
+    }
 }
 
 /// How [`WriteTables::insert_or_refresh`] updates a stored value: the

@@ -949,14 +949,7 @@ impl WriteTables for PgWrite<'_> {
         }
         if columns::has_columns(table) {
             // Not a blob table: no held form; the boundary's default.
-            if self.insert(table, key, value)? {
-                return Ok(());
-            }
-            let refreshed = self.get(table, key)?.and_then(|v| refresh.apply(&v));
-            return match refreshed {
-                Some(new) => self.hold_put(table, key, &new),
-                None => Ok(()),
-            };
+            return super::insert_then_refresh(self, table, key, value, refresh);
         }
         let name = sql_table(table);
         let (from, end) = (refresh.offset + 1, refresh.offset + 8);
