@@ -161,6 +161,7 @@ fn main() {
                                 agent: None,
                                 cwd: None,
                                 next_location: None,
+                                labels: Default::default(),
                             })
                             .unwrap();
                         let mut head = t.head;

@@ -701,6 +701,7 @@ fn new_thread(wf: Hash, name: &str, prompt: String) -> NewThread {
         agent: None,
         cwd: None,
         next_location: None,
+        labels: Default::default(),
     }
 }
 

@@ -5,7 +5,11 @@
 //!   same keys (goal ≥ 0.5×);
 //! - fork of a 10-step vs a 100,000-step thread (goal within 1.2×: O(1));
 //! - first page of 50 from `list_threads` with 100,000 active threads vs 50
-//!   raw gets (reported).
+//!   raw gets (reported);
+//! - the first page of 50 filtered by one label and by two labels
+//!   (`team=a`: 1 thread in 4; `team=a` and `kind=review`: 1 in 12) vs the
+//!   unfiltered first page of the same store (goal: the same order of
+//!   time, ratio ≥ 0.1).
 //!
 //! Run: `cargo bench --bench threads`. `UWF_BENCH_SCALE=0.1` shrinks it.
 
@@ -120,6 +124,54 @@ fn append_bench(n: usize) -> Comparison {
             })
         },
     )
+}
+
+/// A store of `n` idle threads of two workflows (alternating), labelled
+/// `team` (a–d) and `kind` (review, plan, bug) when `labelled`; its
+/// directory, the store and the ids in creation order.
+fn list_store(name: &str, n: usize, labelled: bool) -> (tempfile::TempDir, Store, Vec<ThreadId>) {
+    let dir = scratch_dir(name);
+    let store = open(dir.path(), Durability::None);
+    let wf = store
+        .put(&Blob::Workflow(WorkflowNode {
+            definition: Value::Str("wf".into()),
+        }))
+        .unwrap();
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let labels = if labelled {
+            [
+                ("team".to_owned(), ["a", "b", "c", "d"][i % 4].to_owned()),
+                (
+                    "kind".to_owned(),
+                    ["review", "plan", "bug"][i % 3].to_owned(),
+                ),
+            ]
+            .into()
+        } else {
+            Default::default()
+        };
+        let r = store
+            .low_level()
+            .start_thread(NewThread {
+                workflow: if i % 2 == 0 { "review" } else { "plan" }.into(),
+                workflow_hash: wf,
+                prompt: format!("task {i}"),
+                max_rounds: 100,
+                depth: 0,
+                parent_state: None,
+                parent_thread: None,
+                next_role: "developer".into(),
+                next_instruction: "Implement".into(),
+                agent: None,
+                cwd: None,
+                next_location: None,
+                labels,
+            })
+            .unwrap();
+        ids.push(r.id);
+    }
+    (dir, store, ids)
 }
 
 fn main() {
@@ -273,36 +325,10 @@ fn main() {
     ));
     rows.push(fork);
 
-    // List: first page of 50 with 100,000 active threads.
-    let ldir = scratch_dir("list-store");
-    let lstore = open(ldir.path(), Durability::None);
-    let wf = lstore
-        .put(&Blob::Workflow(WorkflowNode {
-            definition: Value::Str("wf".into()),
-        }))
-        .unwrap();
+    // List: first page of 50 with 100,000 active threads (unlabelled, as
+    // before labels existed).
     let n_threads = scale(100_000, 10);
-    let mut ids = Vec::with_capacity(n_threads);
-    for i in 0..n_threads {
-        let r = lstore
-            .low_level()
-            .start_thread(NewThread {
-                workflow: if i % 2 == 0 { "review" } else { "plan" }.into(),
-                workflow_hash: wf,
-                prompt: format!("task {i}"),
-                max_rounds: 100,
-                depth: 0,
-                parent_state: None,
-                parent_thread: None,
-                next_role: "developer".into(),
-                next_instruction: "Implement".into(),
-                agent: None,
-                cwd: None,
-                next_location: None,
-            })
-            .unwrap();
-        ids.push(r.id);
-    }
+    let (_ldir, lstore, ids) = list_store("list-store", n_threads, false);
     let l_raw_dir = scratch_dir("list-raw");
     let lenv = raw_env(l_raw_dir.path(), false);
     let mut w = lenv.write_txn().unwrap();
@@ -319,19 +345,21 @@ fn main() {
         limit: 50,
         ..ThreadQuery::default()
     };
+    // `lists` first pages of `query`, timed.
+    let pages = |store: &Store, query: &ThreadQuery| {
+        time(|| {
+            for _ in 0..lists {
+                let page = store.list_threads(query).unwrap();
+                assert_eq!(page.len(), 50);
+                std::hint::black_box(page);
+            }
+        })
+    };
     let list = Comparison::run(
         "first page of 50 of 100,000 active threads",
         lists,
         5,
-        || {
-            time(|| {
-                for _ in 0..lists {
-                    let page = lstore.list_threads(&q).unwrap();
-                    assert_eq!(page.len(), 50);
-                    std::hint::black_box(page);
-                }
-            })
-        },
+        || pages(&lstore, &q),
         || {
             time(|| {
                 for _ in 0..lists {
@@ -350,9 +378,37 @@ fn main() {
     ));
     rows.push(list);
 
+    // Labels: a filtered first page vs the unfiltered one, in a store of
+    // as many threads, each labelled team (4 values) and kind (3 values).
+    let (_labelled_dir, labelled, _) = list_store("labelled-store", n_threads, true);
+    for (what, labels) in [
+        ("first page of 50 labelled team=a", vec![("team", "a")]),
+        (
+            "first page of 50 labelled team=a and kind=review",
+            vec![("team", "a"), ("kind", "review")],
+        ),
+    ] {
+        let filtered = ThreadQuery {
+            limit: 50,
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..ThreadQuery::default()
+        };
+        let row = Comparison::run(
+            what,
+            lists,
+            5,
+            || pages(&labelled, &filtered),
+            || pages(&labelled, &q),
+        );
+        rows.push(row);
+    }
+
     report(
         "threads: store vs raw heed",
-        "append ≥ 0.8×; newest-50 fetch ≥ 0.5×; fork within 1.2× (ratio ≥ 0.83); list reported",
+        "append ≥ 0.8×; newest-50 fetch ≥ 0.5×; fork within 1.2× (ratio ≥ 0.83); list reported; labelled pages vs the unfiltered page ≥ 0.1×",
         &rows,
     );
     println!("\n| operation | uwf-db per op | TypeScript reference | factor |");

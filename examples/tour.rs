@@ -58,6 +58,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         agent: None,
         cwd: None,
         next_location: None,
+        labels: Default::default(),
     })?;
     println!("started thread {} ({})", t.id, t.status);
 

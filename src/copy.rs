@@ -71,11 +71,12 @@ const fn copy_rank(table: Table) -> usize {
         Table::HistoryIds => 6,
         Table::Activity => 7,
         Table::Children => 8,
+        Table::Labels => 9,
     }
 }
 
 /// Every table, in the order a copy writes them (see `docs/design.md` §4c).
-pub fn copy_order() -> [Table; 9] {
+pub fn copy_order() -> [Table; 10] {
     let mut tables = Table::ALL;
     tables.sort_by_key(|t| copy_rank(*t));
     tables
@@ -915,7 +916,12 @@ mod tests {
         ] {
             assert!(pos(Table::Blobs) < pos(root), "{root}");
         }
-        for index in [Table::HistoryIds, Table::Activity, Table::Children] {
+        for index in [
+            Table::HistoryIds,
+            Table::Activity,
+            Table::Children,
+            Table::Labels,
+        ] {
             assert!(pos(Table::Threads) < pos(index), "{index}");
             assert!(pos(Table::History) < pos(index), "{index}");
         }

@@ -99,8 +99,24 @@ impl Hash {
 }
 
 /// Lowercase hex of any bytes (for keys in messages).
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of any bytes (a key in a message or a report).
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of an even-length hex string (either case); `None` for
+/// anything else.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    text.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [hi, lo] => Some(hex_digit(char::from(*hi))? << 4 | hex_digit(char::from(*lo))?),
+            _ => None,
+        })
+        .collect()
 }
 
 fn hex_digit(ch: char) -> Option<u8> {

@@ -50,14 +50,18 @@
 )]
 
 pub mod backend;
+pub mod bundle;
 pub mod codec;
 pub mod copy;
 pub mod engine;
 pub mod gc;
 pub mod hash;
+pub mod input;
 pub mod node;
+pub mod salvage;
 pub mod store;
 pub mod thread;
+pub mod usage;
 pub mod verify;
 pub mod workflow;
 pub mod yaml;

@@ -13,6 +13,7 @@ use crate::hash::{Hash, hex};
 use crate::node::{Blob, Kind};
 use crate::store::{BlobRecord, ReadTxn, Store, StoreError};
 use crate::thread::index;
+use crate::thread::labels::{label_key, parse_label_key};
 use crate::thread::record::{ActivityEntry, activity_key, history_key};
 use crate::thread::{ThreadId, ThreadRecord, utc_day};
 
@@ -80,6 +81,17 @@ pub enum Problem {
         /// What is wrong.
         detail: String,
     },
+    /// A stretch of a table could not be read: the data file is damaged
+    /// there (LMDB found a page it cannot use). The scan went on with the
+    /// next table; `uwf-db salvage` recovers what is readable around it.
+    Unreadable {
+        /// The table.
+        db: &'static str,
+        /// The last key read before it, in hex (`None`: the table's start).
+        after: Option<String>,
+        /// What the read said.
+        detail: String,
+    },
     /// The store is the destination of a copy that has not finished
     /// (`docs/design.md` §4c): it may hold only part of its source.
     UnfinishedCopy {
@@ -107,6 +119,15 @@ impl fmt::Display for Problem {
             }
             Problem::ThreadIndex { db, key, detail } => write!(f, "{db} entry {key}: {detail}"),
             Problem::FormatVersion { detail } => write!(f, "format version: {detail}"),
+            Problem::Unreadable { db, after, detail } => write!(
+                f,
+                "{db}: {}: {detail}",
+                after
+                    .as_deref()
+                    .map_or("cannot be read in full".into(), |k| format!(
+                        "cannot be read past key {k}"
+                    ))
+            ),
             Problem::UnfinishedCopy { source } => write!(
                 f,
                 "the store is an unfinished copy of {source}: rerun the copy to finish it"
@@ -184,13 +205,14 @@ pub fn verify(
 
     let mut after: Option<Vec<u8>> = None;
     loop {
-        let last = store.read(|r| {
+        // The last key of this batch looked at, kept when the batch fails.
+        let mut last: Option<Vec<u8>> = None;
+        let read = store.read(|r| {
             let range = match &after {
                 Some(k) => KeyRange::after(k),
                 None => KeyRange::ALL,
             };
             let entries = r.tables().range(Table::Blobs, range, Direction::Forward)?;
-            let mut last = None;
             for entry in entries.take(BATCH) {
                 let (key, value) = entry?;
                 last = Some(key.to_vec());
@@ -210,12 +232,26 @@ pub fn verify(
                     }
                 }
             }
-            Ok::<_, StoreError>(last)
-        })?;
+            Ok::<_, StoreError>(())
+        });
         progress(VerifyProgress {
             checked: report.blobs_checked,
             total,
         });
+        match read {
+            Ok(()) => {}
+            Err(e) if e.is_damage() => {
+                // Not searched past here: a probe into a damaged tree can
+                // crash this process (salvage probes in child processes).
+                report.problems.push(Problem::Unreadable {
+                    db: "blobs",
+                    after: last.as_deref().or(after.as_deref()).map(hex),
+                    detail: e.to_string(),
+                });
+                break;
+            }
+            Err(e) => return Err(e),
+        }
         match last {
             Some(k) => after = Some(k),
             None => break,
@@ -261,12 +297,18 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
             ("head", record.head, &[Kind::Start, Kind::State][..]),
             ("workflow", record.workflow_hash, &[Kind::Workflow][..]),
         ] {
-            match r.get_stored(&hash)? {
-                None => bad(format!("{what} {hash} is not stored")),
-                Some(b) if !want.contains(&b.kind) => {
+            match r.get_stored(&hash) {
+                Err(e) if e.is_damage() => {
+                    // The transaction can read nothing more.
+                    bad(format!("{what} {hash} cannot be read: {e}"));
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+                Ok(None) => bad(format!("{what} {hash} is not stored")),
+                Ok(Some(b)) if !want.contains(&b.kind) => {
                     bad(format!("{what} {hash} is a {} blob", b.kind))
                 }
-                Some(_) => {}
+                Ok(Some(_)) => {}
             }
         }
         if let Some(c) = record.staged_compact
@@ -285,91 +327,214 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
             }
             Some(_) => {}
         }
+        let suffix = activity_key(record.last_activity(), record.id);
+        for (k, v) in &record.labels {
+            let entry = r.tables().get(Table::Labels, &label_key(k, v, &suffix))?;
+            match entry.as_deref().and_then(ActivityEntry::parse) {
+                None => bad(format!("no labels entry for {k}={v}")),
+                Some(a) if a != ActivityEntry::of(&record) => bad(format!(
+                    "labels entry for {k}={v} disagrees with the record"
+                )),
+                Some(_) => {}
+            }
+        }
         Ok(Some(record))
     };
 
-    n += store.scan_table::<StoreError>(Table::Threads, |r, key, value| {
-        let id = ThreadId::from_slice(key);
-        if let Some(rec) = check_record(
-            r,
-            "threads",
-            id.map_or_else(|| hex(key), |i| i.to_string()),
+    n += scanned(
+        store.scan_table::<StoreError>(Table::Threads, |r, key, value| {
+            let id = ThreadId::from_slice(key);
+            if let Some(rec) = check_record(
+                r,
+                "threads",
+                id.map_or_else(|| hex(key), |i| i.to_string()),
+                id,
+                value,
+                problems,
+            )? && rec.status.is_done()
+                && rec.completed_at.is_some()
+            {
+                problems.push(Problem::ThreadIndex {
+                    db: "threads",
+                    key: rec.id.to_string(),
+                    detail: format!("an ended ({}) thread in the active index", rec.status),
+                });
+            }
+            Ok(())
+        }),
+        Table::Threads,
+        problems,
+    )?;
+    n += scanned(
+        store.scan_table::<StoreError>(Table::History, |r, key, value| {
+            let (day, id) = match key.split_first_chunk::<4>() {
+                Some((day, id)) => (u32::from_be_bytes(*day), ThreadId::from_slice(id)),
+                None => (0, None),
+            };
+            let key_text = id.map_or_else(|| hex(key), |i| format!("{day}/{i}"));
+            let Some(rec) = check_record(r, "history", key_text.clone(), id, value, problems)?
+            else {
+                return Ok(());
+            };
+            let mut bad = |detail: String| {
+                problems.push(Problem::ThreadIndex {
+                    db: "history",
+                    key: key_text.clone(),
+                    detail,
+                })
+            };
+            if !rec.status.is_done() {
+                bad(format!("a {} thread in history", rec.status));
+            }
+            if rec.completed_at.map(utc_day) != Some(day) {
+                bad("completion time is not in this day's partition".into());
+            }
+            let ids = r.tables().get(Table::HistoryIds, &rec.id.to_bytes())?;
+            if ids.as_deref() != Some(&day.to_be_bytes()[..]) {
+                bad("history_ids does not point at this entry".into());
+            }
+            if r.tables()
+                .get(Table::Threads, &rec.id.to_bytes())?
+                .is_some()
+            {
+                bad("also present in the active index".into());
+            }
+            Ok(())
+        }),
+        Table::History,
+        problems,
+    )?;
+    n += scanned(
+        store.scan_table::<StoreError>(Table::HistoryIds, |r, key, value| {
+            let id = ThreadId::from_slice(key);
+            let day = <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes);
+            let ok = match (id, day) {
+                (Some(id), Some(day)) => r
+                    .tables()
+                    .get(Table::History, &history_key(day, id))?
+                    .is_some(),
+                _ => false,
+            };
+            if !ok {
+                problems.push(Problem::ThreadIndex {
+                    db: "history_ids",
+                    key: id.map_or_else(|| hex(key), |i| i.to_string()),
+                    detail: "points at no history entry".into(),
+                });
+            }
+            Ok(())
+        }),
+        Table::HistoryIds,
+        problems,
+    )?;
+    n += check_activity_entries(store, Table::Activity, problems, |key| {
+        let (at, id) = key.split_first_chunk::<8>()?;
+        let (at, id) = (u64::from_be_bytes(*at), ThreadId::from_slice(id)?);
+        Some(ActivityRef {
+            text: format!("{at}/{id}"),
+            at,
             id,
-            value,
+            label: None,
+        })
+    })?;
+    n += check_activity_entries(store, Table::Labels, problems, |key| {
+        let (k, v, at, id) = parse_label_key(key)?;
+        Some(ActivityRef {
+            text: format!("{k}={v}/{at}/{id}"),
+            at,
+            id,
+            label: Some((k, v)),
+        })
+    })?;
+    n += scanned(
+        store.scan_table::<StoreError>(Table::Children, |r, key, _| {
+            let pair = key
+                .split_first_chunk::<16>()
+                .and_then(|(p, c)| Some((ThreadId::from_slice(p)?, ThreadId::from_slice(c)?)));
+            let detail = match pair {
+                None => Some("malformed key".to_owned()),
+                Some((parent, child)) => match index::find(r.tables(), child) {
+                    Ok(Some((rec, _))) if rec.parent_thread == Some(parent) => None,
+                    Ok(Some(_)) => Some("the child names another parent".to_owned()),
+                    Ok(None) => Some("no such child thread".to_owned()),
+                    Err(e) => Some(e.to_string()),
+                },
+            };
+            if let Some(detail) = detail {
+                problems.push(Problem::ThreadIndex {
+                    db: "children",
+                    key: pair.map_or_else(|| hex(key), |(p, c)| format!("{p}/{c}")),
+                    detail,
+                });
+            }
+            Ok(())
+        }),
+        Table::Children,
+        problems,
+    )?;
+    // Registered workflows and pins are GC roots: each must name a stored
+    // blob (a registered workflow a `workflow` blob).
+    for (table, name) in [(Table::Workflows, "workflows"), (Table::Pins, "pins")] {
+        n += scanned(
+            store.scan_table::<StoreError>(table, |r, key, value| {
+                let target = if name == "pins" { key } else { value };
+                let detail = match Hash::from_slice(target) {
+                    None => Some(format!("{} bytes, not a hash", target.len())),
+                    Some(h) => match r.get_stored(&h)? {
+                        None => Some(format!("names {h}, which is not stored")),
+                        Some(rec) if name == "workflows" && rec.kind != Kind::Workflow => {
+                            Some(format!("names {h}, a {} blob", rec.kind))
+                        }
+                        Some(_) => None,
+                    },
+                };
+                if let Some(detail) = detail {
+                    problems.push(Problem::ThreadIndex {
+                        db: name,
+                        key: String::from_utf8(key.to_vec()).unwrap_or_else(|_| hex(key)),
+                        detail,
+                    });
+                }
+                Ok(())
+            }),
+            table,
             problems,
-        )? && rec.status.is_done()
-            && rec.completed_at.is_some()
-        {
-            problems.push(Problem::ThreadIndex {
-                db: "threads",
-                key: rec.id.to_string(),
-                detail: format!("an ended ({}) thread in the active index", rec.status),
-            });
-        }
-        Ok(())
-    })?;
-    n += store.scan_table::<StoreError>(Table::History, |r, key, value| {
-        let (day, id) = match key.split_first_chunk::<4>() {
-            Some((day, id)) => (u32::from_be_bytes(*day), ThreadId::from_slice(id)),
-            None => (0, None),
-        };
-        let key_text = id.map_or_else(|| hex(key), |i| format!("{day}/{i}"));
-        let Some(rec) = check_record(r, "history", key_text.clone(), id, value, problems)? else {
-            return Ok(());
-        };
-        let mut bad = |detail: String| {
-            problems.push(Problem::ThreadIndex {
-                db: "history",
-                key: key_text.clone(),
-                detail,
-            })
-        };
-        if !rec.status.is_done() {
-            bad(format!("a {} thread in history", rec.status));
-        }
-        if rec.completed_at.map(utc_day) != Some(day) {
-            bad("completion time is not in this day's partition".into());
-        }
-        let ids = r.tables().get(Table::HistoryIds, &rec.id.to_bytes())?;
-        if ids.as_deref() != Some(&day.to_be_bytes()[..]) {
-            bad("history_ids does not point at this entry".into());
-        }
-        if r.tables()
-            .get(Table::Threads, &rec.id.to_bytes())?
-            .is_some()
-        {
-            bad("also present in the active index".into());
-        }
-        Ok(())
-    })?;
-    n += store.scan_table::<StoreError>(Table::HistoryIds, |r, key, value| {
-        let id = ThreadId::from_slice(key);
-        let day = <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes);
-        let ok = match (id, day) {
-            (Some(id), Some(day)) => r
-                .tables()
-                .get(Table::History, &history_key(day, id))?
-                .is_some(),
-            _ => false,
-        };
-        if !ok {
-            problems.push(Problem::ThreadIndex {
-                db: "history_ids",
-                key: id.map_or_else(|| hex(key), |i| i.to_string()),
-                detail: "points at no history entry".into(),
-            });
-        }
-        Ok(())
-    })?;
-    n += store.scan_table::<StoreError>(Table::Activity, |r, key, value| {
-        let parsed = key
-            .split_first_chunk::<8>()
-            .and_then(|(at, id)| Some((u64::from_be_bytes(*at), ThreadId::from_slice(id)?)));
-        let key_text = parsed.map_or_else(|| hex(key), |(at, id)| format!("{at}/{id}"));
+        )?;
+    }
+    report.index_entries_checked = n;
+    Ok(())
+}
+
+/// What an `activity` or `labels` key names: the thread, its last
+/// activity and, for `labels`, the label.
+struct ActivityRef {
+    text: String,
+    at: u64,
+    id: ThreadId,
+    label: Option<(String, String)>,
+}
+
+/// Checks every entry of an index keyed by last activity (`activity`,
+/// `labels`): its value is an activity entry, and it names a thread whose
+/// last activity (and label) it has. Returns the entries read.
+fn check_activity_entries(
+    store: &Store,
+    table: Table,
+    problems: &mut Vec<Problem>,
+    parse: fn(&[u8]) -> Option<ActivityRef>,
+) -> Result<u64, StoreError> {
+    let result = store.scan_table::<StoreError>(table, |r, key, value| {
+        let parsed = parse(key);
+        let key_text = parsed.as_ref().map_or_else(|| hex(key), |p| p.text.clone());
         let detail = match (parsed, ActivityEntry::parse(value)) {
-            (Some((at, id)), Some(_)) => match index::find(r.tables(), id) {
-                Ok(Some((rec, _))) if rec.last_activity() == at => None,
-                Ok(Some(_)) => Some("stale: the record's last activity differs".to_owned()),
+            (Some(p), Some(_)) => match index::find(r.tables(), p.id) {
+                Ok(Some((rec, _))) => match &p.label {
+                    Some((k, v)) if rec.labels.get(k) != Some(v) => {
+                        Some(format!("thread {} does not carry {k}={v}", p.id))
+                    }
+                    _ if rec.last_activity() == p.at => None,
+                    _ => Some("stale: the record's last activity differs".to_owned()),
+                },
                 Ok(None) => Some("no such thread".to_owned()),
                 Err(e) => Some(e.to_string()),
             },
@@ -377,66 +542,38 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         };
         if let Some(detail) = detail {
             problems.push(Problem::ThreadIndex {
-                db: "activity",
+                db: table.name(),
                 key: key_text,
                 detail,
             });
         }
         Ok(())
-    })?;
-    n += store.scan_table::<StoreError>(Table::Children, |r, key, _| {
-        let pair = key
-            .split_first_chunk::<16>()
-            .and_then(|(p, c)| Some((ThreadId::from_slice(p)?, ThreadId::from_slice(c)?)));
-        let detail = match pair {
-            None => Some("malformed key".to_owned()),
-            Some((parent, child)) => match index::find(r.tables(), child) {
-                Ok(Some((rec, _))) if rec.parent_thread == Some(parent) => None,
-                Ok(Some(_)) => Some("the child names another parent".to_owned()),
-                Ok(None) => Some("no such child thread".to_owned()),
-                Err(e) => Some(e.to_string()),
-            },
-        };
-        if let Some(detail) = detail {
-            problems.push(Problem::ThreadIndex {
-                db: "children",
-                key: pair.map_or_else(|| hex(key), |(p, c)| format!("{p}/{c}")),
-                detail,
+    });
+    scanned(result, table, problems)
+}
+
+/// A table scan's count, or, when the data file is damaged under it, 0
+/// and a [`Problem::Unreadable`]: the checks go on with the next table.
+fn scanned(
+    result: Result<u64, StoreError>,
+    table: Table,
+    problems: &mut Vec<Problem>,
+) -> Result<u64, StoreError> {
+    match result {
+        Err(e) if e.is_damage() => {
+            problems.push(Problem::Unreadable {
+                db: table.name(),
+                after: None,
+                detail: e.to_string(),
             });
+            Ok(0)
         }
-        Ok(())
-    })?;
-    // Registered workflows and pins are GC roots: each must name a stored
-    // blob (a registered workflow a `workflow` blob).
-    for (table, name) in [(Table::Workflows, "workflows"), (Table::Pins, "pins")] {
-        n += store.scan_table::<StoreError>(table, |r, key, value| {
-            let target = if name == "pins" { key } else { value };
-            let detail = match Hash::from_slice(target) {
-                None => Some(format!("{} bytes, not a hash", target.len())),
-                Some(h) => match r.get_stored(&h)? {
-                    None => Some(format!("names {h}, which is not stored")),
-                    Some(rec) if name == "workflows" && rec.kind != Kind::Workflow => {
-                        Some(format!("names {h}, a {} blob", rec.kind))
-                    }
-                    Some(_) => None,
-                },
-            };
-            if let Some(detail) = detail {
-                problems.push(Problem::ThreadIndex {
-                    db: name,
-                    key: String::from_utf8(key.to_vec()).unwrap_or_else(|_| hex(key)),
-                    detail,
-                });
-            }
-            Ok(())
-        })?;
+        other => other,
     }
-    report.index_entries_checked = n;
-    Ok(())
 }
 
 /// Checks one record; returns the refs to look up.
-fn check_blob(hash: Hash, value: &[u8], problems: &mut Vec<Problem>) -> Vec<Hash> {
+pub(crate) fn check_blob(hash: Hash, value: &[u8], problems: &mut Vec<Problem>) -> Vec<Hash> {
     let record = match BlobRecord::parse(value) {
         Ok(r) => r,
         Err(e) => {

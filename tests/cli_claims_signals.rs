@@ -133,6 +133,10 @@ fn ctrl_c_stops_a_batch_kills_its_agents_and_leaves_threads_retryable(b: TestBac
     ]);
     std::thread::sleep(std::time::Duration::from_millis(800));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    // A first Ctrl-C lets the steps in flight finish (tests/cli_stop.rs);
+    // the second kills the agents at once.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130));

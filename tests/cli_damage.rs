@@ -28,9 +28,9 @@ const COMMANDS: &[&[&str]] = &[
 fn assert_refused(env: &Cli, expect: &[&str]) {
     for args in COMMANDS {
         let o = env.uwf(args);
-        // Exit 1 with a message, not SIGBUS (no exit code at all, or 135
-        // from a shell).
-        assert_eq!(code(&o), Some(1), "{args:?}: {}", stderr(&o));
+        // Exit 3 (the data file is damaged) with a message, not SIGBUS
+        // (no exit code at all, or 135 from a shell).
+        assert_eq!(code(&o), Some(3), "{args:?}: {}", stderr(&o));
         let err = stderr(&o);
         assert!(err.contains("data.mdb is damaged"), "{args:?}: {err}");
         for e in expect {

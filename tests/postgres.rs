@@ -231,6 +231,7 @@ fn drive_some_threads(store: &Store) -> Vec<ThreadId> {
             agent: None,
             cwd: None,
             next_location: None,
+            labels: Default::default(),
         })
         .unwrap();
     let ended = new_thread(store, "review");
@@ -488,7 +489,10 @@ fn a_version_1_store_is_migrated_on_first_use() {
         .map(|o| o.join().unwrap().unwrap())
         .collect();
     let store = stores.pop().unwrap();
-    assert_eq!(schema_version(&mut sql), 2);
+    // Version 1 → 2 → 3 in one go: the typed columns, then the (empty)
+    // label index.
+    assert_eq!(schema_version(&mut sql), 3);
+    assert_eq!(column_names(&mut sql, "uwf_labels"), ["k", "v"]);
     assert_eq!(
         column_names(&mut sql, "uwf_history"),
         [
@@ -596,7 +600,7 @@ fn a_newer_schema_is_refused() {
     let mut store = TestBackend::Postgres.fast();
     let mut sql = connect(&store);
     store.close();
-    sql.batch_execute("UPDATE uwf_schema SET version = 3")
+    sql.batch_execute("UPDATE uwf_schema SET version = 4")
         .unwrap();
     let url = store.store_arg().into_string().unwrap();
     for options in [reader_options(), StoreOptions::default()] {
@@ -605,8 +609,8 @@ fn a_newer_schema_is_refused() {
             matches!(
                 err,
                 StoreError::UnsupportedSchema {
-                    found: 3,
-                    supported: 2,
+                    found: 4,
+                    supported: 3,
                     ..
                 }
             ),
@@ -614,11 +618,11 @@ fn a_newer_schema_is_refused() {
         );
         let message = err.to_string();
         assert!(
-            message.contains("schema version 3") && message.contains("newer uwf-db"),
+            message.contains("schema version 4") && message.contains("newer uwf-db"),
             "{message}"
         );
     }
-    assert_eq!(schema_version(&mut sql), 3);
+    assert_eq!(schema_version(&mut sql), 4);
 }
 
 /// The plan of `query`, one line per node.
@@ -805,7 +809,7 @@ fn a_read_only_role_reads_a_current_store_but_cannot_migrate_an_old_one() {
     assert_eq!(schema_version(&mut sql), 1);
     // The owner migrates it.
     store.reopen();
-    assert_eq!(schema_version(&mut sql), 2);
+    assert_eq!(schema_version(&mut sql), 3);
     assert_columns_match(&store, &mut sql, id);
 }
 

@@ -5,7 +5,9 @@ mod common;
 
 use common::backend::TestBackend;
 use common::{append_n, new_thread, next, step};
-use uwf_db::thread::{EndSpec, NewThread, Next, ThreadError, ThreadQuery, ThreadStatus, utc_day};
+use uwf_db::thread::{
+    EndSpec, NewThread, Next, ThreadError, ThreadId, ThreadQuery, ThreadStatus, utc_day,
+};
 use uwf_db::verify::verify;
 use uwf_db::{Blob, Hash, Value};
 
@@ -482,6 +484,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
             agent: None,
             cwd: None,
             next_location: None,
+            labels: Default::default(),
         })
         .unwrap();
     let c = store
@@ -635,7 +638,61 @@ fn context_walks_long_threads_without_gaps(b: TestBackend) {
     assert_eq!(ctx.steps[0].node.seq, 151);
 }
 
+/// `steps_after` (what `thread watch` reads): the steps after a cursor,
+/// oldest first, at most `limit` (the oldest), each once across pages,
+/// on a plain chain and on a fork (whose older steps are its source's).
+fn steps_after_pages_from_a_cursor(b: TestBackend) {
+    let store = b.fast();
+    let t = new_thread(&store, "review");
+    append_n(&store, t.id, 30);
+    let seqs = |after: u64, limit: usize| -> Vec<u64> {
+        let (record, entries) = store.steps_after(t.id, after, limit).unwrap();
+        assert_eq!(record.seq, 30);
+        entries.iter().map(|e| e.node.seq).collect()
+    };
+    assert_eq!(seqs(0, 7), (1..=7).collect::<Vec<_>>());
+    assert_eq!(seqs(7, 100), (8..=30).collect::<Vec<_>>());
+    assert_eq!(seqs(29, 5), vec![30]);
+    assert!(seqs(30, 5).is_empty());
+    assert!(seqs(99, 5).is_empty());
+    assert!(seqs(0, 0).is_empty());
+    // Page by page: every step exactly once, and the hashes of the log.
+    let mut cursor = 0;
+    let mut paged = Vec::new();
+    loop {
+        let (_, entries) = store.steps_after(t.id, cursor, 4).unwrap();
+        let Some(last) = entries.last() else { break };
+        cursor = last.node.seq;
+        paged.extend(entries.iter().map(|e| e.hash));
+    }
+    let mut log: Vec<_> = store
+        .thread_log(t.id, 100, None)
+        .unwrap()
+        .iter()
+        .map(|e| e.hash)
+        .collect();
+    log.reverse();
+    assert_eq!(paged, log);
+    // A fork at seq 20: its steps after 18 are the source's 19 and 20,
+    // then its own.
+    let at = store.thread_log(t.id, 11, None).unwrap()[10].hash;
+    let fork = store
+        .low_level()
+        .fork_thread(t.id, at, next("dev"))
+        .unwrap();
+    append_n(&store, fork.id, 2);
+    let (_, entries) = store.steps_after(fork.id, 18, 10).unwrap();
+    let got: Vec<u64> = entries.iter().map(|e| e.node.seq).collect();
+    assert_eq!(got, vec![19, 20, 21, 22]);
+    assert_eq!(entries[1].hash, at);
+    assert!(matches!(
+        store.steps_after(ThreadId::generate(), 0, 1),
+        Err(ThreadError::Unknown(_))
+    ));
+}
+
 conformance!(
+    steps_after_pages_from_a_cursor,
     steps_chain_with_seq_and_ancestors,
     a_moved_head_is_a_conflict_and_writes_nothing,
     racing_writer_threads_commit_exactly_once_per_head,

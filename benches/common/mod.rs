@@ -117,6 +117,7 @@ pub fn start_thread(
             agent: None,
             cwd: None,
             next_location: None,
+            labels: Default::default(),
         })
         .unwrap()
 }

@@ -1,19 +1,9 @@
-//! The blob decoder never panics on arbitrary bytes, and whatever it accepts
-//! is canonical: it re-encodes to exactly the input, with the same hash.
+//! Fuzz target `blob_decode`: see `checks::blob_decode` (fuzz/checks/mod.rs), which
+//! `tests/fuzz_corpora.rs` also runs over the committed corpus.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use uwf_db::{Blob, Hash};
+#[path = "../checks/mod.rs"]
+#[allow(dead_code)]
+mod checks;
 
-fuzz_target!(|data: &[u8]| {
-    // The canonical-form checker alone must not panic either.
-    let _ = uwf_db::codec::check_canonical(data);
-    // Neither must the trusted path (used for blobs read back from the store).
-    let _ = Blob::decode_trusted(data);
-    if let Ok(blob) = Blob::decode(data) {
-        let enc = blob.encode().expect("a decoded blob re-encodes");
-        assert_eq!(enc.bytes(), data, "accepted bytes are canonical");
-        assert_eq!(enc.hash(), Hash::of(data));
-        assert_eq!(enc.refs(), blob.collect_refs().as_slice());
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::blob_decode(data));

@@ -87,11 +87,14 @@ pub enum Table {
     Workflows,
     /// Hash (32 bytes) → empty: GC roots.
     Pins,
+    /// Label key, 0, value, 0, then the `activity` key (last activity,
+    /// id) → the `activity` value: `thread list --label`.
+    Labels,
 }
 
 impl Table {
     /// Every table, in a fixed order.
-    pub const ALL: [Table; 9] = [
+    pub const ALL: [Table; 10] = [
         Table::Meta,
         Table::Blobs,
         Table::Threads,
@@ -101,6 +104,7 @@ impl Table {
         Table::Children,
         Table::Workflows,
         Table::Pins,
+        Table::Labels,
     ];
 
     /// The table's name (the LMDB database name).
@@ -115,6 +119,7 @@ impl Table {
             Table::Children => "children",
             Table::Workflows => "workflows",
             Table::Pins => "pins",
+            Table::Labels => "labels",
         }
     }
 

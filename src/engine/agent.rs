@@ -49,12 +49,15 @@ pub struct AgentRequest<'a> {
 
 /// An agent's answer: text, plus the final state of a child thread when the
 /// agent ran one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AgentReply {
     /// Markdown with YAML frontmatter.
     pub output: String,
     /// The final state of a child thread the agent ran.
     pub child_thread: Option<Hash>,
+    /// What the call cost, as the agent reports it (a `$usage` key in the
+    /// frontmatter is used when this is `None`): recorded with the step.
+    pub usage: Option<crate::usage::Usage>,
 }
 
 impl From<String> for AgentReply {
@@ -62,6 +65,7 @@ impl From<String> for AgentReply {
         AgentReply {
             output,
             child_thread: None,
+            usage: None,
         }
     }
 }
@@ -70,6 +74,15 @@ impl From<String> for AgentReply {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
+    /// A `cmd:` agent's reply passed [`AgentOptions::max_reply_bytes`]: its
+    /// process group was killed.
+    #[error(
+        "the agent's reply passed {limit} bytes: the agent was killed and the step failed (raise --max-reply-size if such replies are expected)"
+    )]
+    ReplyTooLarge {
+        /// The cap, in bytes.
+        limit: usize,
+    },
     /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
     #[error("unknown agent spec '{0}': use script:FILE or cmd:PROGRAM ARGS")]
     BadSpec(String),
@@ -354,18 +367,40 @@ impl ScriptAgent {
             path: path.to_path_buf(),
             detail,
         };
-        let text =
-            std::fs::read_to_string(path).map_err(|source| AgentError::ScenarioUnreadable {
-                path: path.to_path_buf(),
-                source,
+        let text = crate::input::read_text_capped(path, crate::input::MAX_SCENARIO, "scenario")
+            .map_err(|e| match e {
+                crate::input::InputError::Unreadable { source, .. } => {
+                    AgentError::ScenarioUnreadable {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                }
+                other => bad(other.to_string()),
             })?;
+        ScriptAgent::parse(path, &text)
+    }
+
+    /// A scenario from its text (`path` names it in errors): what
+    /// [`ScriptAgent::load`] does after reading the file.
+    ///
+    /// ```
+    /// use std::path::Path;
+    /// use uwf_db::engine::agent::{AgentError, ScriptAgent};
+    /// assert!(ScriptAgent::parse(Path::new("s.yaml"), "steps: []").is_ok());
+    /// let e = ScriptAgent::parse(Path::new("s.yaml"), "steps: [").unwrap_err();
+    /// assert!(matches!(e, AgentError::ScenarioYaml { .. }));
+    /// ```
+    pub fn parse(path: &Path, text: &str) -> Result<ScriptAgent, AgentError> {
         let scenario: Scenario =
-            crate::yaml::from_str(&text).map_err(|e| AgentError::ScenarioYaml {
+            crate::yaml::from_str(text).map_err(|e| AgentError::ScenarioYaml {
                 path: path.to_path_buf(),
                 source: Box::new(e),
             })?;
         if scenario.steps.is_none() == scenario.workflows.is_none() {
-            return Err(bad("give exactly one of `steps:` or `workflows:`".into()));
+            return Err(AgentError::Scenario {
+                path: path.to_path_buf(),
+                detail: "give exactly one of `steps:` or `workflows:`".into(),
+            });
         }
         Ok(ScriptAgent {
             path: path.to_path_buf(),
@@ -440,6 +475,11 @@ pub struct AgentOptions {
     pub timeout: Duration,
     /// How many times a `cmd:` agent is re-asked after an invalid reply.
     pub reasks: usize,
+    /// The largest reply (stdout) a `cmd:` agent may give: past it the
+    /// program's process group is killed and the call fails with
+    /// [`AgentError::ReplyTooLarge`], so an endless reply costs bounded
+    /// memory. Default [`DEFAULT_MAX_REPLY`].
+    pub max_reply_bytes: usize,
 }
 
 impl Default for AgentOptions {
@@ -448,9 +488,16 @@ impl Default for AgentOptions {
             store: PathBuf::new(),
             timeout: DEFAULT_TIMEOUT,
             reasks: DEFAULT_REASKS,
+            max_reply_bytes: DEFAULT_MAX_REPLY,
         }
     }
 }
+
+/// Default largest reply of a `cmd:` agent: 16 MiB.
+pub const DEFAULT_MAX_REPLY: usize = 16 << 20;
+
+/// The tail of a `cmd:` agent's stderr kept for its error: 16 KiB.
+pub const STDERR_TAIL: usize = 16 << 10;
 
 /// Default re-asks of a `cmd:` agent after an invalid reply.
 pub const DEFAULT_REASKS: usize = 2;
@@ -489,6 +536,7 @@ pub struct CmdAgent {
     store: PathBuf,
     timeout: Duration,
     reasks: usize,
+    max_reply: usize,
 }
 
 impl CmdAgent {
@@ -518,6 +566,7 @@ impl CmdAgent {
             store: options.store.clone(),
             timeout: options.timeout,
             reasks: options.reasks,
+            max_reply: options.max_reply_bytes,
         })
     }
 }
@@ -621,27 +670,47 @@ impl Agent for CmdAgent {
                 let _ = s.write_all(prompt.as_bytes());
             }
         });
-        let drain = |r: Option<Box<dyn Read + Send>>| {
+        // stdout up to the cap: past it the group is killed (from the
+        // reading thread, at once) and the reply is refused.
+        let max_reply = self.max_reply;
+        let too_large = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let out = {
+            let stdout = child.stdout.take();
+            let too_large = std::sync::Arc::clone(&too_large);
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
-                if let Some(mut r) = r {
-                    let _ = r.read_to_end(&mut buf);
+                if let Some(s) = stdout {
+                    let limit = u64::try_from(max_reply)
+                        .unwrap_or(u64::MAX)
+                        .saturating_add(1);
+                    let _ = s.take(limit).read_to_end(&mut buf);
+                    if buf.len() > max_reply {
+                        too_large.store(true, std::sync::atomic::Ordering::SeqCst);
+                        kill_group(pid);
+                        buf.clear();
+                        buf.shrink_to_fit();
+                    }
                 }
                 buf
             })
         };
-        let out = drain(
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        );
-        let err = drain(
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        );
+        // stderr: only its last STDERR_TAIL bytes are kept.
+        let err = {
+            let stderr = child.stderr.take();
+            std::thread::spawn(move || {
+                let mut tail = Tail::new(STDERR_TAIL);
+                if let Some(mut s) = stderr {
+                    let mut chunk = [0u8; 8192];
+                    loop {
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => tail.push(chunk.get(..n).unwrap_or_default()),
+                        }
+                    }
+                }
+                tail
+            })
+        };
         let started = Instant::now();
         let status = loop {
             match child.try_wait() {
@@ -665,11 +734,16 @@ impl Agent for CmdAgent {
         req.cancel.agent_finished(pid);
         let _ = writer.join();
         let stdout = out.join().unwrap_or_default();
-        let stderr = err.join().unwrap_or_default();
+        let stderr = err.join().map(Tail::text).unwrap_or_default();
+        if too_large.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(AgentError::ReplyTooLarge {
+                limit: self.max_reply,
+            });
+        }
         if !status.success() {
             return Err(AgentError::Exit {
                 status: status.to_string(),
-                stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+                stderr,
             });
         }
         String::from_utf8(stdout)
@@ -678,9 +752,59 @@ impl Agent for CmdAgent {
     }
 }
 
+/// The last `keep` bytes of a stream, and how many came before them.
+struct Tail {
+    keep: usize,
+    bytes: std::collections::VecDeque<u8>,
+    cut: u64,
+}
+
+impl Tail {
+    fn new(keep: usize) -> Self {
+        Tail {
+            keep,
+            bytes: std::collections::VecDeque::new(),
+            cut: 0,
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend(chunk);
+        let over = self.bytes.len().saturating_sub(self.keep);
+        if over > 0 {
+            self.bytes.drain(..over);
+            self.cut += over as u64;
+        }
+    }
+
+    /// The kept text, trimmed, after a `[… N bytes cut]` line when
+    /// something was cut.
+    fn text(self) -> String {
+        let bytes: Vec<u8> = self.bytes.into_iter().collect();
+        let text = String::from_utf8_lossy(&bytes);
+        let text = text.trim();
+        if self.cut == 0 {
+            text.to_owned()
+        } else {
+            format!("[… {} bytes cut]\n{text}", self.cut)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tail_keeps_the_last_bytes_and_counts_the_rest() {
+        let mut t = Tail::new(4);
+        t.push(b"abc");
+        t.push(b"defgh");
+        assert_eq!(t.text(), "[… 4 bytes cut]\nefgh");
+        let mut t = Tail::new(10);
+        t.push(b" short ");
+        assert_eq!(t.text(), "short");
+    }
 
     #[test]
     fn a_cmd_agent_needs_a_program() {

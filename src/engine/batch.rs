@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::EngineError;
-use super::agent::Agent;
+use super::agent::{Agent, AgentError, AgentReply, AgentRequest};
 use super::cancel::Cancel;
 use super::drive::{DriveOptions, DriveReport, StepResult};
 use super::{StartOptions, claim};
 use crate::hash::Hash;
 use crate::store::Store;
-use crate::thread::{ThreadId, ThreadQuery, ThreadStatus};
+use crate::thread::{Labels, ThreadError, ThreadId, ThreadQuery, ThreadStatus, check_labels};
+use crate::usage::{StepUsage, UsageTotals};
 
 /// How to run a batch.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +34,28 @@ pub struct BatchOptions {
     /// The token the batch runs under: cancelling it starts no new thread,
     /// kills the agents running and leaves their threads retryable.
     pub cancel: Cancel,
+    /// Labels for every thread the batch starts (a prompt's own labels,
+    /// [`BatchPrompt::labels`], are added over them).
+    pub labels: Labels,
+}
+
+/// One prompt of [`Store::run_batch_prompts`]: the task and the labels of
+/// its thread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchPrompt {
+    /// The task prompt.
+    pub prompt: String,
+    /// Labels of this prompt's thread, over [`BatchOptions::labels`].
+    pub labels: Labels,
+}
+
+impl From<String> for BatchPrompt {
+    fn from(prompt: String) -> Self {
+        BatchPrompt {
+            prompt,
+            labels: Labels::new(),
+        }
+    }
 }
 
 /// What a batch's per-item callback answers: go on, or start no new
@@ -114,6 +137,9 @@ pub struct BatchReport {
     /// started no thread after that, so some prompts (or idle threads) were
     /// not driven and are not counted in `threads`.
     pub store_full: bool,
+    /// Every agent call the batch made (steps, re-asks, summaries, child
+    /// workflows' steps, failed attempts) and what they reported costing.
+    pub usage: UsageTotals,
 }
 
 impl Store {
@@ -165,8 +191,27 @@ impl Store {
         agents: Vec<Box<dyn Agent>>,
         on_item: &mut dyn FnMut(&BatchItem) -> R,
     ) -> Result<BatchReport, EngineError> {
-        // Fails early on an unknown or invalid workflow.
+        let prompts: Vec<BatchPrompt> = prompts.iter().cloned().map(BatchPrompt::from).collect();
+        self.run_batch_prompts(workflow, &prompts, options, agents, on_item)
+    }
+
+    /// [`Store::run_batch`] with labels per prompt: each thread gets
+    /// [`BatchOptions::labels`] and then its prompt's own. Every prompt's
+    /// labels are checked before any thread starts.
+    pub fn run_batch_prompts<R: ItemFlow>(
+        &self,
+        workflow: Hash,
+        prompts: &[BatchPrompt],
+        options: &BatchOptions,
+        agents: Vec<Box<dyn Agent>>,
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
+    ) -> Result<BatchReport, EngineError> {
+        // Fails early on an unknown or invalid workflow, or a bad label.
         self.load_workflow(workflow)?;
+        check_labels(&options.labels).map_err(ThreadError::from)?;
+        for p in prompts {
+            check_labels(&merged(&options.labels, &p.labels)).map_err(ThreadError::from)?;
+        }
         let mut agents = agents;
         self.drive_pool(
             prompts,
@@ -260,7 +305,7 @@ impl Store {
         // Threads driven by this run (whatever the outcome).
         let mut driven: HashSet<ThreadId> = HashSet::new();
         let mut stopped = false;
-        while !stopped && !options.cancel.is_cancelled() {
+        while !stopped && !options.cancel.is_stopping() {
             let mut ids: Vec<ThreadId> = self
                 .continuable_threads(name)?
                 .into_iter()
@@ -425,22 +470,28 @@ impl Store {
         // Set when a drive found the store full.
         let full = AtomicBool::new(false);
         let mut report = BatchReport::default();
+        let usage = std::sync::Mutex::new(UsageTotals::default());
         let ((), stats) = self.group_commit(options.max_group, |store| {
             let (tx, rx) = crossbeam_channel::unbounded::<BatchItem>();
             std::thread::scope(|scope| {
                 for agent in agents.iter_mut() {
                     let tx = tx.clone();
                     let (next, stop, full, skipped) = (&next, &stop, &full, &skipped);
+                    let usage = &usage;
                     scope.spawn(move || {
+                        let mut agent = Metered {
+                            inner: &mut **agent,
+                            totals: UsageTotals::default(),
+                        };
                         loop {
-                            if options.cancel.is_cancelled() || stop.load(Ordering::SeqCst) {
+                            if options.cancel.is_stopping() || stop.load(Ordering::SeqCst) {
                                 break;
                             }
                             let index = next.fetch_add(1, Ordering::Relaxed);
                             let Some(item) = items.get(index) else {
                                 break;
                             };
-                            let Some(done) = work(store, index, item, &mut **agent) else {
+                            let Some(done) = work(store, index, item, &mut agent) else {
                                 skipped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
@@ -459,6 +510,10 @@ impl Store {
                                 break;
                             }
                         }
+                        match usage.lock() {
+                            Ok(mut u) => u.add(&agent.totals),
+                            Err(poisoned) => poisoned.into_inner().add(&agent.totals),
+                        }
                     });
                 }
                 drop(tx);
@@ -470,6 +525,9 @@ impl Store {
                 }
             });
         });
+        report.usage = usage
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         report.skipped = skipped.load(Ordering::Relaxed) as u64;
         report.store_full = full.load(Ordering::SeqCst);
         report.groups = stats.groups;
@@ -483,7 +541,7 @@ fn drive_one(
     store: &Store,
     workflow: Hash,
     index: usize,
-    prompt: &str,
+    prompt: &BatchPrompt,
     options: &BatchOptions,
     agent: &mut dyn Agent,
 ) -> BatchItem {
@@ -491,14 +549,57 @@ fn drive_one(
         agent_spec: options.agent_spec.clone(),
         max_rounds: options.max_rounds,
         cwd: options.cwd.clone(),
+        labels: merged(&options.labels, &prompt.labels),
         cancel: options.cancel.clone(),
     };
-    match store.run_workflow(workflow, prompt, &start, agent) {
+    match store.run_workflow(workflow, &prompt.prompt, &start, agent) {
         Ok((record, outcome)) => {
             BatchItem::of(index, record.id, Some(record.underlying_status()), outcome)
         }
         Err(e) => BatchItem::failed(index, e),
     }
+}
+
+/// An agent that counts its calls: their wall time and what they reported
+/// (a reply's own `usage`, else its frontmatter's `$usage`). A batch wraps
+/// each driver's agent in one, so its report counts every call made.
+struct Metered<'a> {
+    inner: &'a mut dyn Agent,
+    totals: UsageTotals,
+}
+
+impl Agent for Metered<'_> {
+    fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        let called = std::time::Instant::now();
+        let reply = self.inner.call(request);
+        let mut step = StepUsage::default();
+        let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let reported = match &reply {
+            Ok(r) => r
+                .usage
+                .clone()
+                .or_else(|| super::extract::reported_usage(&r.output)),
+            Err(_) => None,
+        };
+        step.add_call(wall_ms, reported.as_ref());
+        self.totals.add_step(&step);
+        reply
+    }
+
+    fn reasks(&self) -> usize {
+        self.inner.reasks()
+    }
+
+    fn needs_step_count(&self) -> bool {
+        self.inner.needs_step_count()
+    }
+}
+
+/// `base` with `over` added over it.
+fn merged(base: &Labels, over: &Labels) -> Labels {
+    let mut all = base.clone();
+    all.extend(over.iter().map(|(k, v)| (k.clone(), v.clone())));
+    all
 }
 
 impl BatchItem {
@@ -574,6 +675,7 @@ impl BatchReport {
         self.steps += pass.steps;
         self.skipped += pass.skipped;
         self.store_full |= pass.store_full;
+        self.usage.add(&pass.usage);
     }
 
     fn add(&mut self, item: &BatchItem) {

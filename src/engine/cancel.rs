@@ -35,6 +35,8 @@ pub struct Cancel {
 #[derive(Debug, Default)]
 struct Inner {
     cancelled: AtomicBool,
+    /// Stop after the steps in flight (a first Ctrl-C in `batch`).
+    stopping: AtomicBool,
     /// Process groups of agents running under the token.
     agents: Mutex<HashSet<u32>>,
     /// Claims taken under the token and not yet released.
@@ -55,6 +57,26 @@ impl Cancel {
     /// Whether [`Cancel::cancel`] was called on this token (or a clone).
     pub fn is_cancelled(&self) -> bool {
         self.inner.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Asks the work under the token to stop gracefully: every drive stops
+    /// after the step in flight is committed (its agent is not killed), and
+    /// a batch starts no new thread. [`Cancel::cancel`] still stops at once.
+    ///
+    /// ```
+    /// use uwf_db::engine::Cancel;
+    /// let cancel = Cancel::new();
+    /// cancel.stop_after_step();
+    /// assert!(cancel.is_stopping());
+    /// assert!(!cancel.is_cancelled());
+    /// ```
+    pub fn stop_after_step(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Cancel::stop_after_step`] (or [`Cancel::cancel`]) was called.
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.load(Ordering::SeqCst) || self.is_cancelled()
     }
 
     /// Sleeps for `duration`, or less when the token is cancelled

@@ -67,6 +67,7 @@ impl Store {
                     agent: record.agent.clone(),
                     cwd,
                     next_location,
+                    labels: record.labels.clone(),
                 })?;
                 let child = c.id;
                 self.low_level().update_record(id, move |r| {

@@ -152,6 +152,8 @@ impl Store {
         } else {
             self.low_level()
                 .update_record(id, |r| {
+                    // A stop asked of an earlier driver is not this one's.
+                    r.stop_requested_at = None;
                     match (r.status, r.claimed_status) {
                         // A dead driver's claim: keep the status underneath.
                         (ThreadStatus::Running, Some(_)) => {}

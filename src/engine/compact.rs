@@ -74,12 +74,18 @@ impl Store {
             summary_index: Some(summaries),
             cancel,
         };
+        let called = std::time::Instant::now();
         let reply = agent.call(&request)?;
-        // A summary is plain text; frontmatter, if any, is dropped.
-        let body = extract(&role_def, &reply.output)
-            .map(|x| x.body)
-            .unwrap_or(reply.output);
-        self.stage_compact(record.id, record.head, &body)?;
+        let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // A summary is plain text; frontmatter, if any, is dropped (its
+        // `$usage` is counted).
+        let (body, reported) = match extract(&role_def, &reply.output) {
+            Ok(x) => (x.body, reply.usage.clone().or(x.usage)),
+            Err(_) => (reply.output.clone(), reply.usage.clone()),
+        };
+        let mut usage = crate::usage::StepUsage::default();
+        usage.add_call(wall_ms, reported.as_ref());
+        self.stage_compact_counted(record.id, record.head, &body, Some(usage))?;
         Ok(())
     }
 

@@ -2,13 +2,14 @@
 //! committed; failures are recorded, never committed.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::Serialize;
 
 use super::EngineError;
 use super::agent::{Agent, AgentRequest};
 use super::cancel::Cancel;
-use super::extract::extract_with;
+use super::extract::{extract_with, reported_usage};
 use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
 use crate::node::Blob;
@@ -16,6 +17,7 @@ use crate::store::Store;
 use crate::thread::{
     END_ROLE, EndSpec, Next, StepWrite, ThreadError, ThreadId, ThreadRecord, ThreadStatus,
 };
+use crate::usage::{StepUsage, USAGE_META};
 
 /// What a step left (SPEC §7's step result).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -36,6 +38,9 @@ pub struct StepResult {
     pub suspend_message: Option<String>,
     /// Completed, failed or cancelled.
     pub done: bool,
+    /// `thread stop` asked the driver to stop after this step.
+    #[serde(skip)]
+    pub stop_requested: bool,
 }
 
 impl StepResult {
@@ -54,6 +59,7 @@ impl StepResult {
             suspended_role: r.suspended_role.clone(),
             suspend_message: r.suspend_message.clone(),
             done: status.is_done(),
+            stop_requested: r.stop_requested_at.is_some(),
         }
     }
 }
@@ -67,6 +73,9 @@ pub struct DriveReport {
     pub results: Vec<StepResult>,
     /// The failure that stopped the drive, if any.
     pub error: Option<EngineError>,
+    /// The drive stopped early, after a committed step, because it was
+    /// asked to (`thread stop`, or [`Cancel::stop_after_step`]).
+    pub stopped_by_request: bool,
 }
 
 impl DriveReport {
@@ -256,6 +265,7 @@ impl Store {
         let mut report = DriveReport {
             results: Vec::new(),
             error: None,
+            stopped_by_request: false,
         };
         let max_steps = options.max_steps.unwrap_or(usize::MAX);
         let cancel = &options.cancel;
@@ -286,6 +296,7 @@ impl Store {
             let more = self.run_thread(id, max_steps - report.results.len(), agent, cancel);
             report.results.extend(more.results);
             report.error = more.error;
+            report.stopped_by_request = more.stopped_by_request;
         }
         if report.error.is_none()
             && let Err(e) = claim.release()
@@ -293,6 +304,47 @@ impl Store {
             report.error = Some(e);
         }
         report
+    }
+
+    /// Asks the live driver of thread `id` to stop after the step in
+    /// flight (`uwf-db thread stop`): the step is committed, the thread is
+    /// left idle, and the drive ends with
+    /// [`DriveReport::stopped_by_request`]. Works across processes and
+    /// machines (the request is a field of the thread's record, which the
+    /// driver reads back with every step it commits). Refused
+    /// ([`EngineError::NotRunning`]) when no driver holds the thread.
+    pub fn request_stop(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
+        let record = self.need_thread(id)?;
+        if record.status != ThreadStatus::Running || !super::claim::is_held(self, id)? {
+            return Err(EngineError::NotRunning {
+                thread: id,
+                status: record.underlying_status(),
+            });
+        }
+        let record = self.low_level().update_record(id, |r| {
+            if r.status != ThreadStatus::Running {
+                return Err(crate::thread::ThreadError::WrongStatus {
+                    thread: r.id,
+                    status: r.status,
+                    action: "stop",
+                });
+            }
+            r.stop_requested_at = Some(crate::store::now_ms());
+            Ok(())
+        })?;
+        Ok(record)
+    }
+
+    /// Clears a stop request on the thread, if it has one.
+    fn clear_stop_request(&self, id: ThreadId) -> Result<(), EngineError> {
+        if self.need_thread(id)?.stop_requested_at.is_none() {
+            return Ok(());
+        }
+        self.low_level().update_record(id, |r| {
+            r.stop_requested_at = None;
+            Ok(())
+        })?;
+        Ok(())
     }
 
     /// Stores `spec` as the thread's agent, unless it is already.
@@ -459,14 +511,32 @@ impl Store {
                 return DriveReport {
                     results,
                     error: Some(e),
+                    stopped_by_request: false,
                 };
             }
         };
+        let mut stopped_by_request = false;
         while results.len() < max_steps {
+            if cancel.is_stopping() && !results.is_empty() {
+                stopped_by_request = true;
+                break;
+            }
             match self.step_thread(id, agent, cancel) {
                 Ok(r) => {
                     let stop = r.status != ThreadStatus::Idle;
+                    let asked = r.stop_requested;
                     results.push(r);
+                    if asked {
+                        if let Err(e) = self.clear_stop_request(id) {
+                            return DriveReport {
+                                results,
+                                error: Some(e),
+                                stopped_by_request: true,
+                            };
+                        }
+                        stopped_by_request = !stop;
+                        break;
+                    }
                     if stop {
                         break;
                     }
@@ -475,6 +545,7 @@ impl Store {
                     return DriveReport {
                         results,
                         error: Some(e),
+                        stopped_by_request: false,
                     };
                 }
             }
@@ -482,6 +553,7 @@ impl Store {
         DriveReport {
             results,
             error: None,
+            stopped_by_request,
         }
     }
 
@@ -562,7 +634,19 @@ impl Store {
         message: String,
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     ) -> EngineError {
-        match self.low_level().record_failure(id, &message) {
+        self.fail_counted(id, message, source, None)
+    }
+
+    /// [`Self::fail_with`], adding the failed attempt's agent calls to the
+    /// thread's usage.
+    pub(super) fn fail_counted(
+        &self,
+        id: ThreadId,
+        message: String,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        usage: Option<StepUsage>,
+    ) -> EngineError {
+        match self.low_level().record_failure_counted(id, &message, usage) {
             Ok(_) => EngineError::StepFailed {
                 thread: id,
                 message,
@@ -702,6 +786,8 @@ impl Store {
 
         let mut ask = prompt.clone();
         let mut attempts = 0;
+        // Every call of this step: the answer and its re-asks.
+        let mut usage = StepUsage::default();
         let extracted = loop {
             let request = AgentRequest {
                 thread: id,
@@ -715,22 +801,33 @@ impl Store {
                 cwd: dir.as_deref(),
                 cancel,
             };
-            let reply = match agent.call(&request) {
+            let called = Instant::now();
+            let reply = agent.call(&request);
+            let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let reply = match reply {
                 Ok(r) => r,
                 // Killed by Ctrl-C: not the agent's failure; nothing is
                 // recorded and the thread stays retryable.
                 Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
                 Err(e) => {
+                    usage.add_call(wall_ms, None);
                     let message = format!("agent failed on role '{role}': {e}");
-                    return Err(self.fail_with(id, message, Some(Box::new(e))));
+                    return Err(self.fail_counted(id, message, Some(Box::new(e)), Some(usage)));
                 }
             };
-            match extract_with(
+            let extracted = extract_with(
                 &self.engine_state().validators,
                 Some((record.workflow_hash, role)),
                 role_def,
                 &reply.output,
-            ) {
+            );
+            let reported = match (&reply.usage, &extracted) {
+                (Some(u), _) => Some(u.clone()),
+                (None, Ok(x)) => x.usage.clone(),
+                (None, Err(_)) => reported_usage(&reply.output),
+            };
+            usage.add_call(wall_ms, reported.as_ref());
+            match extracted {
                 Ok(x) => break x,
                 Err(e) if attempts < agent.reasks() => {
                     attempts += 1;
@@ -740,7 +837,7 @@ impl Store {
                 }
                 Err(e) => {
                     let message = format!("invalid reply from role '{role}': {e}");
-                    return Err(self.fail_with(id, message, Some(Box::new(e))));
+                    return Err(self.fail_counted(id, message, Some(Box::new(e)), Some(usage)));
                 }
             }
         };
@@ -759,6 +856,8 @@ impl Store {
         };
         let after = with_max_rounds(route, rounds, max_rounds);
         let mut meta = extracted.meta;
+        // What the step's calls cost, kept with the step (crate::usage).
+        meta.insert(USAGE_META.to_owned(), usage.to_value());
         if let (Some(dir), Some(_)) = (&dir, &location) {
             // Where the agent worked, kept with the step (SPEC §4).
             meta.insert(

@@ -20,6 +20,9 @@ pub struct Extracted {
     pub body: String,
     /// Hashes from `format: uwf-hash` properties.
     pub artifacts: Vec<Hash>,
+    /// The reserved `$usage` key, taken out of the frontmatter before the
+    /// schema sees it (`crate::usage`).
+    pub usage: Option<crate::usage::Usage>,
 }
 
 /// Why a reply was not acceptable.
@@ -138,15 +141,21 @@ pub(crate) fn extract_with(
             meta: BTreeMap::new(),
             body: text.to_owned(),
             artifacts: Vec::new(),
+            usage: None,
         });
     };
-    let front: serde_json::Value = if yaml.trim().is_empty() {
+    let mut front: serde_json::Value = if yaml.trim().is_empty() {
         serde_json::json!({})
     } else if let Some(flat) = flat_frontmatter(yaml) {
         serde_json::Value::Object(flat)
     } else {
         crate::yaml::from_str(yaml).map_err(|e| ExtractError::NotYaml(e.to_string()))?
     };
+    // `$usage` is the engine's, not the role's: out before validation.
+    let usage = front
+        .as_object_mut()
+        .and_then(|m| m.remove(crate::usage::USAGE_META))
+        .and_then(|u| crate::usage::Usage::from_json(&u));
     let Some(map) = front.as_object() else {
         return Err(ExtractError::NotYaml(
             "it is not a map of keys to values".into(),
@@ -216,7 +225,22 @@ pub(crate) fn extract_with(
         meta,
         body: body.to_owned(),
         artifacts,
+        usage,
     })
+}
+
+/// The `$usage` an agent's reply reports in its frontmatter, read on its
+/// own: for a reply that [`extract`] refused (a re-ask still costs).
+pub(crate) fn reported_usage(text: &str) -> Option<crate::usage::Usage> {
+    let (yaml, _) = split(text)?;
+    if !yaml.contains(crate::usage::USAGE_META) {
+        return None;
+    }
+    let front: serde_json::Value = match flat_frontmatter(yaml) {
+        Some(flat) => serde_json::Value::Object(flat),
+        None => crate::yaml::from_str(yaml).ok()?,
+    };
+    crate::usage::Usage::from_json(front.get(crate::usage::USAGE_META)?)
 }
 
 /// Compiled frontmatter schemas (one cache per store, in its engine state).

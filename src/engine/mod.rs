@@ -35,6 +35,7 @@ mod drive;
 pub mod extract;
 pub mod prompt;
 pub(crate) mod state;
+pub mod watch;
 
 pub use cancel::Cancel;
 pub use drive::{CancelOptions, DriveOptions, DriveReport, StepResult};
@@ -90,6 +91,14 @@ pub enum EngineError {
         /// The thread.
         thread: ThreadId,
         /// Its status.
+        status: crate::thread::ThreadStatus,
+    },
+    /// `thread stop` of a thread no live driver holds.
+    #[error("thread {thread} is {status}, not being driven: there is nothing to stop")]
+    NotRunning {
+        /// The thread.
+        thread: ThreadId,
+        /// Its status (under a dead driver's claim: the status underneath).
         status: crate::thread::ThreadStatus,
     },
     /// An ended thread cannot be cancelled.
@@ -203,6 +212,9 @@ pub struct StartOptions {
     /// `--cwd` or the directory it was called from). `None`: the driver's
     /// working directory, whatever it is at each step.
     pub cwd: Option<std::path::PathBuf>,
+    /// Labels stored on the thread (SPEC §11); its forks and child
+    /// workflows' threads inherit them.
+    pub labels: crate::thread::Labels,
     /// The token the drive of [`Store::run_workflow`] runs under (starting
     /// alone runs nothing and ignores it).
     pub cancel: Cancel,
@@ -434,6 +446,7 @@ impl Store {
                 .as_ref()
                 .map(|c| c.to_string_lossy().into_owned()),
             next_location,
+            labels: options.labels.clone(),
         })
     }
 

@@ -68,6 +68,9 @@ pub enum GcError {
         /// The copy's source.
         from: String,
     },
+    /// Applying the stored retention policy (`uwf-db prune --set`) failed.
+    #[error("applying the stored retention policy failed")]
+    Retention(#[source] crate::thread::ThreadError),
     /// The worker pool could not start.
     #[error("cannot start {threads} GC worker threads: {source}")]
     Pool {
@@ -162,6 +165,9 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Wall time of the collection, in ms.
     pub elapsed_ms: u64,
+    /// Threads the stored retention policy unlinked first (or, in a dry
+    /// run, would unlink; their blobs are then still counted as reached).
+    pub pruned: u64,
 }
 
 /// Holds the GC lock and the `gc_epoch` marker; clears the marker on drop.
@@ -240,6 +246,16 @@ impl Store {
         } else {
             Some(self.start_gc()?)
         };
+        // The stored retention policy first, so that what only the pruned
+        // threads reached is collected now.
+        let pruned = match self.retention_policy().map_err(GcError::Retention)? {
+            Some(policy) => self
+                .prune(&policy, options.dry_run)
+                .map_err(GcError::Retention)?
+                .pruned
+                .len() as u64,
+            None => 0,
+        };
         let epoch = running.as_ref().map_or_else(now_ms, |r| r.epoch);
         let grace_ms = u64::try_from(options.grace.as_millis()).unwrap_or(u64::MAX);
         let keep_after = epoch.saturating_sub(grace_ms);
@@ -292,6 +308,7 @@ impl Store {
             rescued: 0,
             bytes_freed: 0,
             elapsed_ms: 0,
+            pruned,
         };
         if options.dry_run {
             report.swept = candidates.len() as u64;

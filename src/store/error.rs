@@ -140,12 +140,27 @@ pub enum StoreError {
     /// into a crash (a file shorter than its own meta page says, say):
     /// refused before it is mapped.
     #[error(
-        "the data file {path} is damaged: {detail}; nothing was read or changed. Restore the store from a backup or an `uwf-db copy` of it"
+        "the data file {path} is damaged: {detail}; nothing was read or changed. `uwf-db salvage` copies what can still be read into a new store; or restore the store from a backup or an `uwf-db copy` of it"
     )]
     DamagedDataFile {
         /// The data file.
         path: PathBuf,
         /// What is wrong with it.
+        detail: String,
+    },
+    /// LMDB found a page of the data file it cannot use (`MDB_CORRUPTED`,
+    /// `MDB_PAGE_NOTFOUND`), or returned a value longer than the whole
+    /// map: the file was damaged on disk. LMDB keeps no page checksums,
+    /// so damage is found only where it breaks the tree's structure.
+    #[error(
+        "the data file {path} is damaged: {detail} while {op}; nothing was changed. `uwf-db verify` lists what can still be read; `uwf-db salvage` copies it into a new store"
+    )]
+    DamagedPage {
+        /// The data file.
+        path: PathBuf,
+        /// What was being done.
+        op: String,
+        /// What LMDB said, or what was wrong.
         detail: String,
     },
     /// A stored blob is damaged.
@@ -280,6 +295,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the error says the store's data file is damaged
+    /// ([`StoreError::DamagedDataFile`] or [`StoreError::DamagedPage`]):
+    /// the CLI exits 3 for these.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            StoreError::DamagedDataFile { .. } | StoreError::DamagedPage { .. }
+        )
+    }
+
     /// Whether the store has no room left (its maximum map size or its
     /// disk): every further write fails the same way until the limit is
     /// raised or space is freed.

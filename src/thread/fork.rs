@@ -101,6 +101,7 @@ impl LowLevel<'_> {
                 agent: src.agent.clone(),
                 agent_steps: None,
                 claimed_status: None,
+                stop_requested_at: None,
                 completed_at: None,
                 created_at: now,
                 cwd: src.cwd.clone(),
@@ -110,6 +111,7 @@ impl LowLevel<'_> {
                 }),
                 head: at,
                 id: ThreadId::generate(),
+                labels: src.labels.clone(),
                 last_end_seq,
                 last_error: None,
                 next_instruction,
@@ -123,6 +125,7 @@ impl LowLevel<'_> {
                 suspend_message,
                 suspended_role,
                 updated_at: now,
+                usage: None,
                 workflow: src.workflow.clone(),
                 workflow_hash: src.workflow_hash,
             };

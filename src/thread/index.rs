@@ -1,6 +1,7 @@
 //! Reading and writing thread records across `threads`, `history`,
 //! `history_ids`, `activity` and `children`, keeping them consistent.
 
+use super::labels::label_key;
 use super::record::{ActivityEntry, activity_key, child_key, history_key, record_head, utc_day};
 use super::{IdPrefix, ThreadError, ThreadId, ThreadRecord};
 use crate::backend::{Direction, KeyRange, ReadTables, Table, WriteTables};
@@ -192,7 +193,11 @@ pub(crate) fn put(
     let key = id.to_bytes();
     let location = Location::of(new);
     if let Some((old, old_location)) = old {
-        t.remove(Table::Activity, &activity_key(old.last_activity(), id))?;
+        let old_activity = activity_key(old.last_activity(), id);
+        t.remove(Table::Activity, &old_activity)?;
+        for (k, v) in &old.labels {
+            t.remove(Table::Labels, &label_key(k, v, &old_activity))?;
+        }
         if old_location != location {
             delete_record(t, id, old_location)?;
         }
@@ -206,11 +211,12 @@ pub(crate) fn put(
             t.put(Table::HistoryIds, &key, &day.to_be_bytes())?;
         }
     }
-    t.put(
-        Table::Activity,
-        &activity_key(new.last_activity(), id),
-        &ActivityEntry::of(new).encode(),
-    )?;
+    let activity = activity_key(new.last_activity(), id);
+    let entry = ActivityEntry::of(new).encode();
+    t.put(Table::Activity, &activity, &entry)?;
+    for (k, v) in &new.labels {
+        t.put(Table::Labels, &label_key(k, v, &activity), &entry)?;
+    }
     Ok(location)
 }
 
@@ -243,7 +249,11 @@ pub(crate) fn remove(
     let t = w.tables_mut();
     let id = record.id;
     delete_record(t, id, location)?;
-    t.remove(Table::Activity, &activity_key(record.last_activity(), id))?;
+    let activity = activity_key(record.last_activity(), id);
+    t.remove(Table::Activity, &activity)?;
+    for (k, v) in &record.labels {
+        t.remove(Table::Labels, &label_key(k, v, &activity))?;
+    }
     if let Some(parent) = record.parent_thread {
         t.remove(Table::Children, &child_key(parent, id))?;
     }

@@ -9,14 +9,21 @@
 mod fork;
 mod id;
 pub(crate) mod index;
+pub(crate) mod labels;
+mod prune;
 mod read;
 pub(crate) mod record;
 mod write;
 
 pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
+pub use labels::{
+    LabelError, Labels, MAX_LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS, check_key, check_label,
+    check_labels, parse_label,
+};
+pub use prune::{PruneReport, RetentionPolicy};
 pub use read::{Context, Frame, HistoryPage, LogEntry, ThreadQuery, ThreadTree};
 pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
-pub use write::{EndSpec, LowLevel, NewThread, Next, StepWrite, Written};
+pub use write::{EndSpec, LowLevel, MAX_LAST_ERROR, NewThread, Next, StepWrite, Written};
 
 use crate::codec::CodecError;
 use crate::hash::Hash;
@@ -127,6 +134,25 @@ pub enum ThreadError {
         /// The decoder's error.
         detail: String,
     },
+    /// A retention policy without any condition (it would unlink every
+    /// ended thread).
+    #[error(
+        "a retention policy needs at least one condition (--older-than, --keep-latest, --status, --workflow or --label): without one it would prune every ended thread"
+    )]
+    EmptyRetention,
+    /// A retention policy naming a status that is not an ended one.
+    #[error(
+        "prune never touches {0} threads: --status takes ended statuses only (completed, failed, cancelled)"
+    )]
+    RetentionStatus(ThreadStatus),
+    /// A label that is not valid.
+    #[error(transparent)]
+    Label(#[from] LabelError),
+    /// The stored retention policy cannot be read.
+    #[error(
+        "the stored retention policy is unreadable: {0}; store a new one with `uwf-db prune --set`"
+    )]
+    BadRetention(String),
 }
 
 impl From<CodecError> for ThreadError {

@@ -4,12 +4,14 @@
 use std::ops::Bound;
 
 use super::index::{self, Location};
+use super::labels::{check_label, label_prefix};
 use super::record::{ActivityEntry, activity_key, history_key};
 use super::{END_ROLE, IdPrefix, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
 use crate::backend::{Direction, KeyRange, Table};
 use crate::hash::Hash;
 use crate::node::{Blob, Kind, StartNode, StateNode, state_ancestors};
 use crate::store::{ReadTxn, Store, StoreError, WriteTxn};
+use crate::usage::UsageTotals;
 
 /// Deepest call stack walked (a guard: depth is limited when spawning).
 const MAX_STACK: usize = 64;
@@ -32,6 +34,9 @@ pub struct ThreadQuery {
     pub workflow: Option<String>,
     /// Only threads whose latest attempt failed (`last_error` set).
     pub failed_only: bool,
+    /// Only threads carrying every one of these labels (`KEY`, `VALUE`):
+    /// served by the `labels` index, a page costs O(page).
+    pub labels: Vec<(String, String)>,
     /// Last activity at or after (ms).
     pub since: Option<u64>,
     /// Last activity before (ms).
@@ -48,6 +53,7 @@ impl Default for ThreadQuery {
             statuses: Vec::new(),
             workflow: None,
             failed_only: false,
+            labels: Vec::new(),
             since: None,
             until: None,
             limit: 50,
@@ -272,6 +278,9 @@ impl Store {
     /// Threads by last activity, newest first, filtered and paged. Filters
     /// read the `activity` index only; records are read for the page alone.
     pub fn list_threads(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
+        if !q.labels.is_empty() {
+            return self.list_labelled(q);
+        }
         self.read(|r| {
             let lower = q.since.map(|t| activity_key(t, ThreadId::NIL));
             let upper = q.until.map(|t| activity_key(t, ThreadId::NIL));
@@ -324,6 +333,90 @@ impl Store {
         })
     }
 
+    /// [`Store::list_threads`] with labels: a leapfrog join of the
+    /// labels' runs of the `labels` index. Each label's entries end in the
+    /// same `activity` key (last activity, id), so the runs are walked
+    /// newest first together: each seeks to the newest entry at or below
+    /// the current candidate; when all land on it, the thread matches.
+    /// One label is a plain scan of its run. The entries carry the
+    /// `activity` value, so the other filters need no record.
+    fn list_labelled(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
+        for (k, v) in &q.labels {
+            check_label(k, v)?;
+        }
+        self.read(|r| {
+            let t = r.tables();
+            let since = q.since.map(|at| activity_key(at, ThreadId::NIL));
+            let until = q.until.map(|at| activity_key(at, ThreadId::NIL));
+            let prefixes: Vec<Vec<u8>> = q.labels.iter().map(|(k, v)| label_prefix(k, v)).collect();
+            let wanted = |value: &[u8]| {
+                ActivityEntry::parse(value).is_some_and(|a| {
+                    (q.statuses.is_empty() || q.statuses.contains(&a.status))
+                        && (!q.failed_only || a.has_error)
+                        && q.workflow
+                            .as_ref()
+                            .is_none_or(|w| w.as_bytes() == a.workflow)
+                })
+            };
+            let mut found: Vec<([u8; 24], ThreadId)> = Vec::with_capacity(q.limit.min(1024));
+            let mut skipped = 0;
+            let mut take = |suffix: [u8; 24], value: &[u8]| -> bool {
+                if wanted(value) {
+                    if skipped < q.offset {
+                        skipped += 1;
+                    } else if let Some(id) = suffix.get(8..).and_then(ThreadId::from_slice) {
+                        found.push((suffix, id));
+                    }
+                }
+                found.len() < q.limit
+            };
+            if q.limit > 0 {
+                if let [prefix] = prefixes.as_slice() {
+                    let lower = bounded(prefix, since.as_ref());
+                    let upper = match &until {
+                        Some(u) => bounded(prefix, Some(u)),
+                        None => prefix_end(prefix),
+                    };
+                    let range = KeyRange {
+                        lower: Bound::Included(&lower[..]),
+                        upper: if upper.is_empty() {
+                            Bound::Unbounded
+                        } else {
+                            Bound::Excluded(&upper[..])
+                        },
+                    };
+                    for entry in t.range(Table::Labels, range, Direction::Reverse)? {
+                        let (key, value) = entry?;
+                        let Some(suffix) = suffix_of(&key, prefix.len()) else {
+                            continue;
+                        };
+                        if !take(suffix, &value) {
+                            break;
+                        }
+                    }
+                } else {
+                    leapfrog(t, &prefixes, since, until, &mut take)?;
+                }
+            }
+            let ids: Vec<ThreadId> = found.iter().map(|(_, id)| *id).collect();
+            let records = index::find_many(t, &ids)?;
+            // An entry that disagrees with its record (left by a build that
+            // did not know labels; `verify` reports it) is skipped.
+            Ok(records
+                .into_iter()
+                .zip(&found)
+                .filter_map(|(record, (suffix, id))| {
+                    let (record, _) = record?;
+                    let current = activity_key(record.last_activity(), *id) == *suffix
+                        && q.labels
+                            .iter()
+                            .all(|(k, v)| record.labels.get(k) == Some(v));
+                    current.then_some(record)
+                })
+                .collect())
+        })
+    }
+
     /// Ended threads whose UTC completion day is in `from_day..to_day`,
     /// reading only that range of `history`.
     pub fn list_history(&self, from_day: u32, to_day: u32) -> Result<HistoryPage, ThreadError> {
@@ -363,6 +456,74 @@ impl Store {
         self.read(|r| match log_origin(r, id, before)? {
             Some(from) => page_from(r, from, limit),
             None => Ok(Vec::new()),
+        })
+    }
+
+    /// Usage totals of every thread in the store, active and ended (what
+    /// `stats` shows): one scan of `threads` and `history`, decoding each
+    /// record, so its cost grows with the number of threads. Threads
+    /// unlinked by `rm` or `prune` are no longer counted.
+    pub fn usage_totals(&self) -> Result<UsageTotals, ThreadError> {
+        let mut totals = UsageTotals::default();
+        for table in [Table::Threads, Table::History] {
+            self.scan_table::<ThreadError>(table, |_, _, value| {
+                if let Some(u) = ThreadRecord::decode(value)?.usage {
+                    totals.add(&u);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(totals)
+    }
+
+    /// Usage totals of a thread and its children, recursively (what
+    /// `thread show` shows), from a [`Store::thread_tree`].
+    pub fn tree_usage(tree: &ThreadTree) -> UsageTotals {
+        let mut totals = tree.thread.usage.clone().unwrap_or_default();
+        for child in &tree.children {
+            totals.add(&Store::tree_usage(child));
+        }
+        totals
+    }
+
+    /// The steps of a thread after `after_seq`, oldest first, at most
+    /// `limit` of them (the oldest), with the record they were read with,
+    /// all in one snapshot: what `thread watch` prints each time the head
+    /// moves. Steps are numbered 1, 2, … along the chain (end nodes too),
+    /// so a reader that keeps the `seq` of the last step it printed resumes
+    /// with nothing missed or repeated. The chain back to the cursor is
+    /// walked without decoding; only the nodes returned are decoded, so
+    /// memory stays bounded by `limit` however far behind the cursor is.
+    pub fn steps_after(
+        &self,
+        id: ThreadId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<(ThreadRecord, Vec<LogEntry>), ThreadError> {
+        self.read(|r| {
+            let record = need(r, id)?;
+            let behind =
+                usize::try_from(record.seq.saturating_sub(after_seq)).unwrap_or(usize::MAX);
+            if behind == 0 || limit == 0 {
+                return Ok((record, Vec::new()));
+            }
+            // The newest seq to return.
+            let last = after_seq.saturating_add(u64::try_from(limit).unwrap_or(u64::MAX));
+            let mut seq = record.seq;
+            let mut out = Vec::with_capacity(limit.min(behind).min(1024));
+            visit_chain(r, record.head, behind, |hash, bytes| {
+                if seq <= last {
+                    out.push(LogEntry {
+                        hash: *hash,
+                        node: decode_state(hash, bytes)?,
+                    });
+                }
+                seq = seq.saturating_sub(1);
+                Ok::<_, ThreadError>(())
+            })?;
+            out.reverse();
+            out.retain(|e| e.node.seq > after_seq && e.node.seq <= last);
+            Ok((record, out))
         })
     }
 
@@ -576,4 +737,112 @@ fn subtree(r: &ReadTxn<'_>, id: ThreadId, depth: usize) -> Result<Vec<ThreadTree
         }
     }
     Ok(out)
+}
+
+/// `prefix` followed by `suffix` (or `prefix` alone).
+fn bounded(prefix: &[u8], suffix: Option<&[u8; 24]>) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    if let Some(s) = suffix {
+        k.extend_from_slice(s);
+    }
+    k
+}
+
+/// The first key after every key that starts with `prefix` (empty: none,
+/// the prefix is all 0xff).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    end
+}
+
+/// The 24-byte `activity` suffix of a `labels` key with a prefix of
+/// `prefix_len` bytes.
+fn suffix_of(key: &[u8], prefix_len: usize) -> Option<[u8; 24]> {
+    key.get(prefix_len..)?.try_into().ok()
+}
+
+/// A `labels` entry found by [`seek`]: its `activity` suffix and value.
+type LabelHit = ([u8; 24], Vec<u8>);
+
+/// The newest entry of one label's run whose suffix is at most `at_most`
+/// (or below `below`), and not below `since`: its suffix and value.
+fn seek(
+    t: &dyn crate::backend::ReadTables,
+    prefix: &[u8],
+    upper: Bound<&[u8; 24]>,
+    since: Option<&[u8; 24]>,
+) -> Result<Option<LabelHit>, ThreadError> {
+    let lower = bounded(prefix, since);
+    let upper_key = match upper {
+        Bound::Included(s) | Bound::Excluded(s) => bounded(prefix, Some(s)),
+        Bound::Unbounded => prefix_end(prefix),
+    };
+    let range = KeyRange {
+        lower: Bound::Included(&lower[..]),
+        upper: match upper {
+            Bound::Included(_) => Bound::Included(&upper_key[..]),
+            _ if upper_key.is_empty() => Bound::Unbounded,
+            _ => Bound::Excluded(&upper_key[..]),
+        },
+    };
+    let Some(entry) = t.range(Table::Labels, range, Direction::Reverse)?.next() else {
+        return Ok(None);
+    };
+    let (key, value) = entry?;
+    Ok(suffix_of(&key, prefix.len()).map(|s| (s, value.into_owned())))
+}
+
+/// Walks the threads carrying every label of `prefixes` (two or more),
+/// newest first, handing each (its suffix and `activity` value) to `take`
+/// until it returns `false`.
+fn leapfrog(
+    t: &dyn crate::backend::ReadTables,
+    prefixes: &[Vec<u8>],
+    since: Option<[u8; 24]>,
+    until: Option<[u8; 24]>,
+    take: &mut dyn FnMut([u8; 24], &[u8]) -> bool,
+) -> Result<(), ThreadError> {
+    // Every match found is above this (exclusive): `--until`, then the
+    // last match.
+    let mut bound: Option<[u8; 24]> = until;
+    loop {
+        let mut candidate: Option<[u8; 24]> = None;
+        let mut agreed = 0;
+        let mut value = Vec::new();
+        let mut turn = 0;
+        while agreed < prefixes.len() {
+            let Some(prefix) = prefixes.get(turn) else {
+                break;
+            };
+            let upper = match (&candidate, &bound) {
+                (Some(c), _) => Bound::Included(c),
+                (None, Some(b)) => Bound::Excluded(b),
+                (None, None) => Bound::Unbounded,
+            };
+            let Some((suffix, v)) = seek(t, prefix, upper, since.as_ref())? else {
+                return Ok(());
+            };
+            if candidate == Some(suffix) {
+                agreed += 1;
+            } else {
+                candidate = Some(suffix);
+                agreed = 1;
+            }
+            value = v;
+            turn = (turn + 1) % prefixes.len();
+        }
+        let Some(found) = candidate else {
+            return Ok(());
+        };
+        if !take(found, &value) {
+            return Ok(());
+        }
+        bound = Some(found);
+    }
 }

@@ -1,14 +1,17 @@
 //! Thread records (the values of `threads` and `history`) and the
 //! `activity` index entries that let listings filter without decoding them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use super::ThreadId;
+use super::labels::Labels;
 use crate::codec::{self, CodecError};
 use crate::hash::Hash;
+use crate::usage::UsageTotals;
 
 /// Where a thread is in its life. Stored, never re-derived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -145,6 +148,10 @@ pub struct ThreadRecord {
     pub head: Hash,
     /// The thread's id.
     pub id: ThreadId,
+    /// `KEY=VALUE` labels (SPEC §11), inherited by forks and children,
+    /// indexed in `labels`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: Labels,
     /// `seq` of the newest end node on the chain (0 if none): role steps
     /// since the last end are `seq - last_end_seq` (for `maxRounds`).
     pub last_end_seq: u64,
@@ -168,12 +175,23 @@ pub struct ThreadRecord {
     pub start: Hash,
     /// The status.
     pub status: ThreadStatus,
+    /// When `thread stop` asked the live driver to stop after the step in
+    /// flight (ms); the driver clears it when it stops, and a driver that
+    /// claims the thread clears a stale one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_requested_at: Option<u64>,
     /// The rendered edge prompt that suspended the thread.
     pub suspend_message: Option<String>,
     /// The role that produced the suspending status.
     pub suspended_role: Option<String>,
     /// Last change (ms): a step, a status change, a recorded failure.
     pub updated_at: u64,
+    /// What the agent calls made for this thread cost (its steps with
+    /// their re-asks, compaction summaries, failed attempts; not its
+    /// children's calls, which their own records count): absent until one
+    /// is counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageTotals>,
     /// The workflow's name.
     pub workflow: String,
     /// The stored workflow blob this thread runs.
@@ -201,7 +219,9 @@ impl ThreadRecord {
 
     /// The stored value: record version `1`, the head (32 bytes, so the hot
     /// path reads it without decoding), then the record as MessagePack.
-    pub(crate) fn encode(&self) -> Result<Vec<u8>, CodecError> {
+    /// The stored form: a version byte, the head, then the canonical
+    /// encoding of the record (`docs/design.md` §4, thread record value).
+    pub fn encode(&self) -> Result<Vec<u8>, CodecError> {
         let mut out = Vec::with_capacity(400);
         out.push(RECORD_VERSION);
         out.extend_from_slice(self.head.as_bytes());
@@ -209,7 +229,9 @@ impl ThreadRecord {
         Ok(out)
     }
 
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
+    /// A record from its stored form ([`ThreadRecord::encode`]); any other
+    /// bytes are an error, never a panic.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CodecError> {
         let body = record_body(bytes)?;
         let record: ThreadRecord =
             rmp_serde::from_slice(body).map_err(|e| CodecError::Decode(e.to_string()))?;

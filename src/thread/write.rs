@@ -12,10 +12,12 @@
 use std::collections::BTreeMap;
 
 use super::index::{self, Location};
+use super::labels::{Labels, check_key, check_labels};
 use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
 use crate::hash::Hash;
 use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors_raw};
 use crate::store::{Store, WriteTxn};
+use crate::usage::{StepUsage, UsageTotals};
 
 /// Raw record mutation below the engine: see the module docs. Everything
 /// a [`Store`] offers is reachable through it too (it derefs to the store).
@@ -74,6 +76,9 @@ pub struct NewThread {
     pub cwd: Option<String>,
     /// The rendered `location` of the `$START` edge.
     pub next_location: Option<String>,
+    /// The thread's labels (checked when the thread is written; a child
+    /// workflow's thread gets its parent's).
+    pub labels: Labels,
 }
 
 /// One role step to append.
@@ -336,6 +341,7 @@ impl LowLevel<'_> {
         id: ThreadId,
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
+        check_labels(&new.labels)?;
         self.write_op(move |w| {
             let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
             let start = w.put_blob(&Blob::Start(StartNode {
@@ -352,12 +358,14 @@ impl LowLevel<'_> {
                 agent: new.agent.clone(),
                 agent_steps: Some(0),
                 claimed_status: claimed.then_some(ThreadStatus::Idle),
+                stop_requested_at: None,
                 completed_at: None,
                 created_at: now,
                 cwd: new.cwd.clone(),
                 forked_from: None,
                 head: start,
                 id,
+                labels: new.labels.clone(),
                 last_end_seq: 0,
                 last_error: None,
                 next_instruction: Some(new.next_instruction.clone()),
@@ -375,6 +383,7 @@ impl LowLevel<'_> {
                 suspend_message: None,
                 suspended_role: None,
                 updated_at: now,
+                usage: None,
                 workflow: new.workflow.clone(),
                 workflow_hash: new.workflow_hash,
             };
@@ -471,10 +480,27 @@ impl LowLevel<'_> {
 
     /// Records a failed attempt on the thread (no node, no head move): the
     /// status stays, `last_error` is set until the next committed step.
+    /// An error longer than [`MAX_LAST_ERROR`] keeps its start and its end
+    /// around a `[… N bytes cut …]` marker: the record is rewritten on
+    /// every claim, so it must stay small whatever an agent printed.
     pub fn record_failure(&self, id: ThreadId, error: &str) -> Result<ThreadRecord, ThreadError> {
-        let error = error.to_owned();
+        self.record_failure_counted(id, error, None)
+    }
+
+    /// [`LowLevel::record_failure`], adding the failed attempt's agent
+    /// calls to the thread's usage totals.
+    pub fn record_failure_counted(
+        &self,
+        id: ThreadId,
+        error: &str,
+        usage: Option<StepUsage>,
+    ) -> Result<ThreadRecord, ThreadError> {
+        let error = cap_error(error);
         self.update_record(id, move |r| {
             r.last_error = Some(error.clone());
+            if let Some(u) = &usage {
+                r.usage.get_or_insert_with(UsageTotals::default).add_step(u);
+            }
             Ok(())
         })
     }
@@ -511,15 +537,66 @@ impl Store {
         expected_head: Hash,
         summary: &str,
     ) -> Result<(Hash, ThreadRecord), ThreadError> {
+        self.stage_compact_counted(id, expected_head, summary, None)
+    }
+
+    /// [`Store::stage_compact`], adding the summarising call's usage to
+    /// the thread's totals.
+    pub(crate) fn stage_compact_counted(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        summary: &str,
+        usage: Option<StepUsage>,
+    ) -> Result<(Hash, ThreadRecord), ThreadError> {
         let summary = summary.to_owned();
         self.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             let old = record.clone();
             let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
+            if let Some(u) = &usage {
+                record
+                    .usage
+                    .get_or_insert_with(UsageTotals::default)
+                    .add_step(u);
+            }
             record.staged_compact = Some(hash);
             record.updated_at = w.now_ms();
             index::put(w, Some((&old, location)), &record)?;
             Ok((hash, record))
+        })
+    }
+
+    /// Changes a thread's labels: sets every pair of `set` (replacing the
+    /// value of a key it has), then removes the keys of `remove` (a key it
+    /// does not have is no error). Works on any thread, running or ended
+    /// (labels are not state: the head, status and last activity stay, so
+    /// a driver's next step is not disturbed). Returns the record.
+    pub fn set_labels(
+        &self,
+        id: ThreadId,
+        set: &Labels,
+        remove: &[String],
+    ) -> Result<ThreadRecord, ThreadError> {
+        check_labels(set)?;
+        for key in remove {
+            check_key(key)?;
+        }
+        self.write(|w| {
+            let (old, location) =
+                index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+            let mut record = old.clone();
+            record
+                .labels
+                .extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+            for key in remove {
+                record.labels.remove(key);
+            }
+            check_labels(&record.labels)?;
+            if record.labels != old.labels {
+                index::put(w, Some((&old, location)), &record)?;
+            }
+            Ok(record)
         })
     }
 
@@ -559,6 +636,12 @@ fn append_in(
     if step.child_thread.is_none() {
         record.agent_steps = record.agent_steps.map(|n| n + 1);
     }
+    if let Some(usage) = StepUsage::of_meta(&step.meta) {
+        record
+            .usage
+            .get_or_insert_with(UsageTotals::default)
+            .add_step(&usage);
+    }
     let end = apply_after(w, &mut record, after)?;
     record.updated_at = w.now_ms();
     index::put(w, Some((old, location)), &record)?;
@@ -567,4 +650,47 @@ fn append_in(
         step: Some(hash),
         end,
     })
+}
+
+/// Largest `last_error` stored on a thread record: 20 KiB.
+pub const MAX_LAST_ERROR: usize = 20 << 10;
+
+/// `error`, or its first 2 KiB and last 17 KiB around a marker when it is
+/// longer than [`MAX_LAST_ERROR`] (cut at character boundaries).
+fn cap_error(error: &str) -> String {
+    if error.len() <= MAX_LAST_ERROR {
+        return error.to_owned();
+    }
+    let mut head = 2 << 10;
+    while !error.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = error.len() - (17 << 10);
+    while !error.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let (start, rest) = error.split_at(head);
+    let end = rest.get(tail - head..).unwrap_or_default();
+    format!("{start}\n[… {} bytes cut …]\n{end}", tail - head)
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_error_keeps_its_start_and_end() {
+        assert_eq!(cap_error("short"), "short");
+        let long = format!(
+            "{}{}{}",
+            "a".repeat(5000),
+            "é".repeat(20_000),
+            "z".repeat(100)
+        );
+        let capped = cap_error(&long);
+        assert!(capped.len() <= MAX_LAST_ERROR + 64, "{}", capped.len());
+        assert!(capped.starts_with("aaaa"));
+        assert!(capped.ends_with("zzz"));
+        assert!(capped.contains("bytes cut"));
+    }
 }

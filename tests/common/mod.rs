@@ -164,6 +164,7 @@ pub fn try_new_thread(
         agent: Some("script:test.yaml".into()),
         cwd: None,
         next_location: None,
+        labels: Default::default(),
     })
 }
 

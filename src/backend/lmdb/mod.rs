@@ -144,8 +144,54 @@ fn map_error(
             // ENOSPC and EDQUOT on Linux.
             StoreError::DiskFull { path }
         }
+        // LMDB turns a short write (what a full disk gives a `pwrite`
+        // that wrote part of its pages) into EIO: a full file system is
+        // the likely reason, and says so when it has no room left.
+        heed::Error::Io(io) if io.raw_os_error() == Some(5) && disk_is_full(&path) => {
+            StoreError::DiskFull { path }
+        }
+        heed::Error::Mdb(
+            e
+            @ (MdbError::Corrupted | MdbError::PageNotFound | MdbError::Panic | MdbError::Invalid),
+        ) => StoreError::DamagedPage {
+            path: path.join("data.mdb"),
+            op,
+            detail: format!("LMDB: {e}"),
+        },
+        // LMDB marks a transaction failed after such an error; every later
+        // use of it says BAD_TXN. Errors end a write transaction at once
+        // here, so in practice that is a read after a damaged page.
+        heed::Error::Mdb(e @ MdbError::BadTxn) => StoreError::DamagedPage {
+            path: path.join("data.mdb"),
+            op,
+            detail: format!("LMDB: {e} (after a damaged page in the same transaction)"),
+        },
         source => StoreError::Lmdb { op, path, source },
     }
+}
+
+/// Whether the file system holding `dir` has (next to) no room left for
+/// an unprivileged writer: less than 64 KiB, a few pages.
+fn disk_is_full(dir: &Path) -> bool {
+    nix::sys::statvfs::statvfs(dir)
+        .is_ok_and(|fs| fs.blocks_available().saturating_mul(fs.fragment_size()) < 64 << 10)
+}
+
+/// A value no longer than the whole map, else the page that gave it is
+/// damaged (a garbage length LMDB trusted); checked before anyone copies it.
+fn sane<'t>(backend: &LmdbBackend, table: Table, v: &'t [u8]) -> Result<&'t [u8], StoreError> {
+    if v.len() as u64 > backend.map_size {
+        return Err(StoreError::DamagedPage {
+            path: backend.path.join("data.mdb"),
+            op: format!("reading {table}"),
+            detail: format!(
+                "a value of {} bytes in a map of {} bytes",
+                v.len(),
+                backend.map_size
+            ),
+        });
+    }
+    Ok(v)
 }
 
 /// Reads shared by read and write transactions.
@@ -158,8 +204,9 @@ fn get<'t>(
     backend
         .db(table)
         .get(txn, key)
-        .map(|v| v.map(Cow::Borrowed))
-        .map_err(|e| backend.error(format!("reading {table}"), e))
+        .map_err(|e| backend.error(format!("reading {table}"), e))?
+        .map(|v| sane(backend, table, v).map(Cow::Borrowed))
+        .transpose()
 }
 
 fn range<'t>(
@@ -177,16 +224,16 @@ fn range<'t>(
             db.range(txn, &bounds)
                 .map_err(|e| backend.error(op(), e))?
                 .map(move |r| {
-                    r.map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)))
-                        .map_err(|e| backend.error(op(), e))
+                    let (k, v) = r.map_err(|e| backend.error(op(), e))?;
+                    Ok((Cow::Borrowed(k), Cow::Borrowed(sane(backend, table, v)?)))
                 }),
         ),
         Direction::Reverse => Box::new(
             db.rev_range(txn, &bounds)
                 .map_err(|e| backend.error(op(), e))?
                 .map(move |r| {
-                    r.map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)))
-                        .map_err(|e| backend.error(op(), e))
+                    let (k, v) = r.map_err(|e| backend.error(op(), e))?;
+                    Ok((Cow::Borrowed(k), Cow::Borrowed(sane(backend, table, v)?)))
                 }),
         ),
     };
@@ -209,7 +256,7 @@ fn visit_range(
         .map_err(|e| backend.error(op(), e))?;
     for entry in iter {
         let (key, value) = entry.map_err(|e| backend.error(op(), e))?;
-        if !visit(key, value)? {
+        if !visit(key, sane(backend, table, value)?)? {
             break;
         }
     }

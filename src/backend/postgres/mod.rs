@@ -87,6 +87,7 @@ pub(super) fn sql_table(table: Table) -> &'static str {
         Table::Children => "uwf_children",
         Table::Workflows => "uwf_workflows",
         Table::Pins => "uwf_pins",
+        Table::Labels => "uwf_labels",
     }
 }
 

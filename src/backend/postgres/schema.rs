@@ -5,7 +5,8 @@
 //! Version 1: every table `uwf_<name>(k bytea PRIMARY KEY, v bytea NOT
 //! NULL)`. Version 2 adds the typed columns of `uwf_threads` and
 //! `uwf_history` ([`super::columns`]), their indexes, and two views for
-//! people reading the store with SQL.
+//! people reading the store with SQL. Version 3 adds `uwf_labels` (the
+//! label index, empty in a store written before labels existed).
 
 use postgres::Client;
 use postgres::types::{ToSql, Type};
@@ -16,7 +17,7 @@ use crate::backend::Table;
 use crate::store::{FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError};
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The indexes of version 2: `(name, table, columns)`. Each serves a query
 /// people run (`docs/design.md` §4b lists them); each is also one more
@@ -170,7 +171,15 @@ impl PostgresBackend {
     fn create_or_upgrade(&self, client: &mut Client) -> Result<(), StoreError> {
         match self.read_version(client)? {
             None => self.create_schema(client),
-            Some(1) => self.migrate_from_1(client),
+            Some(1) => {
+                self.migrate_from_1(client)?;
+                self.migrate_from_2(client)?;
+                self.set_version(client)
+            }
+            Some(2) => {
+                self.migrate_from_2(client)?;
+                self.set_version(client)
+            }
             Some(SCHEMA_VERSION) => Ok(()),
             Some(v) if v > SCHEMA_VERSION => Err(self.too_new(v)),
             Some(v) => Err(StoreError::BadSchema {
@@ -220,7 +229,8 @@ impl PostgresBackend {
 
     /// Version 1 → 2: adds the typed columns (nullable), fills them from
     /// every record in batches, then makes the required ones `NOT NULL`,
-    /// builds the indexes and views and records version 2 — all in the
+    /// builds the indexes and views (the caller goes on to version 3 and
+    /// records it) — all in the
     /// caller's transaction, so a failure (a record that does not decode, a
     /// lost connection) leaves version 1 as it was.
     fn migrate_from_1(&self, client: &mut Client) -> Result<(), StoreError> {
@@ -245,12 +255,28 @@ impl PostgresBackend {
         client
             .batch_execute(&indexes_and_views())
             .map_err(|e| self.error(op(), e))?;
+        Ok(())
+    }
+
+    /// Version 2 → 3: the label index table (empty: no record written
+    /// before it has labels).
+    fn migrate_from_2(&self, client: &mut Client) -> Result<(), StoreError> {
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {} (k bytea PRIMARY KEY, v bytea NOT NULL);",
+                sql_table(Table::Labels)
+            ))
+            .map_err(|e| self.error("migrating the schema from version 2 to 3".into(), e))
+    }
+
+    /// Records [`SCHEMA_VERSION`] at the end of a migration.
+    fn set_version(&self, client: &mut Client) -> Result<(), StoreError> {
         client
             .query_typed(
                 "UPDATE uwf_schema SET version = $1",
                 &[(&SCHEMA_VERSION, Type::INT4)],
             )
-            .map_err(|e| self.error(op(), e))?;
+            .map_err(|e| self.error("recording the schema version".into(), e))?;
         Ok(())
     }
 

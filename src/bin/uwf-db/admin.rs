@@ -72,6 +72,14 @@ pub fn gc(
     }
     let verb = if dry_run { "would free" } else { "freed" };
     out.table(&[
+        (
+            if dry_run { "would prune" } else { "pruned" },
+            format!(
+                "{} thread{} (the stored retention policy)",
+                report.pruned,
+                if report.pruned == 1 { "" } else { "s" }
+            ),
+        ),
         ("roots", report.roots.to_string()),
         ("blobs", report.blobs.to_string()),
         (
@@ -132,6 +140,12 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     }
     if report.is_ok() {
         Ok(())
+    } else if report
+        .problems
+        .iter()
+        .any(|p| matches!(p, uwf_db::verify::Problem::Unreadable { .. }))
+    {
+        Err(CliError::ReportedDamage)
     } else {
         Err(CliError::Reported)
     }
@@ -140,8 +154,13 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
 pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     let store = cli.open(false)?;
     let s = store.stats()?;
+    let usage = store.usage_totals()?;
     if out.json {
-        return Ok(out.json_value(&s)?);
+        let mut v = serde_json::to_value(&s).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("usage".into(), serde_json::json!(usage));
+        }
+        return Ok(out.json_value(&v)?);
     }
     let pct = |a: u64, b: u64| {
         if b == 0 {
@@ -171,6 +190,7 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ),
         ("workflows", s.workflows.to_string()),
         ("pins", s.pins.to_string()),
+        ("usage", crate::thread::usage_text(&usage)),
         (
             if server { "blob table" } else { "blob pages" },
             output::human_size(s.blob_bytes),
@@ -329,6 +349,236 @@ pub fn copy(
         } else {
             report.rows as f64
         }
+    ))?;
+    Ok(())
+}
+
+/// `--status` of `prune`: an ended status (clap: anything else exits 2).
+pub fn parse_ended_status(s: &str) -> Result<uwf_db::thread::ThreadStatus, String> {
+    let status: uwf_db::thread::ThreadStatus = s.trim().parse()?;
+    if status.is_done() {
+        Ok(status)
+    } else {
+        Err(format!(
+            "prune never touches {status} threads: give completed, failed or cancelled"
+        ))
+    }
+}
+
+/// What `uwf-db prune` was asked to do.
+pub enum PruneAction {
+    Prune,
+    DryRun,
+    Set,
+    Unset,
+    Show,
+}
+
+/// `uwf-db prune`.
+pub fn prune(
+    cli: &Cli,
+    policy: &uwf_db::thread::RetentionPolicy,
+    action: PruneAction,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let describe = |p: &uwf_db::thread::RetentionPolicy| {
+        let mut parts = Vec::new();
+        if let Some(ms) = p.older_than_ms {
+            parts.push(format!(
+                "ended more than {} ago",
+                output::human_duration(ms)
+            ));
+        }
+        if let Some(n) = p.keep_latest {
+            parts.push(format!("not among the newest {n} of their workflow"));
+        }
+        if !p.statuses.is_empty() {
+            let s: Vec<String> = p.statuses.iter().map(ToString::to_string).collect();
+            parts.push(format!("status {}", s.join(" or ")));
+        }
+        if let Some(w) = &p.workflow {
+            parts.push(format!("of workflow {w}"));
+        }
+        if !p.labels.is_empty() {
+            parts.push(format!(
+                "labelled {}",
+                crate::thread::labels_text(&p.labels)
+            ));
+        }
+        parts.join(", ")
+    };
+    match action {
+        PruneAction::Set => {
+            store.set_retention_policy(Some(policy))?;
+            if out.json {
+                return Ok(out.json_value(&serde_json::json!({ "policy": policy }))?);
+            }
+            out.line(format_args!(
+                "stored the retention policy: prune ended threads {}; every `uwf-db gc` applies it first",
+                describe(policy)
+            ))?;
+            Ok(())
+        }
+        PruneAction::Unset => {
+            store.set_retention_policy(None)?;
+            if out.json {
+                return Ok(out.json_value(&serde_json::json!({ "policy": null }))?);
+            }
+            out.line("removed the stored retention policy")?;
+            Ok(())
+        }
+        PruneAction::Show => {
+            let stored = store.retention_policy()?;
+            if out.json {
+                return Ok(out.json_value(&serde_json::json!({ "policy": stored }))?);
+            }
+            match stored {
+                Some(p) => out.line(format_args!(
+                    "retention policy: prune ended threads {}",
+                    describe(&p)
+                ))?,
+                None => out.line("no retention policy is stored")?,
+            }
+            Ok(())
+        }
+        PruneAction::Prune | PruneAction::DryRun => {
+            let dry_run = matches!(action, PruneAction::DryRun);
+            let report = store.prune(policy, dry_run)?;
+            if out.json {
+                return Ok(out.json_value(&report)?);
+            }
+            let verb = if dry_run { "would prune" } else { "pruned" };
+            for id in &report.pruned {
+                out.line(format_args!("{verb} {id}"))?;
+            }
+            out.line(format_args!(
+                "{verb} {} ended thread{} ({}); kept {}{}",
+                report.pruned.len(),
+                if report.pruned.len() == 1 { "" } else { "s" },
+                describe(policy),
+                report.kept,
+                if dry_run || report.pruned.is_empty() {
+                    String::new()
+                } else {
+                    "; `uwf-db gc` frees their blobs".to_owned()
+                }
+            ))?;
+            Ok(())
+        }
+    }
+}
+
+/// `uwf-db export ID… [-o FILE]`.
+pub fn export(
+    cli: &Cli,
+    ids: &[uwf_db::thread::IdPrefix],
+    output: Option<&Path>,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    use std::io::Write;
+    let store = cli.open(false)?;
+    let ids = ids
+        .iter()
+        .map(|p| store.resolve_thread(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let report = match output {
+        Some(path) => {
+            // Written beside the target and renamed: a failed export never
+            // leaves half a bundle under the name asked for.
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "bundle".into());
+            let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+            let written = (|| -> Result<uwf_db::bundle::ExportReport, CliError> {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)?;
+                let mut w = std::io::BufWriter::new(&file);
+                let report = store.export(&ids, &mut w)?;
+                w.flush()?;
+                drop(w);
+                file.sync_all()?;
+                std::fs::rename(&tmp, path)?;
+                Ok(report)
+            })();
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            written?
+        }
+        None => {
+            let stdout = std::io::stdout();
+            let mut w = std::io::BufWriter::new(stdout.lock());
+            let report = store.export(&ids, &mut w)?;
+            w.flush()?;
+            // The bundle is stdout: the summary goes to stderr.
+            eprintln!(
+                "exported {} thread{} and {} blobs ({} bytes)",
+                report.threads.len(),
+                if report.threads.len() == 1 { "" } else { "s" },
+                report.blobs,
+                report.bytes
+            );
+            return Ok(());
+        }
+    };
+    if out.json {
+        return Ok(out.json_value(&report)?);
+    }
+    out.line(format_args!(
+        "exported {} thread{} and {} blobs ({} bytes) to {}",
+        report.threads.len(),
+        if report.threads.len() == 1 { "" } else { "s" },
+        report.blobs,
+        report.bytes,
+        output.map_or_else(String::new, |p| p.display().to_string())
+    ))?;
+    Ok(())
+}
+
+/// `uwf-db import FILE [--new-ids]`.
+pub fn import(cli: &Cli, file: &Path, new_ids: bool, out: &mut Output) -> Result<(), CliError> {
+    use std::io::Read;
+    use uwf_db::bundle::{BundleError, MAX_BUNDLE};
+    let mut bytes = Vec::new();
+    let read = if file == Path::new("-") {
+        std::io::stdin()
+            .take(MAX_BUNDLE + 1)
+            .read_to_end(&mut bytes)
+    } else {
+        std::fs::File::open(file).and_then(|f| f.take(MAX_BUNDLE + 1).read_to_end(&mut bytes))
+    };
+    read.map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
+    if bytes.len() as u64 > MAX_BUNDLE {
+        return Err(BundleError::TooLarge {
+            size: bytes.len() as u64,
+            max: MAX_BUNDLE,
+        }
+        .into());
+    }
+    // The framing and checksum first: a damaged bundle creates no store.
+    uwf_db::bundle::decode(&bytes)?;
+    let store = cli.open(true)?;
+    let report = store.import(&bytes, new_ids)?;
+    if out.json {
+        return Ok(out.json_value(&report)?);
+    }
+    for (from, to) in &report.threads {
+        if from == to {
+            out.line(format_args!("imported thread {to}"))?;
+        } else {
+            out.line(format_args!("imported thread {from} as {to}"))?;
+        }
+    }
+    out.line(format_args!(
+        "imported {} thread{} and {} blobs ({} new to this store)",
+        report.threads.len(),
+        if report.threads.len() == 1 { "" } else { "s" },
+        report.blobs,
+        report.new_blobs
     ))?;
     Ok(())
 }

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use uwf_db::engine::Cancel;
-use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchReport};
+use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchPrompt, BatchReport};
+use uwf_db::thread::Labels;
 
 use crate::drive::AgentArgs;
 use crate::output::{self, Output};
@@ -14,24 +15,56 @@ use crate::{Cli, CliError};
 /// What a batch drives.
 enum Work {
     /// New threads, one per prompt.
-    Start(Vec<String>),
+    Start(Vec<BatchPrompt>),
     /// The workflow's continuable threads (as many as were listed first;
     /// more may come), shared with other runners.
     Continue(usize),
 }
 
+/// The labels of a `.jsonl` prompt object (`"labels": {"K": "V", …}`):
+/// absent is none; anything but an object of strings, or a bad label, is
+/// an error naming the line.
+fn line_labels(value: &serde_json::Value, at: &dyn Fn() -> String) -> Result<Labels, CliError> {
+    let Some(labels) = value.get("labels") else {
+        return Ok(Labels::new());
+    };
+    let bad = |why: String| CliError::Failed(format!("{}: {why}", at()));
+    let object = labels
+        .as_object()
+        .ok_or_else(|| bad("\"labels\" must be an object of strings".into()))?;
+    let mut out = Labels::new();
+    for (k, v) in object {
+        let v = v
+            .as_str()
+            .ok_or_else(|| bad(format!("label '{k}' must be a string")))?;
+        uwf_db::thread::check_label(k, v).map_err(|e| bad(e.to_string()))?;
+        out.insert(k.clone(), v.to_owned());
+    }
+    uwf_db::thread::check_labels(&out).map_err(|e| bad(e.to_string()))?;
+    Ok(out)
+}
+
 /// The prompts: one per non-empty line of `file` (in a `.jsonl` file each
-/// line is a JSON string or an object with a `prompt` string, so prompts
-/// may span lines), or `count` copies of `prompt`.
+/// line is a JSON string or an object with a `prompt` string and optional
+/// `labels`, so prompts may span lines), or `count` copies of `prompt`.
 fn prompts(
     file: Option<&Path>,
     count: Option<usize>,
     prompt: Option<&str>,
-) -> Result<Vec<String>, CliError> {
+) -> Result<Vec<BatchPrompt>, CliError> {
     match (file, count, prompt) {
         (Some(file), _, _) => {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
+            let text =
+                uwf_db::input::read_text_capped(file, uwf_db::input::MAX_PROMPTS, "prompts file")
+                    .map_err(|e| CliError::Failed(e.to_string()))?;
+            let too_long = |n: usize, len: usize| {
+                CliError::Failed(format!(
+                    "{}:{}: a prompt of {len} bytes; a prompt may be at most {} bytes",
+                    file.display(),
+                    n + 1,
+                    uwf_db::input::MAX_PROMPT
+                ))
+            };
             let json = file.extension().is_some_and(|e| e == "jsonl");
             let mut prompts = Vec::new();
             for (n, line) in text.lines().enumerate() {
@@ -39,15 +72,27 @@ fn prompts(
                 if line.is_empty() {
                     continue;
                 }
+                if line.len() > uwf_db::input::MAX_PROMPT && !json {
+                    return Err(too_long(n, line.len()));
+                }
                 if !json {
-                    prompts.push(line.to_owned());
+                    prompts.push(BatchPrompt::from(line.to_owned()));
                     continue;
                 }
                 let value: serde_json::Value = serde_json::from_str(line).map_err(|e| {
                     CliError::Failed(format!("{}:{}: not JSON: {e}", file.display(), n + 1))
                 })?;
                 match value.as_str().or_else(|| value["prompt"].as_str()) {
-                    Some(p) => prompts.push(p.to_owned()),
+                    Some(p) if p.len() > uwf_db::input::MAX_PROMPT => {
+                        return Err(too_long(n, p.len()));
+                    }
+                    Some(p) => {
+                        let at = || format!("{}:{}", file.display(), n + 1);
+                        prompts.push(BatchPrompt {
+                            prompt: p.to_owned(),
+                            labels: line_labels(&value, &at)?,
+                        });
+                    }
                     None => {
                         return Err(CliError::Failed(format!(
                             "{}:{}: expected a JSON string or an object with a \"prompt\" string",
@@ -65,7 +110,7 @@ fn prompts(
             }
             Ok(prompts)
         }
-        (None, Some(n), Some(p)) => Ok(vec![p.to_owned(); n]),
+        (None, Some(n), Some(p)) => Ok(vec![BatchPrompt::from(p.to_owned()); n]),
         _ => Err(CliError::Failed(
             "batch needs --prompts FILE, -n N with -p TEXT, or --continue".into(),
         )),
@@ -91,6 +136,8 @@ pub struct Args<'a> {
     pub max_rounds: Option<u32>,
     /// New threads' working directory.
     pub cwd: PathBuf,
+    /// Labels of every new thread.
+    pub labels: Labels,
 }
 
 pub fn run(
@@ -138,6 +185,7 @@ pub fn run(
         max_rounds: source.max_rounds,
         cwd: Some(source.cwd.clone()),
         cancel: cancel.clone(),
+        labels: source.labels.clone(),
     };
     let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));
     // One agent per driver, built before any thread starts, so a bad spec
@@ -183,7 +231,9 @@ pub fn run(
         }
     };
     let report = match &work {
-        Work::Start(prompts) => store.run_batch(hash, prompts, &options, agents, &mut on_item)?,
+        Work::Start(prompts) => {
+            store.run_batch_prompts(hash, prompts, &options, agents, &mut on_item)?
+        }
         Work::Continue(_) => {
             store.continue_workflow(&wf.name, &options, source.wait, agents, &mut on_item)?
         }
@@ -232,6 +282,7 @@ pub fn run(
                     report.groups, report.average_group
                 ),
             ),
+            ("usage", crate::thread::usage_text(&report.usage)),
             (
                 "durability",
                 if cli.durability_none() {

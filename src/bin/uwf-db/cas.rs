@@ -1,6 +1,5 @@
 //! `cas put|get|has|refs|walk|pin|unpin|pins`: add, inspect and pin blobs.
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use clap::Subcommand;
@@ -106,18 +105,14 @@ fn pins(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     Ok(())
 }
 
-fn put(cli: &Cli, file: &PathBuf, out: &mut Output) -> Result<(), CliError> {
-    let (name, bytes) = if file.as_os_str() == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|e| CliError::Failed(format!("cannot read stdin: {e}")))?;
-        ("stdin".to_owned(), buf)
+fn put(cli: &Cli, file: &std::path::Path, out: &mut Output) -> Result<(), CliError> {
+    let name = if file.as_os_str() == "-" {
+        "stdin".to_owned()
     } else {
-        let bytes = std::fs::read(file)
-            .map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
-        (file.display().to_string(), bytes)
+        file.display().to_string()
     };
+    let bytes = uwf_db::input::read_capped(file, uwf_db::input::MAX_BLOB_INPUT, "blob")
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         CliError::Failed(format!(

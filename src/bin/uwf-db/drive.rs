@@ -24,6 +24,18 @@ pub struct AgentArgs {
     /// Re-ask a cmd: agent this many times after an invalid reply
     #[arg(long, default_value_t = 2)]
     pub reasks: usize,
+    /// Largest reply a cmd: agent may print (e.g. 64KiB, 16MiB): past it the agent is killed
+    /// and the step fails
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_reply_size)]
+    pub max_reply_size: usize,
+}
+
+/// `--max-reply-size`: a size of at least one byte.
+fn parse_reply_size(s: &str) -> Result<usize, String> {
+    match crate::output::parse_size(s)? {
+        0 => Err("must be at least 1 byte (0 would refuse every reply)".into()),
+        n => usize::try_from(n).map_err(|_| format!("'{s}' is too large")),
+    }
 }
 
 /// `90s`, `10m`, `1h`, `7d`, or plain seconds.
@@ -67,6 +79,7 @@ impl AgentArgs {
         AgentOptions {
             timeout: self.agent_timeout,
             reasks: self.reasks,
+            max_reply_bytes: self.max_reply_size,
             ..AgentOptions::default()
         }
     }
@@ -155,7 +168,24 @@ pub fn drive(
         cancel: cancel.clone(),
     };
     let report = store.drive(id, &options, a.as_mut());
+    if report.stopped_by_request {
+        say_stopped(out, id)?;
+    }
     crate::drive::report(out, &report.results, count > 1, report.error)
+}
+
+/// The drive of `id` stopped because `thread stop` asked it to: said on
+/// stdout (text) or stderr (`--json`, whose stdout is the results).
+fn say_stopped(out: &mut Output, id: ThreadId) -> Result<(), CliError> {
+    let text = format!(
+        "stopped after the step in flight, as `uwf-db thread stop` asked: thread {id} is idle; `uwf-db thread step {id}` goes on"
+    );
+    if out.json {
+        eprintln!("{text}");
+    } else {
+        out.line(text)?;
+    }
+    Ok(())
 }
 
 /// `--cwd DIR` (clap value parser: bad input exits 2): an existing
@@ -184,7 +214,7 @@ pub fn run(
     workflow: &str,
     prompt: &str,
     agent: &AgentArgs,
-    (max_rounds, cwd): (Option<u32>, Option<&Path>),
+    (max_rounds, cwd, labels): (Option<u32>, Option<&Path>, uwf_db::thread::Labels),
     cancel: &Cancel,
     out: &mut Output,
 ) -> Result<(), CliError> {
@@ -201,9 +231,11 @@ pub fn run(
         agent_spec: Some(spec),
         max_rounds,
         cwd: Some(cwd),
+        labels,
         cancel: cancel.clone(),
     };
     let (record, outcome) = store.run_workflow(hash, prompt, &options, a.as_mut())?;
+    let stopped = outcome.stopped_by_request;
     let (results, failure) = (outcome.results, outcome.error);
     if !out.json {
         out.line(format_args!(
@@ -223,6 +255,9 @@ pub fn run(
         if cli.durability_none() {
             out.line("note: --durability none: these commits were not flushed to disk")?;
         }
+    }
+    if stopped {
+        say_stopped(out, record.id)?;
     }
     match failure {
         Some(e) => Err(e.into()),

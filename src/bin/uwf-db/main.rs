@@ -2,15 +2,22 @@
 //!
 //! The binary parses arguments, calls the library and formats its answers;
 //! it holds no logic of its own. Exit codes (SPEC §7): 0 success, 1 the
-//! operation failed or found a problem, 2 bad usage, 130 interrupted
-//! (SIGINT), 143 terminated (SIGTERM), 129 hung up (SIGHUP).
+//! operation failed or found a problem, 2 bad usage, 3 the store's data
+//! file is damaged (refused at open, or a page LMDB could not use: see
+//! `fault.rs`), 130 interrupted (SIGINT), 143 terminated (SIGTERM), 129
+//! hung up (SIGHUP).
+
+#![deny(unsafe_code)]
 
 mod admin;
 mod batch;
 mod cas;
 mod drive;
+mod fault;
 mod output;
+mod salvage;
 mod thread;
+mod watch;
 mod workflow;
 
 use std::path::PathBuf;
@@ -75,6 +82,9 @@ enum Command {
         /// locations resolve against it [default: the current directory]
         #[arg(long, value_name = "DIR", value_parser = drive::parse_dir)]
         cwd: Option<PathBuf>,
+        /// A label for the thread (repeatable): KEY=VALUE
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = thread::parse_label_arg)]
+        labels: Vec<(String, String)>,
     },
     /// Drive many threads in parallel, committing their steps in groups
     Batch {
@@ -115,6 +125,11 @@ enum Command {
         /// edge locations resolve against it [default: the current directory]
         #[arg(long, value_name = "DIR", value_parser = drive::parse_dir)]
         cwd: Option<PathBuf>,
+        /// A label for every new thread (repeatable): KEY=VALUE; a .jsonl
+        /// prompt's own "labels" object is added over them
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = thread::parse_label_arg,
+              conflicts_with = "continue_")]
+        labels: Vec<(String, String)>,
     },
     /// Register, list, show and validate workflows
     #[command(subcommand)]
@@ -154,6 +169,88 @@ enum Command {
               value_parser = clap::value_parser!(u32).range(1..))]
         chunk_rows: u32,
     },
+    /// Unlink ended threads by policy (every condition given must match); `gc` then frees
+    /// their blobs
+    ///
+    /// Only ended threads (completed, failed, cancelled) are looked at: active, running and
+    /// suspended threads are never pruned, nor a child whose parent is kept. `--set` stores the
+    /// policy instead, and every `gc` applies it first.
+    #[command(group = clap::ArgGroup::new("what").multiple(true).required(true)
+        .args(["older_than", "keep_latest", "status", "workflow", "labels", "unset", "show"]))]
+    Prune {
+        /// Ended more than this long ago (e.g. 90s, 30m, 24h, 30d)
+        #[arg(long, value_name = "DURATION", value_parser = drive::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Keep the newest N ended threads of each workflow
+        #[arg(long, value_name = "N")]
+        keep_latest: Option<u64>,
+        /// Only threads that ended so (comma-separated: completed,failed,cancelled)
+        #[arg(long, value_delimiter = ',', value_parser = admin::parse_ended_status)]
+        status: Vec<uwf_db::thread::ThreadStatus>,
+        /// Only threads of this workflow
+        #[arg(long, value_name = "NAME")]
+        workflow: Option<String>,
+        /// Only threads with this label (repeatable, all must match): KEY=VALUE
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = thread::parse_label_arg)]
+        labels: Vec<(String, String)>,
+        /// List what would be unlinked; unlink nothing
+        #[arg(long, conflicts_with_all = ["set", "unset", "show"])]
+        dry_run: bool,
+        /// Store the policy for `gc` to apply first, instead of pruning now
+        #[arg(long, conflicts_with_all = ["unset", "show"])]
+        set: bool,
+        /// Remove the stored policy
+        #[arg(long, conflicts_with_all = ["older_than", "keep_latest", "status", "workflow", "labels", "show"])]
+        unset: bool,
+        /// Show the stored policy
+        #[arg(long, conflicts_with_all = ["older_than", "keep_latest", "status", "workflow", "labels"])]
+        show: bool,
+    },
+    /// Write threads (with their children and every blob they reach) as one self-contained,
+    /// deterministic bundle
+    Export {
+        /// Thread ids or unique prefixes
+        #[arg(required = true, value_parser = thread::parse_id)]
+        ids: Vec<uwf_db::thread::IdPrefix>,
+        /// Write the bundle here [default: stdout]
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Import a bundle: every hash and ref is checked first, then everything is written in
+    /// one transaction, or nothing
+    Import {
+        /// The bundle (`-` for stdin)
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Give the threads new ids (else ids that exist already are refused)
+        #[arg(long)]
+        new_ids: bool,
+    },
+    /// Copy everything still readable out of a damaged store into a new one, and report what
+    /// was lost
+    ///
+    /// Keeps blobs whose bytes hash to their key (and whose refs were kept too), workflows and
+    /// pins that name kept blobs, and threads whose whole history was kept; rebuilds the
+    /// indexes. Each read of SRC runs in its own child process, so a page that crashes LMDB
+    /// loses only the keys around it. Exit 0 when DST was written and verifies, whatever was
+    /// lost (the report and --json say what). --store is not used.
+    Salvage {
+        /// The damaged store: a directory (LMDB)
+        #[arg(value_name = "SRC")]
+        source: PathBuf,
+        /// The new store: a directory or a postgres:// URL, created if absent; must be empty
+        #[arg(value_name = "DST")]
+        destination: PathBuf,
+    },
+    /// One read of `salvage` (internal: streams a table's rows to stdout)
+    #[command(hide = true)]
+    SalvageRead {
+        /// The table
+        table: String,
+        /// First key, in hex
+        #[arg(long)]
+        from: Option<String>,
+    },
 }
 
 /// Why a command failed.
@@ -171,11 +268,16 @@ enum CliError {
     Gc(#[from] uwf_db::gc::GcError),
     #[error(transparent)]
     Copy(#[from] uwf_db::copy::CopyError),
+    #[error(transparent)]
+    Bundle(#[from] uwf_db::bundle::BundleError),
     #[error("{0}")]
     Failed(String),
     /// The command already reported what it found; exit 1 quietly.
     #[error("")]
     Reported,
+    /// The command reported that the data file is damaged; exit 3 quietly.
+    #[error("")]
+    ReportedDamage,
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -225,7 +327,11 @@ impl Cli {
             Some(url) if uwf_db::backend::is_postgres_url(url) => {
                 Store::open_location(url, options)
             }
-            _ => Store::open(location, options),
+            _ => {
+                // Opening already reads pages: guard before it.
+                fault::guard_lmdb_store(location);
+                Store::open(location, options)
+            }
         }
     }
 }
@@ -242,12 +348,13 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             agent,
             max_rounds,
             cwd,
+            labels,
         } => drive::run(
             cli,
             workflow,
             prompt,
             agent,
-            (*max_rounds, cwd.as_deref()),
+            (*max_rounds, cwd.as_deref(), thread::label_map(labels)),
             cancel,
             out,
         ),
@@ -263,6 +370,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             max_group,
             max_rounds,
             cwd,
+            labels,
         } => batch::run(
             cli,
             workflow,
@@ -277,6 +385,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
                 max_group: max_group.map_or(0, |g| g as usize),
                 max_rounds: *max_rounds,
                 cwd: drive::thread_cwd(cwd.as_deref())?,
+                labels: thread::label_map(labels),
             },
             cancel,
             out,
@@ -289,6 +398,40 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             destination,
             chunk_rows,
         } => admin::copy(cli, source, destination, *chunk_rows, out),
+        Command::Prune {
+            older_than,
+            keep_latest,
+            status,
+            workflow,
+            labels,
+            dry_run,
+            set,
+            unset,
+            show,
+        } => {
+            let policy = uwf_db::thread::RetentionPolicy {
+                older_than_ms: older_than.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                keep_latest: *keep_latest,
+                statuses: status.clone(),
+                workflow: workflow.clone(),
+                labels: thread::label_map(labels),
+            };
+            let action = match (*set, *unset, *show) {
+                (true, _, _) => admin::PruneAction::Set,
+                (_, true, _) => admin::PruneAction::Unset,
+                (_, _, true) => admin::PruneAction::Show,
+                _ if *dry_run => admin::PruneAction::DryRun,
+                _ => admin::PruneAction::Prune,
+            };
+            admin::prune(cli, &policy, action, out)
+        }
+        Command::Export { ids, output } => admin::export(cli, ids, output.as_deref(), out),
+        Command::Import { file, new_ids } => admin::import(cli, file, *new_ids, out),
+        Command::Salvage {
+            source,
+            destination,
+        } => salvage::run(cli, source, destination, out),
+        Command::SalvageRead { table, from } => salvage::read_worker(cli, table, from.as_deref()),
     }
 }
 
@@ -296,7 +439,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // One token per command; SIGINT, SIGTERM and SIGHUP cancel it.
     let cancel = Cancel::new();
-    handle_signals(&cancel);
+    // A batch stops gracefully on a first Ctrl-C (SPEC §11).
+    handle_signals(&cancel, matches!(cli.command, Command::Batch { .. }));
     let mut out = Output::new(cli.json);
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
     // The signal thread cancelled the work, which may end here before that
@@ -310,6 +454,7 @@ fn main() -> ExitCode {
         // `uwf-db ... | head` closing the pipe is not a failure.
         Err(CliError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(CliError::Reported) => ExitCode::from(1),
+        Err(CliError::ReportedDamage) => ExitCode::from(fault::DAMAGED as u8),
         Err(e) => {
             let _ = out.flush();
             eprintln!("error: {e}");
@@ -328,7 +473,11 @@ fn main() -> ExitCode {
             if let Some(hint) = hint(&e) {
                 eprintln!("hint: {hint}");
             }
-            ExitCode::from(1)
+            if damaged(&e) {
+                ExitCode::from(fault::DAMAGED as u8)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }
@@ -348,7 +497,12 @@ static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::n
 /// handler that runs inside an arbitrary thread could not take locks. The
 /// agents do not inherit the mask: `std::process::Command` clears it in the
 /// child before exec.
-fn handle_signals(cancel: &Cancel) {
+///
+/// With `graceful` (a batch), a first SIGINT only asks the work to stop
+/// after the steps in flight are committed ([`Cancel::stop_after_step`]):
+/// no new thread starts, no agent is killed, and the command ends as it
+/// would, with exit 130; a second signal of any of the three acts as above.
+fn handle_signals(cancel: &Cancel, graceful: bool) {
     use nix::sys::signal::{SigSet, Signal};
     use std::io::Write;
     let mut signals = SigSet::empty();
@@ -363,7 +517,19 @@ fn handle_signals(cancel: &Cancel) {
     let cancel = cancel.clone();
     std::thread::spawn(move || {
         // `sigwait` fails only for an invalid set, which this is not.
-        let Ok(signal) = signals.wait() else { return };
+        let Ok(mut signal) = signals.wait() else {
+            return;
+        };
+        if graceful && signal == Signal::SIGINT {
+            SIGNALLED.store(signal as i32, std::sync::atomic::Ordering::SeqCst);
+            cancel.stop_after_step();
+            let _ = writeln!(
+                std::io::stderr(),
+                "stopping after the steps in flight are committed (no new thread starts); Ctrl-C again kills the agents"
+            );
+            let Ok(again) = signals.wait() else { return };
+            signal = again;
+        }
         SIGNALLED.store(signal as i32, std::sync::atomic::Ordering::SeqCst);
         cancel.cancel();
         let said = match signal {
@@ -376,6 +542,34 @@ fn handle_signals(cancel: &Cancel) {
         let _ = writeln!(std::io::stderr(), "{said}");
         std::process::exit(128 + signal as i32);
     });
+}
+
+/// Whether the error says the store's data file is damaged (exit 3).
+fn damaged(e: &CliError) -> bool {
+    use uwf_db::engine::EngineError;
+    use uwf_db::thread::ThreadError;
+    let direct = match e {
+        CliError::Store(s)
+        | CliError::Engine(EngineError::Store(s))
+        | CliError::Thread(ThreadError::Store(s))
+        | CliError::Engine(EngineError::Thread(ThreadError::Store(s)))
+        | CliError::Workflow(uwf_db::workflow::WorkflowError::Store(s))
+        | CliError::Gc(uwf_db::gc::GcError::Store(s)) => Some(s),
+        _ => None,
+    };
+    if direct.is_some_and(StoreError::is_damage) {
+        return true;
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<StoreError>()
+            .is_some_and(StoreError::is_damage)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// What to type next, for the errors whose remedy is a command line (the

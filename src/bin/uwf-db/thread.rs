@@ -6,7 +6,7 @@ use clap::Subcommand;
 use serde_json::{Value as Json, json};
 use uwf_db::engine::{Cancel, CancelOptions, ForkAt, StartOptions};
 use uwf_db::thread::{
-    IdPrefix, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
+    IdPrefix, Labels, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
 };
 use uwf_db::{Blob, Hash, HashPrefix, Store, StoreError};
 
@@ -14,9 +14,19 @@ use crate::output::{self, Output};
 use crate::{Cli, CliError, parse_prefix};
 
 /// Parses a thread id or unique prefix (bad input exits 2).
-fn parse_id(s: &str) -> Result<IdPrefix, String> {
+pub fn parse_id(s: &str) -> Result<IdPrefix, String> {
     s.parse()
         .map_err(|e: uwf_db::thread::ParseIdError| e.to_string())
+}
+
+/// Parses `KEY=VALUE` (clap value parser: bad input exits 2).
+pub fn parse_label_arg(s: &str) -> Result<(String, String), String> {
+    uwf_db::thread::parse_label(s).map_err(|e| e.to_string())
+}
+
+/// Labels given as `--label` flags (a key given twice: the last wins).
+pub fn label_map(labels: &[(String, String)]) -> Labels {
+    labels.iter().cloned().collect()
 }
 
 fn parse_status(s: &str) -> Result<ThreadStatus, String> {
@@ -42,6 +52,9 @@ pub enum ThreadCommand {
         /// locations resolve against it [default: the current directory]
         #[arg(long, value_name = "DIR", value_parser = crate::drive::parse_dir)]
         cwd: Option<PathBuf>,
+        /// A label for the thread (repeatable): KEY=VALUE
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label_arg)]
+        labels: Vec<(String, String)>,
     },
     /// Run up to N steps, stopping early at a suspend or an end
     Step {
@@ -111,6 +124,9 @@ pub enum ThreadCommand {
         /// Only threads whose latest attempt failed
         #[arg(long)]
         failed: bool,
+        /// Only threads with this label (repeatable, all must match): KEY=VALUE
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label_arg)]
+        labels: Vec<(String, String)>,
         /// Last activity at or after T (RFC 3339, or relative: 30m, 24h, 7d)
         #[arg(long, value_name = "T", value_parser = output::parse_time)]
         since: Option<u64>,
@@ -123,6 +139,10 @@ pub enum ThreadCommand {
         /// Matching threads to skip
         #[arg(long, default_value_t = 0)]
         offset: usize,
+        /// Then follow: one line (JSON Lines with --json) per status change of a matching
+        /// thread, until interrupted
+        #[arg(long)]
+        watch: bool,
     },
     /// A thread's record: status, next role, suspend message, last error, origin, family
     Show {
@@ -142,11 +162,45 @@ pub enum ThreadCommand {
         #[arg(long, value_parser = parse_prefix)]
         before: Option<HashPrefix>,
     },
+    /// Print each step as it is committed (oldest first), until the thread ends or suspends
+    ///
+    /// Steps already committed after --after are printed first. With --json, one `thread log`
+    /// entry per line. A watcher that is stopped resumes with --after and the seq of the last
+    /// step it printed: nothing is missed or repeated.
+    Watch {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        /// Print only steps after the one with this seq (0: from the first step)
+        #[arg(long, value_name = "SEQ", default_value_t = 0)]
+        after: u64,
+    },
     /// The Merkle call stack: parents up, children down
     Tree {
         /// Thread id or unique prefix
         #[arg(value_parser = parse_id)]
         id: IdPrefix,
+    },
+    /// Ask the live driver of a thread to stop after the step in flight (the step is kept, the
+    /// thread left idle, the driver exits 0)
+    Stop {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+    },
+    /// Set or remove labels of a thread (any status; its head and status do not change)
+    #[command(group = clap::ArgGroup::new("change").multiple(true).required(true)
+        .args(["labels", "remove"]))]
+    Label {
+        /// Thread id or unique prefix
+        #[arg(value_parser = parse_id)]
+        id: IdPrefix,
+        /// Labels to set: KEY=VALUE (a key it has gets the new value)
+        #[arg(value_name = "KEY=VALUE", value_parser = parse_label_arg)]
+        labels: Vec<(String, String)>,
+        /// Remove the label with this key (repeatable)
+        #[arg(long, value_name = "KEY")]
+        remove: Vec<String>,
     },
     /// Unlink a thread from the index and history (garbage collection frees its blobs)
     Rm {
@@ -169,6 +223,7 @@ pub fn run(
             agent,
             max_rounds,
             cwd,
+            labels,
         } => {
             let cwd = crate::drive::thread_cwd(cwd.as_deref())?;
             let store = cli.open(true)?;
@@ -177,6 +232,7 @@ pub fn run(
                 agent_spec: agent.clone(),
                 max_rounds: *max_rounds,
                 cwd: Some(cwd),
+                labels: label_map(labels),
                 ..StartOptions::default()
             };
             let r = store.start_workflow(hash, prompt, &options)?;
@@ -184,6 +240,7 @@ pub fn run(
                 out.json_value(&json!({
                     "thread": r.id, "workflow": r.workflow, "head": r.head,
                     "status": r.status, "current_role": r.next_role,
+                    "labels": r.labels,
                 }))?;
             } else {
                 out.line(format_args!(
@@ -276,23 +333,40 @@ pub fn run(
             status,
             workflow,
             failed,
+            labels,
             since,
             until,
             limit,
             offset,
+            watch,
         } => {
             let store = cli.open(false)?;
             let query = ThreadQuery {
                 statuses: status.clone(),
                 workflow: workflow.clone(),
                 failed_only: *failed,
+                labels: labels.clone(),
                 since: *since,
                 until: *until,
                 limit: *limit,
                 offset: *offset,
             };
+            if *watch {
+                return crate::watch::list(&store, &query, cancel, out);
+            }
             let records = store.list_threads(&query)?;
             list(&records, out)
+        }
+        ThreadCommand::Label { id, labels, remove } => {
+            let store = cli.open(true)?;
+            let id = store.resolve_thread(id)?;
+            let r = store.set_labels(id, &label_map(labels), remove)?;
+            if out.json {
+                out.json_value(&json!({ "thread": id, "labels": r.labels }))?;
+            } else {
+                out.line(format_args!("thread {id}: {}", labels_text(&r.labels)))?;
+            }
+            Ok(())
         }
         ThreadCommand::Show { id } => {
             let store = cli.open(false)?;
@@ -308,6 +382,7 @@ pub fn run(
             let entries = store.thread_log(id, *limit, before)?;
             log(&store, &entries, out)
         }
+        ThreadCommand::Watch { id, after } => crate::watch::thread(cli, id, *after, cancel, out),
         ThreadCommand::Tree { id } => {
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
@@ -326,6 +401,22 @@ pub fn run(
                 tree_line(&tree.thread)
             ))?;
             print_children(&tree.children, depth + 1, out)
+        }
+        ThreadCommand::Stop { id } => {
+            let store = cli.open(false)?;
+            let id = store.resolve_thread(id)?;
+            let record = store.request_stop(id)?;
+            if out.json {
+                out.json_value(&json!({
+                    "thread": id,
+                    "stop_requested_at": record.stop_requested_at,
+                }))?;
+            } else {
+                out.line(format_args!(
+                    "asked the driver of thread {id} to stop after the step in flight"
+                ))?;
+            }
+            Ok(())
         }
         ThreadCommand::Rm { id } => {
             let store = cli.open(false)?;
@@ -355,9 +446,28 @@ fn role_of(r: &ThreadRecord) -> &str {
     }
 }
 
+/// `KEY=VALUE` pairs separated by spaces, or `-`.
+pub fn labels_text(labels: &Labels) -> String {
+    if labels.is_empty() {
+        return "-".into();
+    }
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(" ")
+}
+
+/// A record as JSON, with `labels` always there (an object, empty or not).
+pub fn record_json(r: &ThreadRecord) -> Json {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("labels".into(), json!(r.labels));
+    }
+    v
+}
+
 fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
     if out.json {
-        return Ok(out.json_value(&records)?);
+        let all: Vec<Json> = records.iter().map(record_json).collect();
+        return Ok(out.json_value(&all)?);
     }
     if records.is_empty() {
         return Ok(out.line("no threads")?);
@@ -383,10 +493,30 @@ fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
             ]
         })
         .collect();
-    out.columns(
-        &["ID", "STATUS", "WORKFLOW", "ROLE", "STEPS", "LAST ACTIVITY"],
-        &rows,
-    )?;
+    if records.iter().any(|r| !r.labels.is_empty()) {
+        let rows: Vec<[String; 7]> = rows
+            .into_iter()
+            .zip(records)
+            .map(|([a, b, c, d, e, f], r)| [a, b, c, d, e, labels_text(&r.labels), f])
+            .collect();
+        out.columns(
+            &[
+                "ID",
+                "STATUS",
+                "WORKFLOW",
+                "ROLE",
+                "STEPS",
+                "LABELS",
+                "LAST ACTIVITY",
+            ],
+            &rows,
+        )?;
+    } else {
+        out.columns(
+            &["ID", "STATUS", "WORKFLOW", "ROLE", "STEPS", "LAST ACTIVITY"],
+            &rows,
+        )?;
+    }
     Ok(())
 }
 
@@ -394,12 +524,15 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
     let r = &tree.thread;
     let children: Vec<ThreadId> = tree.children.iter().map(|c| c.thread.id).collect();
     if out.json {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
+        let mut v = record_json(r);
         if let Some(o) = v.as_object_mut() {
             o.insert("children".into(), json!(children));
             o.insert("done".into(), json!(r.status.is_done()));
             o.insert("rounds".into(), json!(r.rounds()));
             o.insert("driver_alive".into(), json!(driver_alive));
+            // Totals with the children's (the record's own are the
+            // thread's alone).
+            o.insert("usage".into(), json!(Store::tree_usage(tree)));
         }
         return Ok(out.json_value(&v)?);
     }
@@ -425,6 +558,25 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
         ("head", format!("{} (seq {})", r.head, r.seq)),
         ("start", r.start.to_string()),
     ];
+    if !r.labels.is_empty() {
+        rows.push(("labels", labels_text(&r.labels)));
+    }
+    let usage = Store::tree_usage(tree);
+    if !usage.is_empty() {
+        let own = r.usage.clone().unwrap_or_default();
+        rows.push((
+            "usage",
+            if own == usage {
+                usage_text(&usage)
+            } else {
+                format!(
+                    "{} with its children ({} itself)",
+                    usage_text(&usage),
+                    usage_text(&own)
+                )
+            },
+        ));
+    }
     match r.status {
         ThreadStatus::Suspended => {
             rows.push(("suspended role", opt(&r.suspended_role)));
@@ -493,24 +645,96 @@ fn text_of(store: &Store, hash: &Hash) -> Result<String, CliError> {
     }
 }
 
+/// One `thread log --json` entry (also a line of `thread watch --json`).
+pub fn entry_json(store: &Store, e: &LogEntry) -> Result<Json, CliError> {
+    let n = &e.node;
+    Ok(json!({
+        "hash": e.hash,
+        "seq": n.seq,
+        "role": n.role,
+        "status": n.meta.get("$status").map(|v| v.to_json()).filter(|_| n.role != uwf_db::thread::END_ROLE),
+        // `$usage` is the engine's, shown as `usage` below.
+        "meta": uwf_db::Value::Map(
+            n.meta
+                .iter()
+                .filter(|(k, _)| *k != uwf_db::usage::USAGE_META)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+        .to_json(),
+        "content": text_of(store, &n.content)?,
+        "input": text_of(store, &n.input)?,
+        "timestamp": n.timestamp,
+        "child_thread": n.child_thread,
+        "usage": step_usage_json(n),
+    }))
+}
+
+/// A step's `usage` (SPEC §11): `{calls, wall_ms, input_tokens,
+/// output_tokens, cost_usd, model}`, unknown fields null (all of them for
+/// an end node or a child workflow's step, which no agent call made).
+fn step_usage_json(n: &uwf_db::node::StateNode) -> Json {
+    match uwf_db::usage::StepUsage::of_meta(&n.meta) {
+        Some(u) => json!({
+            "calls": u.calls, "wall_ms": u.wall_ms, "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens, "cost_usd": u.cost_usd, "model": u.model,
+        }),
+        None => json!({
+            "calls": null, "wall_ms": null, "input_tokens": null,
+            "output_tokens": null, "cost_usd": null, "model": null,
+        }),
+    }
+}
+
+/// Usage totals as people read them.
+pub fn usage_text(u: &uwf_db::usage::UsageTotals) -> String {
+    let mut text = format!(
+        "{} agent call{}, {:.1} s",
+        u.calls,
+        if u.calls == 1 { "" } else { "s" },
+        u.wall_ms as f64 / 1000.0
+    );
+    if u.input_tokens > 0 || u.output_tokens > 0 {
+        text.push_str(&format!(
+            ", {} tokens in, {} out",
+            u.input_tokens, u.output_tokens
+        ));
+    }
+    if u.cost_usd > 0.0 {
+        text.push_str(&format!(", ${:.4}", u.cost_usd));
+    }
+    text
+}
+
+/// One `thread log` text line (also a line of `thread watch`).
+pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
+    let n = &e.node;
+    let status = match n.meta.get("$status") {
+        Some(uwf_db::Value::Str(s)) => s.clone(),
+        _ if n.role == uwf_db::thread::END_ROLE => match n.meta.get("return_code") {
+            Some(uwf_db::Value::UInt(c)) => format!("return code {c}"),
+            _ => "end".into(),
+        },
+        _ => "_".into(),
+    };
+    let content = text_of(store, &n.content)?;
+    let first = content.lines().next().unwrap_or("");
+    Ok(format!(
+        "{}  #{:<5} {:<14} {:<16} {}  {}",
+        e.hash.short(10),
+        n.seq,
+        n.role,
+        status,
+        output::timestamp(n.timestamp),
+        first
+    ))
+}
+
 fn log(store: &Store, entries: &[LogEntry], out: &mut Output) -> Result<(), CliError> {
     if out.json {
         let rows = entries
             .iter()
-            .map(|e| {
-                let n = &e.node;
-                Ok(json!({
-                    "hash": e.hash,
-                    "seq": n.seq,
-                    "role": n.role,
-                    "status": n.meta.get("$status").map(|v| v.to_json()).filter(|_| n.role != uwf_db::thread::END_ROLE),
-                    "meta": uwf_db::Value::Map(n.meta.clone()).to_json(),
-                    "content": text_of(store, &n.content)?,
-                    "input": text_of(store, &n.input)?,
-                    "timestamp": n.timestamp,
-                    "child_thread": n.child_thread,
-                }))
-            })
+            .map(|e| entry_json(store, e))
             .collect::<Result<Vec<Json>, CliError>>()?;
         return Ok(out.json_value(&rows)?);
     }
@@ -518,26 +742,7 @@ fn log(store: &Store, entries: &[LogEntry], out: &mut Output) -> Result<(), CliE
         return Ok(out.line("no steps yet")?);
     }
     for e in entries {
-        let n = &e.node;
-        let status = match n.meta.get("$status") {
-            Some(uwf_db::Value::Str(s)) => s.clone(),
-            _ if n.role == uwf_db::thread::END_ROLE => match n.meta.get("return_code") {
-                Some(uwf_db::Value::UInt(c)) => format!("return code {c}"),
-                _ => "end".into(),
-            },
-            _ => "_".into(),
-        };
-        let content = text_of(store, &n.content)?;
-        let first = content.lines().next().unwrap_or("");
-        out.line(format_args!(
-            "{}  #{:<5} {:<14} {:<16} {}  {}",
-            e.hash.short(10),
-            n.seq,
-            n.role,
-            status,
-            output::timestamp(n.timestamp),
-            first
-        ))?;
+        out.line(entry_line(store, e)?)?;
     }
     Ok(())
 }

@@ -34,8 +34,8 @@ pub enum WorkflowCommand {
 
 /// Reads and validates a workflow file; child workflows must be registered.
 pub fn load_file(store: Option<&Store>, file: &Path) -> Result<Workflow, CliError> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
+    let text = uwf_db::input::read_text_capped(file, uwf_db::input::MAX_WORKFLOW, "workflow file")
+        .map_err(|e| CliError::Failed(e.to_string()))?;
     let stem = file.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
     let registered =
         |name: &str| store.is_some_and(|s| matches!(s.workflow_by_name(name), Ok(Some(_))));

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The page-damage scan (issue 10): make a real store, then for every 4 KiB
+# page of its data file in turn, damage that page in a copy of the store
+# (zeroed, or filled with random bytes) and run `uwf-db verify` and
+# `uwf-db thread list` on the copy. Each run is classed by how it ended:
+#
+#   clean    exit 0: the damage hit a free or unused page, nothing to see
+#   reported exit 1 or 3 with a message (stderr, or stdout for `verify`):
+#            the damage was found and said (1: verify listed problems; 3:
+#            the data file is damaged)
+#   crash    killed by a signal (SIGSEGV, SIGBUS, SIGABRT ...), a panic
+#            (exit 101), or anything else without a message
+#   hang     still running after the timeout (killed)
+#
+# The goal is 0 crashes and 0 hangs.
+#
+# usage: scripts/page-damage-scan.sh [zero|random] [THREADS] [BIN]
+#   defaults: zero, 60 threads, target/release/uwf-db (built if missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-zero}
+threads=${2:-60}
+bin=${3:-target/release/uwf-db}
+if [ ! -x "$bin" ]; then
+    cargo build --release --quiet
+fi
+bin=$(realpath "$bin")
+work=$(mktemp -d /tmp/uwf-pagescan.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# A store with something in every table: completed threads (history),
+# idle ones (active index), a fork, a registered workflow, a pin.
+store="$work/store"
+"$bin" --store "$store" init >/dev/null
+"$bin" --store "$store" batch examples/review.yaml -n "$threads" -p "Add a --json flag" \
+    --agent script:examples/review.scenario.yaml >/dev/null
+"$bin" --store "$store" workflow add examples/planner.yaml >/dev/null 2>&1 || true
+"$bin" --store "$store" thread start examples/review.yaml -p "left idle" >/dev/null
+"$bin" --store "$store" verify >/dev/null
+size=$(stat -c %s "$store/data.mdb")
+pages=$((size / 4096))
+echo "store: $threads threads, data.mdb $size bytes, $pages pages; damage: $mode"
+
+clean=0 reported=0 damaged=0 crash=0 hang=0
+crashes=()
+for ((p = 0; p < pages; p++)); do
+    copy="$work/copy"
+    rm -rf "$copy"
+    cp -r "$store" "$copy"
+    if [ "$mode" = zero ]; then
+        dd if=/dev/zero of="$copy/data.mdb" bs=4096 seek="$p" count=1 conv=notrunc status=none
+    else
+        head -c 4096 /dev/urandom | dd of="$copy/data.mdb" bs=4096 seek="$p" count=1 conv=notrunc status=none
+    fi
+    for cmd in verify "thread list"; do
+        set +e
+        # shellcheck disable=SC2086
+        timeout -s KILL 20 "$bin" --store "$copy" $cmd >"$work/out" 2>"$work/err"
+        rc=$?
+        set -e
+        if [ $rc -eq 137 ]; then
+            hang=$((hang + 1))
+            crashes+=("page $p, $cmd: hang (killed after 20 s)")
+        elif [ $rc -eq 0 ]; then
+            clean=$((clean + 1))
+        elif { [ $rc -eq 1 ] || [ $rc -eq 3 ]; } && { [ -s "$work/err" ] || [ -s "$work/out" ]; } &&
+            ! grep -q "panicked" "$work/err"; then
+            # `verify` reports on stdout, the other commands on stderr.
+            reported=$((reported + 1))
+            [ $rc -eq 3 ] && damaged=$((damaged + 1))
+        else
+            crash=$((crash + 1))
+            crashes+=("page $p, $cmd: exit $rc: $(head -c 200 "$work/err" | tr '\n' ' ')")
+        fi
+    done
+done
+echo "runs: $((pages * 2)) (verify and thread list per page)"
+echo "clean: $clean  reported: $reported (exit 3: $damaged)  crash: $crash  hang: $hang"
+for c in "${crashes[@]+"${crashes[@]}"}"; do
+    echo "  $c"
+done
+[ $crash -eq 0 ] && [ $hang -eq 0 ]

@@ -1,0 +1,116 @@
+//! `thread watch` and `thread list --watch`: print what the library's
+//! watches hand over (`Store::watch_steps`, `Store::watch_threads`;
+//! `docs/design.md` §7d).
+
+use std::ops::ControlFlow;
+
+use serde_json::json;
+use uwf_db::Store;
+use uwf_db::engine::Cancel;
+use uwf_db::engine::watch::WatchEnd;
+use uwf_db::thread::ThreadQuery;
+
+use crate::output::{self, Output};
+use crate::thread::{entry_json, entry_line, labels_text};
+use crate::{Cli, CliError};
+
+/// The library's callbacks return engine errors; a failed write to stdout
+/// is kept here and reported as itself (a closed pipe exits 0).
+fn printed(
+    result: Result<(), CliError>,
+    kept: &mut Option<CliError>,
+) -> Result<ControlFlow<()>, uwf_db::engine::EngineError> {
+    match result {
+        Ok(()) => Ok(ControlFlow::Continue(())),
+        Err(e) => {
+            *kept = Some(e);
+            Ok(ControlFlow::Break(()))
+        }
+    }
+}
+
+/// `thread watch ID [--after SEQ]`.
+pub fn thread(
+    cli: &Cli,
+    id: &uwf_db::thread::IdPrefix,
+    after: u64,
+    cancel: &Cancel,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let id = store.resolve_thread(id)?;
+    let mut last = after;
+    let mut failed = None;
+    let end = store.watch_steps(id, after, cancel, &mut |e| {
+        let line = if out.json {
+            entry_json(&store, e).and_then(|v| Ok(out.json_value(&v)?))
+        } else {
+            entry_line(&store, e).and_then(|l| Ok(out.line(l)?))
+        };
+        last = e.node.seq;
+        printed(line.and_then(|()| Ok(out.flush()?)), &mut failed)
+    })?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if let WatchEnd::Settled(record) = end
+        && !out.json
+    {
+        out.line(format_args!(
+            "thread {id} is {} (last step #{last}; resume the watch with --after {last})",
+            record.underlying_status()
+        ))?;
+    }
+    Ok(())
+}
+
+/// `thread list --watch [filters]`.
+pub fn list(
+    store: &Store,
+    query: &ThreadQuery,
+    cancel: &Cancel,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let mut failed = None;
+    store.watch_threads(query, cancel, &mut |r| {
+        let at = r.last_activity();
+        let line = if out.json {
+            out.json_value(&json!({
+                "thread": r.id,
+                "status": r.status,
+                "workflow": r.workflow,
+                "seq": r.seq,
+                "last_activity": at,
+                "last_error": r.last_error,
+                "labels": r.labels,
+            }))
+        } else {
+            out.line(format_args!(
+                "{}  {}  {:<10} {}  seq {}{}{}",
+                output::timestamp(at),
+                r.id,
+                r.status.to_string(),
+                r.workflow,
+                r.seq,
+                if r.labels.is_empty() {
+                    String::new()
+                } else {
+                    format!("  {}", labels_text(&r.labels))
+                },
+                if r.last_error.is_some() {
+                    "  (last attempt failed)"
+                } else {
+                    ""
+                }
+            ))
+        };
+        printed(
+            line.and_then(|()| out.flush()).map_err(CliError::from),
+            &mut failed,
+        )
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

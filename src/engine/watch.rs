@@ -1,0 +1,153 @@
+//! Following a store as other processes (or machines) commit to it (SPEC
+//! §11; `docs/design.md` §7d): the steps of one thread, or the status
+//! changes of many.
+//!
+//! Change is detected by polling one snapshot read every [`POLL`]: for a
+//! thread, its record (its `seq` says whether steps were committed); for
+//! a listing, the newest stretch of the `activity` index (or a label's
+//! run). Between polls the caller's thread sleeps on its [`Cancel`]
+//! token, so an idle watcher costs one small read per poll and no busy
+//! loop, on every backend alike, and cancelling the token ends the watch
+//! at once.
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use super::EngineError;
+use super::cancel::Cancel;
+use crate::store::Store;
+use crate::thread::{LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
+
+/// How often a watcher reads the store: a commit shows within this (plus
+/// the read), well inside SPEC §11's 100 ms.
+pub const POLL: Duration = Duration::from_millis(40);
+
+/// Steps decoded per read while catching up.
+const CATCH_UP: usize = 256;
+
+/// How far back (ms of last activity) each poll of
+/// [`Store::watch_threads`] looks behind the newest change it has seen: a
+/// change whose commit becomes visible more than this after the timestamp
+/// taken inside it (a writer's clock that far behind, or a commit that
+/// slow) is missed.
+pub const WINDOW_MS: u64 = 10_000;
+
+/// Most threads one poll of [`Store::watch_threads`] reads.
+const POLL_PAGE: usize = 10_000;
+
+/// How a watch ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEnd {
+    /// The thread ended or suspended, and every step was handed over: the
+    /// record as last read.
+    Settled(Box<ThreadRecord>),
+    /// The callback asked to stop.
+    Stopped,
+    /// The token was cancelled.
+    Cancelled,
+}
+
+impl Store {
+    /// Hands `on_step` every step of thread `id` after the one numbered
+    /// `after` (0: from the first), oldest first, as they are committed,
+    /// until the thread has ended or suspended and every step was handed
+    /// over ([`WatchEnd::Settled`]), `on_step` breaks, or `cancel` is
+    /// cancelled. Steps are numbered 1, 2, … along the chain, so a watcher
+    /// restarted with the `seq` of the last step it handled misses nothing
+    /// and repeats nothing. Memory stays bounded however far behind
+    /// `after` is ([`Store::steps_after`] pages).
+    pub fn watch_steps(
+        &self,
+        id: ThreadId,
+        after: u64,
+        cancel: &Cancel,
+        on_step: &mut dyn FnMut(&LogEntry) -> Result<ControlFlow<()>, EngineError>,
+    ) -> Result<WatchEnd, EngineError> {
+        let mut cursor = after;
+        loop {
+            let (record, entries) = self.steps_after(id, cursor, CATCH_UP)?;
+            for e in &entries {
+                if on_step(e)?.is_break() {
+                    return Ok(WatchEnd::Stopped);
+                }
+                cursor = e.node.seq;
+            }
+            if cursor < record.seq && !entries.is_empty() {
+                // More to catch up on: read on without sleeping.
+                continue;
+            }
+            let status = record.underlying_status();
+            // (A chain whose numbering has a gap below the head would give
+            // no entries while `cursor < seq`: wait rather than spin.)
+            if cursor >= record.seq && (status.is_done() || status == ThreadStatus::Suspended) {
+                return Ok(WatchEnd::Settled(Box::new(record)));
+            }
+            if cancel.is_cancelled() {
+                return Ok(WatchEnd::Cancelled);
+            }
+            cancel.sleep(POLL);
+        }
+    }
+
+    /// Hands `on_change` the threads `query` selects (its first page, as
+    /// [`Store::list_threads`] gives it, oldest first), then every thread
+    /// matching its filters whose status or last activity changes, in the
+    /// order of their last activity, until `on_change` breaks or `cancel`
+    /// is cancelled. Polled: states a thread passed through between two
+    /// polls are merged into the last. Every status change moves a
+    /// thread's last activity, so none is missed unless its commit becomes
+    /// visible more than [`WINDOW_MS`] after its timestamp. Memory is
+    /// bounded by the threads changed within twice that window.
+    pub fn watch_threads(
+        &self,
+        query: &ThreadQuery,
+        cancel: &Cancel,
+        on_change: &mut dyn FnMut(&ThreadRecord) -> Result<ControlFlow<()>, EngineError>,
+    ) -> Result<WatchEnd, EngineError> {
+        // What was last handed over for each thread.
+        let mut seen: HashMap<ThreadId, (ThreadStatus, u64)> = HashMap::new();
+        let mut newest = 0u64;
+        let mut first = true;
+        loop {
+            let q = if first {
+                query.clone()
+            } else {
+                // From the newest change seen, but never from the past
+                // when nothing matched yet, nor from a future that one
+                // writer's fast clock announced.
+                let now = crate::store::now_ms();
+                let base = if newest == 0 { now } else { newest.min(now) };
+                ThreadQuery {
+                    since: Some(base.saturating_sub(WINDOW_MS).max(query.since.unwrap_or(0))),
+                    limit: POLL_PAGE,
+                    offset: 0,
+                    ..query.clone()
+                }
+            };
+            let mut records = self.list_threads(&q)?;
+            // Oldest change first.
+            records.reverse();
+            for r in &records {
+                let at = r.last_activity();
+                newest = newest.max(at);
+                let now = (r.status, at);
+                if seen.get(&r.id) == Some(&now) {
+                    continue;
+                }
+                seen.insert(r.id, now);
+                if on_change(r)?.is_break() {
+                    return Ok(WatchEnd::Stopped);
+                }
+            }
+            first = false;
+            // What fell out of the window cannot show again unchanged.
+            let floor = newest.saturating_sub(2 * WINDOW_MS);
+            seen.retain(|_, (_, at)| *at >= floor);
+            if cancel.is_cancelled() {
+                return Ok(WatchEnd::Cancelled);
+            }
+            cancel.sleep(POLL);
+        }
+    }
+}
