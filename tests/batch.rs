@@ -131,6 +131,53 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
+/// A request that panics on the writer's thread is rolled back alone, the
+/// panic comes back in the thread that sent it, and the writer goes on: no
+/// sender is left waiting (a dead writer once hung a whole batch runner).
+fn a_panicking_request_is_rolled_back_alone_and_panics_its_sender(b: TestBackend) {
+    let store = b.fast();
+    let kept = Blob::content("kept", []);
+    let half = Blob::content("half-written", []);
+    let ((), stats) = store.group_commit(0, |g| {
+        std::thread::scope(|s| {
+            // Hold the writer so that the next requests share a group.
+            s.spawn(|| {
+                g.write_op(|_| {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    Ok::<_, StoreError>(())
+                })
+                .unwrap();
+            });
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let panicked = s.spawn(|| {
+                let h = half.clone();
+                g.write_op(move |w| -> Result<(), StoreError> {
+                    w.put_blob(&h)?;
+                    panic!("a bug in a write");
+                })
+            });
+            s.spawn(|| {
+                let k = kept.clone();
+                g.write_op(move |w| w.put_blob(&k)).unwrap();
+            });
+            let payload = panicked.join().unwrap_err();
+            assert_eq!(payload.downcast_ref::<&str>(), Some(&"a bug in a write"));
+        });
+        // The writer is still there.
+        g.write_op(|w| w.put_blob(&Blob::content("after", [])))
+            .unwrap();
+    });
+    assert_eq!(stats.requests, 4, "{stats:?}");
+    assert!(store.contains(&kept.encode().unwrap().hash()).unwrap());
+    assert!(!store.contains(&half.encode().unwrap().hash()).unwrap());
+    assert!(
+        store
+            .contains(&Blob::content("after", []).encode().unwrap().hash())
+            .unwrap()
+    );
+    assert!(verify(&store, |_| {}).unwrap().is_ok());
+}
+
 fn without_a_group_write_op_is_a_plain_write(b: TestBackend) {
     let store = b.fast();
     let h = store
@@ -324,6 +371,7 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
 conformance!(
     a_durable_batch_commits_every_step_in_groups,
     a_failing_request_is_rolled_back_alone,
+    a_panicking_request_is_rolled_back_alone_and_panics_its_sender,
     without_a_group_write_op_is_a_plain_write,
     a_step_failure_stops_its_thread_only,
     a_batch_without_agents_is_refused,

@@ -88,7 +88,19 @@ fn finish(child: Child, limit: Duration) -> std::process::Output {
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
-            panic!("runner {pid} still running after {limit:?}");
+            // What it said before it was killed (a panic on one of its
+            // threads, say), if its pipes close now.
+            let mut said = String::from("(its output pipes stayed open)");
+            for _ in 0..100 {
+                if waiter.is_finished() {
+                    if let Ok(o) = waiter.join() {
+                        said = format!("stderr:\n{}", stderr(&o));
+                    }
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            panic!("runner {pid} still running after {limit:?}; {said}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }

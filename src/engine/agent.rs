@@ -612,6 +612,32 @@ fn die_with_driver(command: &mut Command) {
     let _ = command;
 }
 
+/// Whether the agent's program has exited, without reaping it: until it is
+/// reaped its pid stays taken, so killing its process group afterwards
+/// cannot reach a process that was given the pid since (with
+/// `pid_max` at 32768, a busy batch runs through the pid space in
+/// seconds).
+fn has_exited(child: &mut std::process::Child) -> std::io::Result<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        loop {
+            match waitid(Id::Pid(pid), flags) {
+                Ok(WaitStatus::StillAlive) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(std::io::Error::from(e)),
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        child.try_wait().map(|s| s.is_some())
+    }
+}
+
 pub(crate) fn kill_group(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(
@@ -712,29 +738,38 @@ impl Agent for CmdAgent {
             })
         };
         let started = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if started.elapsed() >= self.timeout => {
+        loop {
+            match has_exited(&mut child) {
+                Ok(true) => break,
+                Ok(false) if started.elapsed() >= self.timeout => {
                     kill_group(pid);
                     req.cancel.agent_finished(pid);
                     let _ = child.wait();
                     return Err(AgentError::Timeout(self.timeout));
                 }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Ok(false) => std::thread::sleep(Duration::from_millis(5)),
                 Err(source) => {
                     kill_group(pid);
                     req.cancel.agent_finished(pid);
+                    let _ = child.wait();
                     return Err(AgentError::Spawn { program, source });
                 }
             }
-        };
+        }
         // The program may have left children holding the pipes: end them.
+        // The program is not reaped yet, so its pid (the group's id) cannot
+        // have been given to another process: this kills its group only.
         kill_group(pid);
         req.cancel.agent_finished(pid);
         let _ = writer.join();
         let stdout = out.join().unwrap_or_default();
         let stderr = err.join().map(Tail::text).unwrap_or_default();
+        // Reaped last: the reading thread's kill (a reply over the cap)
+        // also happens while the pid is still the program's.
+        let status = match child.wait() {
+            Ok(status) => status,
+            Err(source) => return Err(AgentError::Spawn { program, source }),
+        };
         if too_large.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(AgentError::ReplyTooLarge {
                 limit: self.max_reply,
@@ -794,6 +829,32 @@ impl Tail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `has_exited` sees the exit but leaves the program a zombie, so its
+    /// pid (and its group's id) stays taken until `wait` reaps it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_exited_program_is_not_reaped_until_waited_for() {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new("true").process_group(0).spawn().unwrap();
+        let pid = child.id();
+        let started = Instant::now();
+        while !has_exited(&mut child).unwrap() {
+            assert!(started.elapsed() < Duration::from_secs(30), "never exited");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Still there, as a zombie: its pid is not free for reuse.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let state = stat.rsplit(") ").next().unwrap().chars().next().unwrap();
+        assert_eq!(state, 'Z', "{stat}");
+        assert!(
+            has_exited(&mut child).unwrap(),
+            "asking again still says so"
+        );
+        assert!(child.wait().unwrap().success());
+        // Reaped now: there is nothing left to wait for.
+        assert!(has_exited(&mut child).is_err());
+    }
 
     #[test]
     fn the_tail_keeps_the_last_bytes_and_counts_the_rest() {

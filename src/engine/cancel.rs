@@ -146,9 +146,14 @@ impl Cancel {
     /// ```
     pub fn cancel(&self) {
         self.inner.cancelled.store(true, Ordering::SeqCst);
-        let groups: Vec<u32> = lock(&self.inner.agents).drain().collect();
-        for pgid in groups {
-            super::agent::kill_group(pgid);
+        {
+            // Killed under the lock: an agent forgets its group
+            // (`agent_finished`, under the same lock) before it reaps its
+            // program, so every pid here still names that program's group.
+            let mut agents = lock(&self.inner.agents);
+            for pgid in agents.drain() {
+                super::agent::kill_group(pgid);
+            }
         }
         let claims: Vec<(Store, ThreadId)> = lock(&self.inner.claims).clone();
         for (store, id) in claims {
@@ -181,7 +186,9 @@ impl Cancel {
         }
     }
 
-    /// Forgets a finished agent's process group.
+    /// Forgets a finished agent's process group. Call it before reaping
+    /// the program, so that the token never kills a group whose id has
+    /// been given to another process since.
     pub fn agent_finished(&self, pgid: u32) {
         lock(&self.inner.agents).remove(&pgid);
     }

@@ -3,6 +3,12 @@
 //! LMDB transaction, commits once, and only then answers each request. If a
 //! request fails, the transaction is dropped and the group runs again
 //! without it, so a failing request is rolled back alone.
+//!
+//! A request that panics is rolled back alone the same way, and the panic
+//! is resumed in the thread that sent it (as it would be without group
+//! commit). Should the writer thread itself die, the queue dies with it:
+//! every request waiting or sent later fails with
+//! [`StoreError::GroupStopped`] instead of waiting forever.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +33,8 @@ struct Request {
 /// CPU) and the writer unparks it.
 struct Ack {
     outcome: Mutex<Option<Result<(), StoreError>>>,
+    /// The request's job panicked: the payload, resumed by the sender.
+    panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     waiter: Thread,
 }
 
@@ -117,9 +125,11 @@ impl Store {
         let out = std::thread::scope(|scope| {
             let inner = &self.inner;
             let counters = &counters;
+            // The writer owns the receiver: if it dies, the queue goes with
+            // it and no sender waits for an answer that will not come.
             let spawned = std::thread::Builder::new()
                 .name("uwf-group-commit".into())
-                .spawn_scoped(scope, move || writer(inner, &rx, max_group, counters));
+                .spawn_scoped(scope, move || writer(inner, rx, max_group, counters));
             if let Err(e) = spawned {
                 // No writer: every write through the handle fails with
                 // `GroupStopped` (its request is dropped unanswered).
@@ -159,6 +169,7 @@ impl Store {
         let slot: Arc<Mutex<Option<Result<R, E>>>> = Arc::new(Mutex::new(None));
         let ack = Arc::new(Ack {
             outcome: Mutex::new(None),
+            panicked: Mutex::new(None),
             waiter: std::thread::current(),
         });
         let job_slot = Arc::clone(&slot);
@@ -176,6 +187,16 @@ impl Store {
             })
             .map_err(|_| StoreError::GroupStopped)?;
         let done = ack.wait();
+        if let Some(payload) = ack
+            .panicked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            // `f` panicked on the writer's thread: panic here, where it
+            // would have without group commit (its writes were discarded).
+            std::panic::resume_unwind(payload);
+        }
         let result = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
         match done {
             Ok(()) => result.unwrap_or_else(|| Err(StoreError::GroupStopped.into())),
@@ -190,7 +211,7 @@ impl Store {
 }
 
 /// The writer thread: one group per loop, until every sender is gone.
-fn writer(inner: &StoreInner, rx: &Receiver<Request>, max_group: usize, counters: &Counters) {
+fn writer(inner: &StoreInner, rx: Receiver<Request>, max_group: usize, counters: &Counters) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < max_group {
@@ -223,7 +244,21 @@ fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreEr
         let mut txn = WriteTxn::begin(&*inner.backend)?;
         let mut failed = None;
         for (i, (req, out)) in batch.iter_mut().zip(&left_out).enumerate() {
-            if !out && !(req.job)(&mut txn) {
+            if *out {
+                continue;
+            }
+            let ran =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (req.job)(&mut txn)));
+            let ok = match ran {
+                Ok(ok) => ok,
+                // Left out like a failed request; its sender resumes the
+                // panic. The transaction it may have half-written is dropped.
+                Err(payload) => {
+                    *req.ack.panicked.lock().unwrap_or_else(|p| p.into_inner()) = Some(payload);
+                    false
+                }
+            };
+            if !ok {
                 failed = Some(i);
                 break;
             }
