@@ -83,6 +83,13 @@ pub enum AgentError {
         /// The cap, in bytes.
         limit: usize,
     },
+    /// A `cmd:` agent's program exited, but a process it started outside
+    /// its process group (a daemon, say) kept its output pipes open until
+    /// the timeout: the reply cannot be known to be whole.
+    #[error(
+        "the agent exited but a process it started outside its process group kept its output open for {0:?}: no reply was taken and the step failed"
+    )]
+    OutputHeld(Duration),
     /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
     #[error("unknown agent spec '{0}': use script:FILE or cmd:PROGRAM ARGS")]
     BadSpec(String),
@@ -761,6 +768,18 @@ impl Agent for CmdAgent {
         // have been given to another process: this kills its group only.
         kill_group(pid);
         req.cancel.agent_finished(pid);
+        // The pipes close when the last process holding them ends; one
+        // that left the group (setsid) may hold them on. Wait for them no
+        // longer than the timeout (a second at least after the exit), then
+        // give up on the reply and leave the reading threads behind.
+        let deadline = (started + self.timeout).max(Instant::now() + Duration::from_secs(1));
+        while !(writer.is_finished() && out.is_finished() && err.is_finished()) {
+            if Instant::now() >= deadline {
+                let _ = child.wait();
+                return Err(AgentError::OutputHeld(started.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = writer.join();
         let stdout = out.join().unwrap_or_default();
         let stderr = err.join().map(Tail::text).unwrap_or_default();
@@ -865,6 +884,50 @@ mod tests {
         let mut t = Tail::new(10);
         t.push(b" short ");
         assert_eq!(t.text(), "short");
+    }
+
+    /// A program that leaves a process of its own session holding its
+    /// stdout: the call ends at the timeout with `OutputHeld`, not when
+    /// that process does.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn output_held_open_past_the_exit_fails_at_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("daemon.pid");
+        let script = format!(
+            "cat >/dev/null; setsid sh -c 'echo $$ > {}; exec sleep 30' & echo answer",
+            pid_file.display()
+        );
+        let options = AgentOptions {
+            timeout: Duration::from_secs(2),
+            ..AgentOptions::default()
+        };
+        let mut agent = CmdAgent::new(vec!["sh".into(), "-c".into(), script], &options).unwrap();
+        let role = Role::default();
+        let cancel = Cancel::new();
+        let request = AgentRequest {
+            thread: ThreadId::generate(),
+            workflow: "w",
+            role_name: "r",
+            role: &role,
+            instruction: "i",
+            prompt: "p",
+            answered_steps: 0,
+            cwd: None,
+            summary_index: None,
+            cancel: &cancel,
+        };
+        let started = Instant::now();
+        let e = agent.call(&request).unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(e, AgentError::OutputHeld(_)), "{e}");
+        assert!(took < Duration::from_secs(20), "took {took:?}");
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid.trim().parse().unwrap()),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 
     #[test]
