@@ -87,9 +87,12 @@ pub enum AgentError {
     /// its process group (a daemon, say) kept its output pipes open until
     /// the timeout: the reply cannot be known to be whole.
     #[error(
-        "the agent exited but a process it started outside its process group kept its output open for {0:?}: no reply was taken and the step failed"
+        "the agent exited but a process it started outside its process group kept its output open until the timeout ({seconds} s after the start): no reply was taken and the step failed"
     )]
-    OutputHeld(Duration),
+    OutputHeld {
+        /// Seconds from the start of the call to giving up.
+        seconds: u64,
+    },
     /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
     #[error("unknown agent spec '{0}': use script:FILE or cmd:PROGRAM ARGS")]
     BadSpec(String),
@@ -776,7 +779,9 @@ impl Agent for CmdAgent {
         while !(writer.is_finished() && out.is_finished() && err.is_finished()) {
             if Instant::now() >= deadline {
                 let _ = child.wait();
-                return Err(AgentError::OutputHeld(started.elapsed()));
+                return Err(AgentError::OutputHeld {
+                    seconds: started.elapsed().as_secs(),
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -920,7 +925,7 @@ mod tests {
         let started = Instant::now();
         let e = agent.call(&request).unwrap_err();
         let took = started.elapsed();
-        assert!(matches!(e, AgentError::OutputHeld(_)), "{e}");
+        assert!(matches!(e, AgentError::OutputHeld { seconds: 2..=19 }), "{e}");
         assert!(took < Duration::from_secs(20), "took {took:?}");
         if let Ok(pid) = std::fs::read_to_string(&pid_file) {
             let _ = nix::sys::signal::kill(
