@@ -66,6 +66,20 @@ fn a_durable_batch_commits_every_step_in_groups(b: TestBackend) {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
+/// Holds the group writer with a 300 ms request (on a thread of `s`) and
+/// returns 100 ms later, so that the requests sent next queue up and are
+/// committed as one group.
+fn hold_the_writer<'scope, 'env>(s: &'scope std::thread::Scope<'scope, 'env>, g: &'env Store) {
+    s.spawn(move || {
+        g.write_op(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            Ok::<_, StoreError>(())
+        })
+        .unwrap();
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+}
+
 fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "t");
@@ -73,16 +87,7 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
     let rolled_back = Blob::content("rolled back", []);
     let ((), stats) = store.group_commit(0, |g| {
         std::thread::scope(|s| {
-            // Hold the writer so that the next requests queue up and are
-            // committed as one group.
-            s.spawn(|| {
-                g.write_op(|_| {
-                    std::thread::sleep(std::time::Duration::from_millis(300));
-                    Ok::<_, StoreError>(())
-                })
-                .unwrap();
-            });
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            hold_the_writer(s, g);
             s.spawn(|| {
                 let k = kept.clone();
                 g.write_op(move |w| w.put_blob(&k)).unwrap();
@@ -140,15 +145,7 @@ fn a_panicking_request_is_rolled_back_alone_and_panics_its_sender(b: TestBackend
     let half = Blob::content("half-written", []);
     let ((), stats) = store.group_commit(0, |g| {
         std::thread::scope(|s| {
-            // Hold the writer so that the next requests share a group.
-            s.spawn(|| {
-                g.write_op(|_| {
-                    std::thread::sleep(std::time::Duration::from_millis(300));
-                    Ok::<_, StoreError>(())
-                })
-                .unwrap();
-            });
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            hold_the_writer(s, g);
             let panicked = s.spawn(|| {
                 let h = half.clone();
                 g.write_op(move |w| -> Result<(), StoreError> {

@@ -900,8 +900,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("daemon.pid");
         let script = format!(
-            "cat >/dev/null; setsid sh -c 'echo $$ > {}; exec sleep 30' & echo answer",
-            pid_file.display()
+            "cat >/dev/null; setsid sh -c 'echo $$ > {f}; exec sleep 30' & \
+             while [ ! -s {f} ]; do sleep 0.01; done; echo answer",
+            f = pid_file.display()
         );
         let options = AgentOptions {
             timeout: Duration::from_secs(2),
@@ -925,7 +926,10 @@ mod tests {
         let started = Instant::now();
         let e = agent.call(&request).unwrap_err();
         let took = started.elapsed();
-        assert!(matches!(e, AgentError::OutputHeld { seconds: 2..=19 }), "{e}");
+        assert!(
+            matches!(e, AgentError::OutputHeld { seconds: 2..=19 }),
+            "{e}"
+        );
         assert!(took < Duration::from_secs(20), "took {took:?}");
         if let Ok(pid) = std::fs::read_to_string(&pid_file) {
             let _ = nix::sys::signal::kill(
