@@ -285,16 +285,7 @@ impl Store {
                     detail: "its usage has a cost that is not a finite, non-negative number".into(),
                 });
             }
-            for (what, hash, want) in [
-                ("start", Some(record.start), &[Kind::Start][..]),
-                ("head", Some(record.head), &[Kind::Start, Kind::State][..]),
-                (
-                    "workflow",
-                    Some(record.workflow_hash),
-                    &[Kind::Workflow][..],
-                ),
-                ("staged summary", record.staged_compact, &[][..]),
-            ] {
+            for (what, hash, want) in record.blob_refs() {
                 let Some(hash) = hash else { continue };
                 let kind = match blobs.get(&hash) {
                     Some((_, kind)) => Some(*kind),

@@ -576,16 +576,7 @@ fn check_record(
             record.id
         ));
     }
-    for (what, hash, want) in [
-        ("start", Some(record.start), &[Kind::Start][..]),
-        ("head", Some(record.head), &[Kind::Start, Kind::State][..]),
-        (
-            "workflow",
-            Some(record.workflow_hash),
-            &[Kind::Workflow][..],
-        ),
-        ("staged summary", record.staged_compact, &[][..]),
-    ] {
+    for (what, hash, want) in record.blob_refs() {
         let Some(hash) = hash else { continue };
         match kept.get(&hash) {
             None => return Err(format!("its {what} {hash} was not kept")),

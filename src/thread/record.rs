@@ -11,6 +11,7 @@ use super::ThreadId;
 use super::labels::Labels;
 use crate::codec::{self, CodecError};
 use crate::hash::Hash;
+use crate::node::Kind;
 use crate::usage::UsageTotals;
 
 /// Where a thread is in its life. Stored, never re-derived.
@@ -199,6 +200,18 @@ pub struct ThreadRecord {
 }
 
 impl ThreadRecord {
+    /// The blobs the record refers to, each with its name and the kinds it
+    /// may be (empty: any): what `import` and `salvage` check before they
+    /// keep a record. The staged summary is `None` when there is none.
+    pub(crate) fn blob_refs(&self) -> [(&'static str, Option<Hash>, &'static [Kind]); 4] {
+        [
+            ("start", Some(self.start), &[Kind::Start]),
+            ("head", Some(self.head), &[Kind::Start, Kind::State]),
+            ("workflow", Some(self.workflow_hash), &[Kind::Workflow]),
+            ("staged summary", self.staged_compact, &[]),
+        ]
+    }
+
     /// The status without a driver's claim: what a step left.
     pub fn underlying_status(&self) -> ThreadStatus {
         match (self.status, self.claimed_status) {
