@@ -2,11 +2,24 @@
 //! self-contained, deterministic bundle. Format in `docs/design.md` §4d:
 //!
 //! ```text
-//! "UWFBNDL1"                                   8 bytes
+//! "UWFBNDL1" (unsigned) or "UWFBNDS1" (signed) 8 bytes
 //! threads: u32 LE count, then per thread (by id): u32 LE length, record bytes
 //! blobs:   u64 LE count, then per blob (by hash): 32-byte hash, u32 LE length, canonical bytes
-//! BLAKE3 of every byte above                   32 bytes
+//! trailer                                      32 bytes
 //! ```
+//!
+//! The trailer of an unsigned bundle is the BLAKE3 of every byte before it:
+//! anyone can recompute it, so it detects accidents (a cut-short copy, a
+//! flipped bit) and nothing else. A signed bundle's trailer is BLAKE3 in
+//! keyed mode (a MAC) under a [`BundleKey`] derived from a secret key file:
+//! only a holder of the key can make one that [`Store::import`] with
+//! [`ImportOptions::verify`] accepts.
+//!
+//! A bundle is data from a stranger whichever it is. Import checks every
+//! record against the chain it points to (see [`Store::import`]) and never
+//! keeps the agent a record names, nor the directory its agents worked in,
+//! unless [`ImportOptions::trust_agents`] asks for it: an agent spec is a
+//! command line.
 //!
 //! Export takes the named threads, their children (recursively) and every
 //! blob their records reach (start, head, staged summary, workflow, and
@@ -25,10 +38,133 @@ use serde::Serialize;
 use crate::hash::Hash;
 use crate::node::{Blob, Kind};
 use crate::store::{Store, StoreError};
-use crate::thread::{ThreadError, ThreadId, ThreadRecord, index};
+use crate::thread::{ThreadError, ThreadId, ThreadRecord, ThreadStatus, index};
 
-/// The bundle's first bytes.
+/// The first bytes of an unsigned bundle.
 pub const MAGIC: &[u8; 8] = b"UWFBNDL1";
+
+/// The first bytes of a signed bundle.
+pub const MAGIC_SIGNED: &[u8; 8] = b"UWFBNDS1";
+
+/// Fewest secret bytes a key file holds.
+pub const MIN_KEY_SECRET: usize = 32;
+
+/// Largest key file read.
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// BLAKE3 `derive_key` context for bundle keys.
+const KEY_CONTEXT: &str = "uwf-db 2026-11 bundle signing key v1";
+
+/// A secret key that signs bundles and verifies their signatures: the
+/// BLAKE3 keyed hash of the bundle is its trailer (a MAC). Made from a
+/// secret of at least [`MIN_KEY_SECRET`] bytes, which both sides share.
+#[derive(Clone)]
+pub struct BundleKey([u8; 32]);
+
+impl std::fmt::Debug for BundleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BundleKey(..)")
+    }
+}
+
+impl BundleKey {
+    /// The key a shared secret gives (at least [`MIN_KEY_SECRET`] bytes;
+    /// `head -c 32 /dev/urandom` makes one).
+    ///
+    /// ```
+    /// use uwf_db::bundle::BundleKey;
+    /// assert!(BundleKey::from_secret(&[7; 32]).is_ok());
+    /// assert!(BundleKey::from_secret(b"password").is_err());
+    /// ```
+    pub fn from_secret(secret: &[u8]) -> Result<BundleKey, BundleError> {
+        if secret.len() < MIN_KEY_SECRET {
+            return Err(BundleError::WeakKey {
+                detail: format!(
+                    "it holds {} bytes; a key holds at least {MIN_KEY_SECRET} random bytes (make one with `head -c 32 /dev/urandom > FILE`)",
+                    secret.len()
+                ),
+            });
+        }
+        Ok(BundleKey(blake3::derive_key(KEY_CONTEXT, secret)))
+    }
+
+    /// The key in a key file: its whole contents are the secret. A file
+    /// that others may read or write (mode bits for group or others) is
+    /// refused, as ssh refuses such a private key, and so is a file of
+    /// fewer than [`MIN_KEY_SECRET`] bytes.
+    pub fn from_file(path: &std::path::Path) -> Result<BundleKey, BundleError> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
+        let io = |source| BundleError::KeyFile {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(BundleError::WeakKey {
+                detail: format!("{} is not a regular file", path.display()),
+            });
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(BundleError::WeakKey {
+                detail: format!(
+                    "{} may be read or written by others (mode {:o}); `chmod 600` it",
+                    path.display(),
+                    meta.mode() & 0o777
+                ),
+            });
+        }
+        let mut secret = Vec::new();
+        file.take(MAX_KEY_FILE)
+            .read_to_end(&mut secret)
+            .map_err(io)?;
+        BundleKey::from_secret(&secret).map_err(|e| match e {
+            BundleError::WeakKey { detail } => BundleError::WeakKey {
+                detail: format!("{}: {detail}", path.display()),
+            },
+            e => e,
+        })
+    }
+
+    fn mac(&self, body: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&self.0, body)
+    }
+}
+
+/// How [`Store::export_with`] writes a bundle.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ExportOptions {
+    /// Sign the bundle with this key (else its trailer is a plain BLAKE3).
+    pub sign: Option<BundleKey>,
+}
+
+/// How [`Store::import_with`] reads a bundle.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ImportOptions {
+    /// Give the threads new ids (else ids that exist already are refused).
+    pub new_ids: bool,
+    /// Keep the agent spec and working directory the records name.
+    /// **Dangerous**: an agent spec is a command line, and a bundle's
+    /// records are whatever its maker wrote; without this, imported
+    /// threads have no stored agent (driving one needs an agent named by
+    /// the importing user) and work where their driver does.
+    pub trust_agents: bool,
+    /// Refuse the bundle unless it is signed with this key.
+    pub verify: Option<BundleKey>,
+}
+
+impl ImportOptions {
+    /// Options with `new_ids` set as given, the rest default.
+    pub fn new_ids(new_ids: bool) -> ImportOptions {
+        ImportOptions {
+            new_ids,
+            ..ImportOptions::default()
+        }
+    }
+}
 
 /// Largest bundle `import` reads (it holds the whole bundle in memory
 /// while it checks it).
@@ -85,6 +221,25 @@ pub enum BundleError {
         /// What is wrong.
         detail: String,
     },
+    /// A key file that cannot be read.
+    #[error("cannot read the key file {path}: {source}")]
+    KeyFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A key that is too short, or a key file others may read.
+    #[error("the signing key is refused: {detail}")]
+    WeakKey {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A signed bundle whose signature does not match the key, or a
+    /// bundle that is not signed where a signature is required.
+    #[error("the bundle's signature is refused: {0}")]
+    Signature(String),
     /// Threads of the bundle already exist in the store.
     #[error(
         "{} thread{} of the bundle already exist{} in the store ({}); nothing was imported; import with new ids (--new-ids) to keep both",
@@ -106,6 +261,11 @@ pub struct ImportReport {
     pub blobs: u64,
     /// Of those, blobs the store did not hold yet.
     pub new_blobs: u64,
+    /// Threads whose record named an agent that was not kept (every one
+    /// that named one, unless [`ImportOptions::trust_agents`]).
+    pub agents_dropped: u64,
+    /// Whether the bundle's signature was checked against a key.
+    pub signed: bool,
 }
 
 /// What an export wrote.
@@ -141,13 +301,45 @@ impl Hashing<'_> {
 }
 
 impl Store {
-    /// Writes a bundle of the threads `ids`, their children and every blob
-    /// they reach to `out`; deterministic: the same threads in the same
-    /// state give the same bytes.
+    /// Writes an unsigned bundle of the threads `ids`, their children and
+    /// every blob they reach to `out` ([`Store::export_with`] with default
+    /// options).
     pub fn export(
         &self,
         ids: &[ThreadId],
         out: &mut dyn Write,
+    ) -> Result<ExportReport, BundleError> {
+        self.export_with(ids, out, &ExportOptions::default())
+    }
+
+    /// Writes a bundle of the threads `ids`, their children and every blob
+    /// they reach to `out`, signed when `options.sign` holds a key;
+    /// deterministic: the same threads in the same state (and the same
+    /// key) give the same bytes. A driver's claim does not travel: a
+    /// thread being driven is written with the status underneath it, and
+    /// without a pending stop request.
+    ///
+    /// ```
+    /// # use uwf_db::Store;
+    /// use uwf_db::bundle::{BundleKey, ExportOptions, ImportOptions};
+    /// # let store = Store::memory();
+    /// let key = BundleKey::from_secret(&[42; 32])?;
+    /// let mut bytes = Vec::new();
+    /// let mut options = ExportOptions::default();
+    /// options.sign = Some(key.clone());
+    /// store.export_with(&[], &mut bytes, &options)?;
+    /// // Only the key's holder can check it.
+    /// assert!(Store::memory().import(&bytes, false).is_err());
+    /// let mut import = ImportOptions::default();
+    /// import.verify = Some(key);
+    /// assert!(Store::memory().import_with(&bytes, &import)?.signed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn export_with(
+        &self,
+        ids: &[ThreadId],
+        out: &mut dyn Write,
+        options: &ExportOptions,
     ) -> Result<ExportReport, BundleError> {
         // The threads: those asked for, then their children, recursively.
         let mut records: BTreeMap<ThreadId, ThreadRecord> = BTreeMap::new();
@@ -163,6 +355,14 @@ impl Store {
             })?;
             records.insert(id, record);
             queue.extend(children);
+        }
+        // A claim is a local driver's, not part of the thread.
+        for record in records.values_mut() {
+            if record.status == ThreadStatus::Running {
+                record.status = record.underlying_status();
+            }
+            record.claimed_status = None;
+            record.stop_requested_at = None;
         }
         // Every blob they reach, in hash order.
         let mut hashes: BTreeSet<Hash> = BTreeSet::new();
@@ -187,10 +387,17 @@ impl Store {
         }
         let mut w = Hashing {
             out,
-            hasher: blake3::Hasher::new(),
+            hasher: match &options.sign {
+                Some(key) => blake3::Hasher::new_keyed(&key.0),
+                None => blake3::Hasher::new(),
+            },
             bytes: 0,
         };
-        w.put(MAGIC)?;
+        w.put(if options.sign.is_some() {
+            MAGIC_SIGNED
+        } else {
+            MAGIC
+        })?;
         let count = u32::try_from(records.len())
             .map_err(|_| BundleError::Malformed("more than 2^32 threads".into()))?;
         w.put(&count.to_le_bytes())?;
@@ -230,15 +437,55 @@ impl Store {
         })
     }
 
-    /// Checks `bundle` whole, then writes its blobs and threads in one
-    /// transaction (all or nothing). Threads whose ids exist are refused
-    /// unless `new_ids`: then every thread gets a new id, and the links
-    /// between the bundle's threads (parent, active child, fork origin)
-    /// follow.
+    /// Imports an unsigned or signed bundle without checking a signature,
+    /// keeping no agent ([`Store::import_with`] with `new_ids` and the
+    /// other options at their defaults).
     pub fn import(&self, bundle: &[u8], new_ids: bool) -> Result<ImportReport, BundleError> {
-        let parsed = decode(bundle)?;
+        self.import_with(bundle, &ImportOptions::new_ids(new_ids))
+    }
+
+    /// Checks `bundle` whole, then writes its blobs and threads in one
+    /// transaction (all or nothing). A bundle is data from a stranger:
+    ///
+    /// - its trailer must match (with [`ImportOptions::verify`], it must be
+    ///   signed with that key); a signed bundle is refused without a key;
+    /// - every blob must hash to its key, be canonical, and have its refs in
+    ///   the bundle or the store;
+    /// - every record must agree with the chain it points to: its start,
+    ///   head and workflow of the right kinds, `seq` equal to the chain's
+    ///   length (every node one after its parent, on the same start, with
+    ///   the ancestor list the engine writes), the status the head gives
+    ///   (an ended thread's head is an end node with that return code, a
+    ///   thread whose head is not an end node is not ended; nothing is
+    ///   `running`), `last_end_seq` the newest end on the chain,
+    ///   `completed_at` set exactly when ended, parent, active child and
+    ///   fork origin present in the bundle or the store (an active child
+    ///   naming this thread as its parent), labels and usage in their
+    ///   allowed shapes;
+    /// - no thread id may exist (unless `new_ids`: then every thread gets a
+    ///   new id, and the links between the bundle's threads follow).
+    ///
+    /// Any failure refuses the bundle whole, naming the thread and the
+    /// field. Unless [`ImportOptions::trust_agents`], no record keeps the
+    /// agent spec or working directory it names.
+    ///
+    /// ```
+    /// # use uwf_db::Store;
+    /// use uwf_db::bundle::{BundleError, ImportOptions};
+    /// let store = Store::memory();
+    /// let err = store.import_with(b"not a bundle", &ImportOptions::default()).unwrap_err();
+    /// assert!(matches!(err, BundleError::Malformed(_)));
+    /// ```
+    pub fn import_with(
+        &self,
+        bundle: &[u8],
+        options: &ImportOptions,
+    ) -> Result<ImportReport, BundleError> {
+        let new_ids = options.new_ids;
+        let parsed = decode_with(bundle, options.verify.as_ref())?;
         // Blobs: hash, canonical form, refs.
         let mut blobs: HashMap<Hash, (crate::node::EncodedBlob, Kind)> = HashMap::new();
+        let mut raw: HashMap<Hash, &[u8]> = HashMap::new();
         for (hash, bytes) in &parsed.blobs {
             let bad = |detail: String| BundleError::BadBlob {
                 hash: *hash,
@@ -251,6 +498,7 @@ impl Store {
             let encoded = blob.encode().map_err(|e| bad(e.to_string()))?;
             let kind = blob.kind();
             blobs.insert(*hash, (encoded, kind));
+            raw.insert(*hash, bytes);
         }
         let stored = |h: &Hash| self.contains(h);
         for (hash, (encoded, _)) in &blobs {
@@ -263,37 +511,40 @@ impl Store {
                 }
             }
         }
-        // Records: decode, nodes present and of the right kinds.
+        // A node of the bundle, else of the store.
+        let mut node = |h: &Hash| -> Result<Option<Blob>, BundleError> {
+            match raw.get(h) {
+                // Checked above: it decodes.
+                Some(bytes) => Ok(Blob::decode(bytes).ok()),
+                None => Ok(self.get(h)?),
+            }
+        };
+        // Records: decode, nodes present and of the right kinds, and in
+        // agreement with their chains.
         let mut records = Vec::with_capacity(parsed.records.len());
         for (i, bytes) in parsed.records.iter().enumerate() {
             let record = ThreadRecord::decode(bytes).map_err(|e| BundleError::BadRecord {
                 thread: format!("#{}", i + 1),
                 detail: e.to_string(),
             })?;
-            // Labels become index keys and terminal output; a cost is summed.
-            crate::thread::check_labels(&record.labels).map_err(|e| BundleError::BadRecord {
+            let bad = |detail: String| BundleError::BadRecord {
                 thread: record.id.to_string(),
-                detail: e.to_string(),
-            })?;
-            if record
-                .usage
-                .as_ref()
-                .is_some_and(|u| !u.cost_usd.is_finite() || u.cost_usd < 0.0)
+                detail,
+            };
+            // Labels become index keys and terminal output; a cost is summed.
+            crate::thread::check_labels(&record.labels).map_err(|e| bad(format!("labels: {e}")))?;
+            if let Some(u) = &record.usage
+                && !(u.cost_usd.is_finite() && u.cost_usd >= 0.0)
             {
-                return Err(BundleError::BadRecord {
-                    thread: record.id.to_string(),
-                    detail: "its usage has a cost that is not a finite, non-negative number".into(),
-                });
+                return Err(bad(
+                    "usage: its cost is not a finite, non-negative number".into()
+                ));
             }
             for (what, hash, want) in record.blob_refs() {
                 let Some(hash) = hash else { continue };
                 let kind = match blobs.get(&hash) {
                     Some((_, kind)) => Some(*kind),
                     None => self.get_stored(&hash)?.map(|b| b.kind),
-                };
-                let bad = |detail: String| BundleError::BadRecord {
-                    thread: record.id.to_string(),
-                    detail,
                 };
                 match kind {
                     None => return Err(bad(format!("its {what} {hash} is missing"))),
@@ -303,6 +554,17 @@ impl Store {
                     Some(_) => {}
                 }
             }
+            if record.status == ThreadStatus::Running || record.claimed_status.is_some() {
+                return Err(bad(
+                    "status: it is held by a driver (running); a driver's claim is never imported"
+                        .into(),
+                ));
+            }
+            if let Some(detail) =
+                crate::thread::check_against_chain(&record, usize::MAX, &mut node)?
+            {
+                return Err(bad(detail));
+            }
             records.push(record);
         }
         let mut seen = HashSet::new();
@@ -311,6 +573,52 @@ impl Store {
                 thread: dup.id.to_string(),
                 detail: "the bundle holds it twice".into(),
             });
+        }
+        // Links between threads: inside the bundle, else in the store.
+        let in_bundle: HashMap<ThreadId, &ThreadRecord> =
+            records.iter().map(|r| (r.id, r)).collect();
+        for record in &records {
+            let bad = |detail: String| BundleError::BadRecord {
+                thread: record.id.to_string(),
+                detail,
+            };
+            let known = |id: ThreadId| -> Result<bool, BundleError> {
+                Ok(in_bundle.contains_key(&id) || self.thread(id)?.is_some())
+            };
+            if let Some(parent) = record.parent_thread
+                && !known(parent)?
+            {
+                return Err(bad(format!(
+                    "parent_thread: {parent} is neither in the bundle nor in the store"
+                )));
+            }
+            if let Some(child) = record.active_child {
+                let parent_of_child = match in_bundle.get(&child) {
+                    Some(c) => Some(c.parent_thread),
+                    None => self.thread(child)?.map(|c| c.parent_thread),
+                };
+                match parent_of_child {
+                    None => {
+                        return Err(bad(format!(
+                            "active_child: {child} is neither in the bundle nor in the store"
+                        )));
+                    }
+                    Some(p) if p != Some(record.id) => {
+                        return Err(bad(format!(
+                            "active_child: {child} is not a child of this thread"
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
+            if let Some(origin) = &record.forked_from
+                && !(blobs.contains_key(&origin.node) || self.contains(&origin.node)?)
+            {
+                return Err(bad(format!(
+                    "forked_from: node {} is neither in the bundle nor in the store",
+                    origin.node
+                )));
+            }
         }
         // Ids.
         let map: HashMap<ThreadId, ThreadId> = if new_ids {
@@ -323,6 +631,7 @@ impl Store {
         };
         // Blobs in an order where every ref comes before its referrer.
         let order = topological(&blobs);
+        let trust = options.trust_agents;
         let report = self.write(|w| {
             if !new_ids {
                 let mut exists = Vec::new();
@@ -344,6 +653,7 @@ impl Store {
                 }
             }
             let mut threads = Vec::with_capacity(records.len());
+            let mut agents_dropped = 0;
             for record in &records {
                 let mut r = record.clone();
                 let follow = |id: ThreadId| *map.get(&id).unwrap_or(&id);
@@ -353,6 +663,12 @@ impl Store {
                 if let Some(origin) = &mut r.forked_from {
                     origin.thread = follow(origin.thread);
                 }
+                if !trust {
+                    if r.agent.take().is_some() {
+                        agents_dropped += 1;
+                    }
+                    r.cwd = None;
+                }
                 index::put(w, None, &r)?;
                 threads.push((record.id, r.id));
             }
@@ -360,6 +676,8 @@ impl Store {
                 threads,
                 blobs: blobs.len() as u64,
                 new_blobs,
+                agents_dropped,
+                signed: options.verify.is_some(),
             })
         })?;
         Ok(report)
@@ -375,20 +693,59 @@ pub struct Parsed<'b> {
     pub blobs: Vec<(Hash, &'b [u8])>,
 }
 
+/// Splits an unsigned bundle into its parts ([`decode_with`] without a
+/// key): a signed one is refused, as its trailer cannot be checked.
+pub fn decode(bundle: &[u8]) -> Result<Parsed<'_>, BundleError> {
+    decode_with(bundle, None)
+}
+
 /// Splits a bundle into its parts, checking the framing, the order (ids
 /// and hashes strictly increasing: one bundle per set of threads) and the
-/// trailer; never panics, never allocates more than the input's size.
-pub fn decode(bundle: &[u8]) -> Result<Parsed<'_>, BundleError> {
+/// trailer: with `key`, the bundle must be signed with it; without, it
+/// must be unsigned (a signed bundle's trailer says nothing to one without
+/// the key). Never panics, never allocates more than the input's size.
+pub fn decode_with<'b>(
+    bundle: &'b [u8],
+    key: Option<&BundleKey>,
+) -> Result<Parsed<'b>, BundleError> {
     let bad = |what: &str| BundleError::Malformed(what.to_owned());
     let (body, trailer) = bundle
         .split_last_chunk::<32>()
         .ok_or_else(|| bad("shorter than its trailer"))?;
-    if blake3::hash(body).as_bytes() != trailer {
-        return Err(bad("its checksum does not match (damaged or cut short)"));
+    let (magic, mut rest) = body
+        .split_first_chunk::<8>()
+        .ok_or_else(|| bad("shorter than its header"))?;
+    let signed = match magic {
+        m if m == MAGIC => false,
+        m if m == MAGIC_SIGNED => true,
+        _ => return Err(bad("it does not start with UWFBNDL1 or UWFBNDS1")),
+    };
+    match (signed, key) {
+        (false, None) => {
+            if blake3::hash(body).as_bytes() != trailer {
+                return Err(bad("its checksum does not match (damaged or cut short)"));
+            }
+        }
+        (true, Some(key)) => {
+            // `blake3::Hash` compares in constant time.
+            if key.mac(body) != blake3::Hash::from_bytes(*trailer) {
+                return Err(BundleError::Signature(
+                    "it was not signed with this key, or it was changed after it was signed".into(),
+                ));
+            }
+        }
+        (false, Some(_)) => {
+            return Err(BundleError::Signature(
+                "it is not signed (exported without --sign), and a signed bundle was required"
+                    .into(),
+            ));
+        }
+        (true, None) => {
+            return Err(BundleError::Signature(
+                "it is signed; give the key to check it with (import --verify KEYFILE)".into(),
+            ));
+        }
     }
-    let mut rest = body
-        .strip_prefix(MAGIC.as_slice())
-        .ok_or_else(|| bad("it does not start with UWFBNDL1"))?;
     let mut take = |n: usize, what: &str| -> Result<&[u8], BundleError> {
         if rest.len() < n {
             return Err(BundleError::Malformed(format!("cut short in {what}")));

@@ -204,6 +204,59 @@ pub struct CopyReport {
     pub elapsed_ms: u64,
 }
 
+/// Refuses an LMDB destination `dir` that is a directory holding anything
+/// but a store's own files: `copy` (which creates the store) writes its
+/// files only into a new or empty directory, or a store. A path that does
+/// not exist, or a store (it has `data.mdb`), passes; what a store holds
+/// is [`Store::copy_to`]'s to check.
+pub fn check_destination_dir(dir: &std::path::Path) -> Result<(), CopyError> {
+    let location = dir.display().to_string();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(CopyError::DestinationNotAStore {
+                location,
+                found: "it is a file, not a directory".into(),
+            });
+        }
+        Err(source) => {
+            return Err(CopyError::OpenDestination {
+                location: location.clone(),
+                source: StoreError::Io {
+                    op: "list",
+                    path: dir.to_path_buf(),
+                    source,
+                },
+            });
+        }
+    };
+    let mut names: Vec<String> = Vec::new();
+    let mut others: Vec<String> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        names.push(name.clone());
+        if !crate::backend::lmdb::STORE_FILES.contains(&name.as_str()) {
+            others.push(name);
+        }
+    }
+    if names.iter().any(|n| n == "data.mdb") || others.is_empty() {
+        return Ok(());
+    }
+    others.sort();
+    let more = others.len().saturating_sub(3);
+    let mut found = others
+        .iter()
+        .take(3)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if more > 0 {
+        found.push_str(&format!(" and {more} more"));
+    }
+    Err(CopyError::DestinationNotAStore { location, found })
+}
+
 /// Why a copy failed. Whatever it is, every destination transaction
 /// committed before it stays, the destination keeps its marker, and
 /// rerunning the same copy continues from there.
@@ -264,6 +317,18 @@ pub enum CopyError {
         from: String,
         /// What was found first.
         what: String,
+    },
+    /// The destination is a directory that holds files of its own (not a
+    /// store): a copy would write the store's files among them.
+    #[error(
+        "the destination {location} is a directory that holds other files ({found}); copy only \
+         into a new directory, an empty one, or a store"
+    )]
+    DestinationNotAStore {
+        /// The destination.
+        location: String,
+        /// The first entries found.
+        found: String,
     },
     /// The destination is an unfinished copy of another source.
     #[error(

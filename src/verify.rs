@@ -316,6 +316,15 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         {
             bad(format!("staged summary {c} is not stored"));
         }
+        // The record against its head node (the head alone: the whole
+        // chain is import's check).
+        let mut node = |h: &crate::hash::Hash| match r.get_blob(h) {
+            Err(e) if e.is_damage() => Ok(None),
+            other => other,
+        };
+        if let Some(detail) = crate::thread::check_against_chain(&record, 1, &mut node)? {
+            bad(detail);
+        }
         let activity = r.tables().get(
             Table::Activity,
             &activity_key(record.last_activity(), record.id),

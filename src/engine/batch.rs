@@ -214,7 +214,58 @@ impl Store {
         }
         let mut agents = agents;
         self.drive_pool(
-            prompts,
+            Items::Slice(prompts),
+            options,
+            &mut agents,
+            on_item,
+            &|store, index, prompt, agent| {
+                Some(drive_one(store, workflow, index, prompt, options, agent))
+            },
+        )
+    }
+
+    /// [`Store::run_batch_prompts`] with `count` threads of one prompt,
+    /// in memory independent of `count`: each thread is created when a
+    /// driver takes it up. `count` is at most [`MAX_BATCH_THREADS`].
+    ///
+    /// ```
+    /// use uwf_db::engine::EngineError;
+    /// use uwf_db::engine::batch::{BatchOptions, BatchPrompt, MAX_BATCH_THREADS};
+    /// # use uwf_db::Store;
+    /// # use uwf_db::workflow::parse_workflow;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
+    /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
+    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// let prompt = BatchPrompt::from("the same task".to_owned());
+    /// let options = BatchOptions::default();
+    /// let agent = store.build_agent("cmd:echo done", &Default::default())?;
+    /// let report = store.run_batch_repeat(workflow, &prompt, 3, &options, vec![agent], &mut |_| ())?;
+    /// assert_eq!(report.threads, 3);
+    /// let huge = store.run_batch_repeat(workflow, &prompt, MAX_BATCH_THREADS + 1, &options, vec![], &mut |_| ());
+    /// assert!(matches!(huge, Err(EngineError::TooManyThreads { .. })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn run_batch_repeat<R: ItemFlow>(
+        &self,
+        workflow: Hash,
+        prompt: &BatchPrompt,
+        count: usize,
+        options: &BatchOptions,
+        agents: Vec<Box<dyn Agent>>,
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
+    ) -> Result<BatchReport, EngineError> {
+        if count > MAX_BATCH_THREADS {
+            return Err(EngineError::TooManyThreads {
+                count,
+                max: MAX_BATCH_THREADS,
+            });
+        }
+        self.load_workflow(workflow)?;
+        check_labels(&merged(&options.labels, &prompt.labels)).map_err(ThreadError::from)?;
+        let mut agents = agents;
+        self.drive_pool(
+            Items::Repeat(prompt, count),
             options,
             &mut agents,
             on_item,
@@ -374,7 +425,7 @@ impl Store {
             ..DriveOptions::default()
         };
         self.drive_pool(
-            threads,
+            Items::Slice(threads),
             options,
             agents,
             on_item,
@@ -453,7 +504,7 @@ impl Store {
     /// agent.
     fn drive_pool<T: Sync, R: ItemFlow>(
         &self,
-        items: &[T],
+        items: Items<'_, T>,
         options: &BatchOptions,
         agents: &mut [Box<dyn Agent>],
         on_item: &mut dyn FnMut(&BatchItem) -> R,
@@ -637,6 +688,43 @@ impl BatchItem {
 
 /// A batch's piece of work: item `index` driven with a driver's agent; its
 /// outcome, or `None` when another runner took it first.
+/// Most threads one batch starts ([`Store::run_batch_repeat`], and
+/// `batch -n`): far more than a batch has ever needed, and small enough
+/// that a mistyped count is refused instead of run.
+pub const MAX_BATCH_THREADS: usize = 100_000_000;
+
+/// What a batch's drivers take up, by index.
+enum Items<'a, T> {
+    /// Each of a list.
+    Slice(&'a [T]),
+    /// One item, so many times.
+    Repeat(&'a T, usize),
+}
+
+impl<T> Clone for Items<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Items<'_, T> {}
+
+impl<'a, T> Items<'a, T> {
+    fn get(self, index: usize) -> Option<&'a T> {
+        match self {
+            Items::Slice(items) => items.get(index),
+            Items::Repeat(item, count) => (index < count).then_some(item),
+        }
+    }
+
+    fn is_empty(self) -> bool {
+        match self {
+            Items::Slice(items) => items.is_empty(),
+            Items::Repeat(_, count) => count == 0,
+        }
+    }
+}
+
 type Work<'w, T> = dyn Fn(&Store, usize, &T, &mut dyn Agent) -> Option<BatchItem> + Sync + 'w;
 
 /// Whether a drive that committed nothing found its thread taken by

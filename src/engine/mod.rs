@@ -131,11 +131,19 @@ pub enum EngineError {
     },
     /// No agent spec was given and none is stored on the thread.
     #[error(
-        "thread {thread} has no agent: none was given and none is stored on the thread (an agent spec is script:FILE or cmd:PROGRAM ARGS)"
+        "thread {thread} has no agent: none was given and none is stored on the thread (an imported thread keeps none unless imported with --trust-agents); name one with --agent script:FILE or --agent 'cmd:PROGRAM ARGS'"
     )]
     NoAgent {
         /// The thread.
         thread: ThreadId,
+    },
+    /// A batch asked for more threads than [`batch::MAX_BATCH_THREADS`].
+    #[error("a batch starts at most {max} threads; {count} were asked for")]
+    TooManyThreads {
+        /// The count asked for.
+        count: usize,
+        /// The limit.
+        max: usize,
     },
     /// A batch was given prompts but no agent to drive them.
     #[error("a batch needs at least one agent (one per driver thread)")]

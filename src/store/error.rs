@@ -148,6 +148,19 @@ pub enum StoreError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A file of the store that is not what the store itself would have
+    /// made: a symbolic link, not a regular file, or another user's.
+    /// Opening it would let whoever planted it choose what the store
+    /// reads, or which file LMDB overwrites.
+    #[error(
+        "refusing to open the store: {}; a store's files are never followed through links, and are regular files of the user who opens the store. Remove what you did not put there",
+        files.join("; ")
+    )]
+    PlantedFile {
+        /// Each file found, as its path and what it is ("… is a symbolic
+        /// link to …").
+        files: Vec<String>,
+    },
     /// LMDB found a page of the data file it cannot use (`MDB_CORRUPTED`,
     /// `MDB_PAGE_NOTFOUND`), or returned a value longer than the whole
     /// map: the file was damaged on disk. LMDB keeps no page checksums,

@@ -6,6 +6,7 @@
 //! checks the head the caller expects (compare-and-swap), so two writers
 //! racing on one thread cannot both commit.
 
+mod check;
 mod fork;
 mod id;
 pub(crate) mod index;
@@ -15,6 +16,7 @@ mod read;
 pub(crate) mod record;
 mod write;
 
+pub(crate) use check::check_against_chain;
 pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
 pub use labels::{
     LabelError, Labels, MAX_LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS, check_key, check_label,

@@ -48,6 +48,71 @@ fn meta(page: &[u8]) -> Option<Meta> {
     })
 }
 
+/// The files of an LMDB store that LMDB or the store's locks open.
+pub(crate) const STORE_FILES: [&str; 4] = ["data.mdb", "lock.mdb", "claims.lock", "gc.lock"];
+
+/// Refuses a store whose files are not what the store itself makes:
+/// each of [`STORE_FILES`] that exists must be a regular file (not a
+/// symbolic link, a directory, a FIFO, a device) owned by this user.
+/// LMDB opens `data.mdb` and `lock.mdb` following links and writes its
+/// lock table into `lock.mdb`, so a link planted there would have it
+/// overwrite the file it points to.
+///
+/// What this cannot close: a file swapped in between this check and
+/// LMDB's open. Doing that needs write access to the store directory,
+/// which is the owner's alone (0700) in a store this crate created.
+pub(super) fn store_files(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let me = nix::unistd::geteuid().as_raw();
+    let mut found = Vec::new();
+    for name in STORE_FILES {
+        let path = dir.join(name);
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(StoreError::Io {
+                    op: "inspect",
+                    path,
+                    source,
+                });
+            }
+        };
+        let kind = meta.file_type();
+        let detail = if kind.is_symlink() {
+            let target = std::fs::read_link(&path)
+                .map(|t| format!(" to {}", t.display()))
+                .unwrap_or_default();
+            Some(format!("is a symbolic link{target}"))
+        } else if kind.is_dir() {
+            Some("is a directory".to_owned())
+        } else if kind.is_fifo() {
+            Some("is a named pipe".to_owned())
+        } else if kind.is_socket() {
+            Some("is a socket".to_owned())
+        } else if kind.is_block_device() || kind.is_char_device() {
+            Some("is a device".to_owned())
+        } else if !kind.is_file() {
+            Some("is not a regular file".to_owned())
+        } else if meta.uid() != me {
+            Some(format!(
+                "is a file another user owns (uid {}, not {me})",
+                meta.uid()
+            ))
+        } else {
+            None
+        };
+        if let Some(detail) = detail {
+            found.push(format!("{} {detail}", path.display()));
+        }
+    }
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::PlantedFile { files: found })
+    }
+}
+
 /// Refuses a data file (`<dir>/data.mdb`) that LMDB would map past its
 /// end: empty, shorter than two pages, without a valid meta page, or
 /// shorter than its current meta page's last page. A missing file is left

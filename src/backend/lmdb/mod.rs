@@ -5,6 +5,7 @@
 
 mod check;
 mod env;
+pub(crate) use check::STORE_FILES;
 mod locks;
 
 use std::borrow::Cow;
@@ -73,7 +74,9 @@ impl LmdbBackend {
     /// The caller must not open one path twice in a process (LMDB forbids
     /// it): [`crate::Store::open`] keeps a registry for that.
     pub(crate) fn open(path: &Path, options: LmdbOptions) -> Result<LmdbBackend, StoreError> {
-        // Before the file is mapped: a truncated one would crash on read.
+        // Before LMDB opens anything: a planted link or another user's file
+        // is refused; a truncated data file would crash on read.
+        check::store_files(path)?;
         check::data_file(path)?;
         let requested = options.max_map_size.unwrap_or(DEFAULT_MAP_SIZE);
         let too_large = || StoreError::MapTooLarge {

@@ -257,6 +257,13 @@ pub fn copy(
             source: e,
         },
     })?;
+    // Never create a store among someone's files.
+    if !destination
+        .to_str()
+        .is_some_and(uwf_db::backend::is_postgres_url)
+    {
+        uwf_db::copy::check_destination_dir(destination)?;
+    }
     let dst = cli
         .open_at(destination, true)
         .map_err(|e| CopyError::OpenDestination {
@@ -474,9 +481,14 @@ pub fn export(
     cli: &Cli,
     ids: &[uwf_db::thread::IdPrefix],
     output: Option<&Path>,
+    sign: Option<&Path>,
     out: &mut Output,
 ) -> Result<(), CliError> {
     use std::io::Write;
+    let mut options = uwf_db::bundle::ExportOptions::default();
+    if let Some(key) = sign {
+        options.sign = Some(uwf_db::bundle::BundleKey::from_file(key)?);
+    }
     let store = cli.open(false)?;
     let ids = ids
         .iter()
@@ -497,7 +509,7 @@ pub fn export(
                     .create_new(true)
                     .open(&tmp)?;
                 let mut w = std::io::BufWriter::new(&file);
-                let report = store.export(&ids, &mut w)?;
+                let report = store.export_with(&ids, &mut w, &options)?;
                 w.flush()?;
                 drop(w);
                 file.sync_all()?;
@@ -512,7 +524,7 @@ pub fn export(
         None => {
             let stdout = std::io::stdout();
             let mut w = std::io::BufWriter::new(stdout.lock());
-            let report = store.export(&ids, &mut w)?;
+            let report = store.export_with(&ids, &mut w, &options)?;
             w.flush()?;
             // The bundle is stdout: the summary goes to stderr.
             eprintln!(
@@ -539,10 +551,22 @@ pub fn export(
     Ok(())
 }
 
-/// `uwf-db import FILE [--new-ids]`.
-pub fn import(cli: &Cli, file: &Path, new_ids: bool, out: &mut Output) -> Result<(), CliError> {
+/// `uwf-db import FILE [--new-ids] [--verify KEYFILE] [--trust-agents]`.
+pub fn import(
+    cli: &Cli,
+    file: &Path,
+    new_ids: bool,
+    verify: Option<&Path>,
+    trust_agents: bool,
+    out: &mut Output,
+) -> Result<(), CliError> {
     use std::io::Read;
-    use uwf_db::bundle::{BundleError, MAX_BUNDLE};
+    use uwf_db::bundle::{BundleError, BundleKey, ImportOptions, MAX_BUNDLE};
+    let mut options = ImportOptions::new_ids(new_ids);
+    options.trust_agents = trust_agents;
+    if let Some(key) = verify {
+        options.verify = Some(BundleKey::from_file(key)?);
+    }
     let mut bytes = Vec::new();
     let read = if file == Path::new("-") {
         std::io::stdin()
@@ -560,9 +584,9 @@ pub fn import(cli: &Cli, file: &Path, new_ids: bool, out: &mut Output) -> Result
         .into());
     }
     // The framing and checksum first: a damaged bundle creates no store.
-    uwf_db::bundle::decode(&bytes)?;
+    uwf_db::bundle::decode_with(&bytes, options.verify.as_ref())?;
     let store = cli.open(true)?;
-    let report = store.import(&bytes, new_ids)?;
+    let report = store.import_with(&bytes, &options)?;
     if out.json {
         return Ok(out.json_value(&report)?);
     }
@@ -574,11 +598,35 @@ pub fn import(cli: &Cli, file: &Path, new_ids: bool, out: &mut Output) -> Result
         }
     }
     out.line(format_args!(
-        "imported {} thread{} and {} blobs ({} new to this store)",
+        "imported {} thread{} and {} blobs ({} new to this store){}",
         report.threads.len(),
         if report.threads.len() == 1 { "" } else { "s" },
         report.blobs,
-        report.new_blobs
+        report.new_blobs,
+        if report.signed {
+            "; its signature matched the key"
+        } else {
+            ""
+        }
     ))?;
+    if report.agents_dropped > 0 {
+        out.line(format_args!(
+            "the agent{} named by {} imported thread{} {} not kept (a bundle's agent is a command \
+             line from its maker): drive {} with --agent, or import with --trust-agents",
+            if report.agents_dropped == 1 { "" } else { "s" },
+            report.agents_dropped,
+            if report.agents_dropped == 1 { "" } else { "s" },
+            if report.agents_dropped == 1 {
+                "was"
+            } else {
+                "were"
+            },
+            if report.agents_dropped == 1 {
+                "it"
+            } else {
+                "them"
+            },
+        ))?;
+    }
     Ok(())
 }

@@ -16,6 +16,8 @@ use crate::{Cli, CliError};
 enum Work {
     /// New threads, one per prompt.
     Start(Vec<BatchPrompt>),
+    /// New threads of one prompt, so many (created as the batch goes).
+    Repeat(BatchPrompt, usize),
     /// The workflow's continuable threads (as many as were listed first;
     /// more may come), shared with other runners.
     Continue(usize),
@@ -51,7 +53,7 @@ fn prompts(
     file: Option<&Path>,
     count: Option<usize>,
     prompt: Option<&str>,
-) -> Result<Vec<BatchPrompt>, CliError> {
+) -> Result<Work, CliError> {
     match (file, count, prompt) {
         (Some(file), _, _) => {
             let text =
@@ -108,9 +110,9 @@ fn prompts(
                     file.display()
                 )));
             }
-            Ok(prompts)
+            Ok(Work::Start(prompts))
         }
-        (None, Some(n), Some(p)) => Ok(vec![BatchPrompt::from(p.to_owned()); n]),
+        (None, Some(n), Some(p)) => Ok(Work::Repeat(BatchPrompt::from(p.to_owned()), n)),
         _ => Err(CliError::Failed(
             "batch needs --prompts FILE, -n N with -p TEXT, or --continue".into(),
         )),
@@ -159,13 +161,14 @@ pub fn run(
         let ids = store.continuable_threads(&wf.name)?;
         (store, hash, wf, Work::Continue(ids.len()))
     } else {
-        let prompts = prompts(source.file, source.count, source.prompt)?;
+        let work = prompts(source.file, source.count, source.prompt)?;
         let store = cli.open(true)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
-        (store, hash, wf, Work::Start(prompts))
+        (store, hash, wf, work)
     };
     let total = match &work {
         Work::Start(p) => p.len(),
+        Work::Repeat(_, n) => *n,
         Work::Continue(n) => *n,
     };
     if total == 0 && source.wait.is_none() {
@@ -191,7 +194,7 @@ pub fn run(
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
     let jobs = match work {
-        Work::Start(_) => source.jobs.min(total).max(1),
+        Work::Start(_) | Work::Repeat(..) => source.jobs.min(total).max(1),
         // More threads may come (a dead runner's): all the jobs asked for.
         Work::Continue(_) => source.jobs.max(1),
     };
@@ -233,6 +236,9 @@ pub fn run(
     let report = match &work {
         Work::Start(prompts) => {
             store.run_batch_prompts(hash, prompts, &options, agents, &mut on_item)?
+        }
+        Work::Repeat(prompt, n) => {
+            store.run_batch_repeat(hash, prompt, *n, &options, agents, &mut on_item)?
         }
         Work::Continue(_) => {
             store.continue_workflow(&wf.name, &options, source.wait, agents, &mut on_item)?
@@ -296,6 +302,7 @@ pub fn run(
     if report.store_full {
         let not_started = match &work {
             Work::Start(prompts) => prompts.len().saturating_sub(report.threads as usize),
+            Work::Repeat(_, n) => n.saturating_sub(report.threads as usize),
             Work::Continue(_) => 0,
         };
         return Err(CliError::Failed(format!(

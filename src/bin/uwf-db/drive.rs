@@ -73,6 +73,29 @@ pub fn parse_count(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A batch's `-n N`: a count from 1 to [`MAX_BATCH_THREADS`].
+///
+/// [`MAX_BATCH_THREADS`]: uwf_db::engine::batch::MAX_BATCH_THREADS
+pub fn parse_batch_count(s: &str) -> Result<usize, String> {
+    use uwf_db::engine::batch::MAX_BATCH_THREADS;
+    let n = parse_count(s).map_err(|e| {
+        if s.trim().bytes().all(|b| b.is_ascii_digit())
+            && !s.trim().is_empty()
+            && e.contains("whole")
+        {
+            format!("'{s}' is more threads than a batch starts (at most {MAX_BATCH_THREADS})")
+        } else {
+            e
+        }
+    })?;
+    if n > MAX_BATCH_THREADS {
+        return Err(format!(
+            "{n} is more threads than a batch starts (at most {MAX_BATCH_THREADS}); run several batches"
+        ));
+    }
+    Ok(n)
+}
+
 impl AgentArgs {
     /// How built-in agents run.
     pub fn options(&self) -> AgentOptions {

@@ -107,7 +107,7 @@ enum Command {
         wait: bool,
         /// Start N threads with the prompt given by -p (1 or more)
         #[arg(short = 'n', visible_short_alias = 'c', long = "count", value_name = "N",
-              requires = "prompt", value_parser = drive::parse_count)]
+              requires = "prompt", value_parser = drive::parse_batch_count)]
         count: Option<usize>,
         /// The prompt for -n
         #[arg(short = 'p', long = "prompt", requires = "count")]
@@ -215,6 +215,11 @@ enum Command {
         /// Write the bundle here [default: stdout]
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Sign the bundle with the secret in KEYFILE (at least 32 bytes, mode 0600; make one
+        /// with `head -c 32 /dev/urandom > KEYFILE`): only a holder of the key can make a
+        /// bundle that `import --verify KEYFILE` accepts
+        #[arg(long, value_name = "KEYFILE")]
+        sign: Option<PathBuf>,
     },
     /// Import a bundle: every hash and ref is checked first, then everything is written in
     /// one transaction, or nothing
@@ -225,6 +230,14 @@ enum Command {
         /// Give the threads new ids (else ids that exist already are refused)
         #[arg(long)]
         new_ids: bool,
+        /// Refuse the bundle unless it was signed with the secret in KEYFILE (export --sign)
+        #[arg(long, value_name = "KEYFILE")]
+        verify: Option<PathBuf>,
+        /// DANGEROUS: keep the agent (a command line) and working directory that the bundle's
+        /// records name. Without it imported threads have no stored agent, so driving one needs
+        /// --agent, and their agents work where the driver does
+        #[arg(long)]
+        trust_agents: bool,
     },
     /// Copy everything still readable out of a damaged store into a new one, and report what
     /// was lost
@@ -425,8 +438,15 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             };
             admin::prune(cli, &policy, action, out)
         }
-        Command::Export { ids, output } => admin::export(cli, ids, output.as_deref(), out),
-        Command::Import { file, new_ids } => admin::import(cli, file, *new_ids, out),
+        Command::Export { ids, output, sign } => {
+            admin::export(cli, ids, output.as_deref(), sign.as_deref(), out)
+        }
+        Command::Import {
+            file,
+            new_ids,
+            verify,
+            trust_agents,
+        } => admin::import(cli, file, *new_ids, verify.as_deref(), *trust_agents, out),
         Command::Salvage {
             source,
             destination,

@@ -50,6 +50,13 @@ pub fn run(cli: &Cli, source: &Path, destination: &Path, out: &mut Output) -> Re
             a.display()
         )));
     }
+    if !destination
+        .to_str()
+        .is_some_and(uwf_db::backend::is_postgres_url)
+    {
+        // Never create a store among someone's files.
+        uwf_db::copy::check_destination_dir(destination)?;
+    }
     let dst = cli.open_at(destination, true)?;
     let bar = output::progress_bar(0, "salvaging");
     let progress = |table: &str| bar.set_message(format!("salvaging {table}"));
