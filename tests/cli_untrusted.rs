@@ -237,3 +237,219 @@ fn an_absurd_batch_count_is_refused_and_a_large_one_is_not_allocated() {
     assert!(peak > 0, "the peak was read");
     assert!(peak < 100 * 1024, "peak {peak} kB");
 }
+
+#[test]
+fn a_store_this_user_may_only_read_can_be_read() {
+    let env = Cli::new(TestBackend::Lmdb);
+    let store = store_with_a_thread(&env);
+    let id = env.json(&["thread", "list"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
+        eprintln!("NOT ROOT: this test cannot run the binary as another user, and checked nothing");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: this test must run there"
+        );
+        return;
+    }
+    // `nobody` may read the store's files, not write them.
+    let open = |p: &Path, mode| std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode));
+    for dir in store.ancestors().take_while(|d| *d != Path::new("/tmp")) {
+        open(dir, 0o755).unwrap();
+    }
+    for entry in std::fs::read_dir(&store).unwrap() {
+        open(&entry.unwrap().path(), 0o644).unwrap();
+    }
+    let before = std::fs::read(store.join("data.mdb")).unwrap();
+    let as_nobody = |args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let mut c = env.std_cmd();
+        c.uid(65534).gid(65534).env("HOME", "/nonexistent");
+        c.args(args).output().unwrap()
+    };
+    for args in [
+        &["verify"][..],
+        &["thread", "list"],
+        &["thread", "show", &id],
+        &["thread", "log", &id],
+        &["export", &id],
+        &["stats"],
+    ] {
+        let o = as_nobody(args);
+        assert_eq!(code(&o), Some(0), "{args:?}: {}", stderr(&o));
+    }
+    assert!(stdout(&as_nobody(&["thread", "list"])).contains(&id));
+    assert_eq!(&as_nobody(&["export", &id]).stdout[..8], b"UWFBNDL1");
+    for args in [
+        &["thread", "start", "examples/review.yaml", "-p", "t"][..],
+        &["gc"],
+        &["thread", "label", &id, "k=v"],
+    ] {
+        let o = as_nobody(args);
+        assert_eq!(code(&o), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("open read-only (this user may not write"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(std::fs::read(store.join("data.mdb")).unwrap(), before);
+    open(&store, 0o700).unwrap();
+}
+
+#[test]
+fn a_store_on_a_read_only_file_system_can_be_read() {
+    let env = Cli::new(TestBackend::Lmdb);
+    let store = store_with_a_thread(&env);
+    let id = env.json(&["thread", "list"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // `uwf-db ARGS` in a mount namespace where the store's directory is a
+    // read-only bind mount of itself.
+    let on_rofs = |args: &[&str]| {
+        let dir = store.to_str().unwrap();
+        let mut c = std::process::Command::new("unshare");
+        c.args(["-m", "sh", "-c"])
+            .arg(
+                "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && shift && exec \"$@\"",
+            )
+            .arg("sh")
+            .arg(dir)
+            .arg(BIN)
+            .arg("--store")
+            .arg(dir)
+            .args(args)
+            .env_remove("UWF_STORE")
+            .current_dir(root());
+        c.output().unwrap()
+    };
+    let probe = on_rofs(&["--version"]);
+    if code(&probe) != Some(0) {
+        eprintln!(
+            "NO MOUNT NAMESPACE (unshare -m needs root): the read-only file system test checked nothing: {}",
+            stderr(&probe)
+        );
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: this test must run there"
+        );
+        return;
+    }
+    for args in [
+        &["verify"][..],
+        &["thread", "list"],
+        &["thread", "show", &id],
+        &["thread", "log", &id],
+        &["export", &id],
+    ] {
+        let o = on_rofs(args);
+        assert_eq!(code(&o), Some(0), "{args:?}: {}", stderr(&o));
+    }
+    let o = on_rofs(&["thread", "start", "examples/review.yaml", "-p", "t"]);
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("open read-only (its file system is read-only)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The admin URL's server with another database name.
+#[cfg(feature = "postgres")]
+fn postgres_url_of(database: &str) -> String {
+    let admin = std::env::var("UWF_TEST_POSTGRES")
+        .unwrap_or_else(|_| common::backend::DEFAULT_POSTGRES.to_owned());
+    let (server, _) = admin.rsplit_once('/').unwrap();
+    format!("{server}/{database}")
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_postgres_error_says_what_the_server_said() {
+    if !common::backend::postgres_available() {
+        return;
+    }
+    let url = postgres_url_of("uwf_no_such_database_18");
+    let o = std::process::Command::new(BIN)
+        .args(["--store", &url, "thread", "list"])
+        .env_remove("UWF_STORE")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("FATAL 3D000"), "{err}");
+    assert!(
+        err.contains("database \"uwf_no_such_database_18\" does not exist"),
+        "{err}"
+    );
+    assert!(err.contains("createdb"), "{err}");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_terminated_connection_is_named_not_a_bare_db_error() {
+    if !common::backend::postgres_available() {
+        return;
+    }
+    let env = Cli::new(TestBackend::Postgres);
+    let url = env.location().arg_str();
+    let (_, database) = url.rsplit_once('/').unwrap();
+    let database = database.to_owned();
+    let o = env.uwf(&["init"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let child = env.spawn(&[
+        "batch",
+        "examples/review.yaml",
+        "-n",
+        "400",
+        "-p",
+        "t",
+        "--jobs",
+        "4",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+    let mut admin =
+        postgres::Client::connect(&postgres_url_of("postgres"), postgres::NoTls).unwrap();
+    let mut killed = 0;
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let rows = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&database],
+            )
+            .unwrap();
+        killed += rows.len();
+        if killed >= 8 {
+            break;
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(killed > 0, "no connection was terminated");
+    assert!(
+        err.contains("57P01") || err.contains("the connection was lost"),
+        "the errors name what happened: {err}"
+    );
+    assert!(
+        !err.lines().any(|l| l.trim_end().ends_with(": db error")),
+        "a bare 'db error': {err}"
+    );
+    // The batch went on past the lost connections (new ones), and left no
+    // thread `running` behind it.
+    assert_eq!(out.status.code(), Some(1), "some threads stopped: {err}");
+    let running = env.json(&["thread", "list", "--status", "running"]);
+    assert_eq!(running.as_array().map(Vec::len), Some(0), "{running}");
+    let completed = env.json(&["thread", "list", "--status", "completed", "--limit", "1000"]);
+    assert!(
+        completed.as_array().map_or(0, Vec::len) > 300,
+        "the batch went on: {err}"
+    );
+    // What it committed is whole.
+    env.verify_clean();
+}

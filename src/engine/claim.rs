@@ -19,7 +19,7 @@ use super::EngineError;
 use super::cancel::Cancel;
 use crate::backend::HeldLock;
 use crate::store::Store;
-use crate::thread::{ThreadId, ThreadStatus};
+use crate::thread::{ThreadError, ThreadId, ThreadStatus};
 
 /// A held claim; dropping it releases the thread (status back from
 /// `running` to what the drive left) and the lock. [`Claim::release`] does
@@ -192,7 +192,33 @@ impl Store {
 /// Gives a claimed thread its status back (`running` → what the drive left
 /// underneath), without touching the lock. Usually the drive's last commit
 /// (an end or a suspend) did it already and nothing is written.
+///
+/// A lost server connection is retried on a new one (a few times, briefly
+/// apart): a drive that failed because its connection was cut would else
+/// leave its thread `running` until another driver takes it over.
 fn restore_status(store: &Store, id: ThreadId) -> Result<(), EngineError> {
+    let mut attempt = 0;
+    loop {
+        match restore_status_once(store, id) {
+            Err(e) if attempt < 3 && connection_lost(&e) => {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100 * attempt));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn connection_lost(e: &EngineError) -> bool {
+    match e {
+        EngineError::Store(s) | EngineError::Thread(ThreadError::Store(s)) => {
+            s.is_connection_lost()
+        }
+        _ => false,
+    }
+}
+
+fn restore_status_once(store: &Store, id: ThreadId) -> Result<(), EngineError> {
     let claimed = store
         .thread(id)?
         .is_some_and(|r| r.status == ThreadStatus::Running || r.claimed_status.is_some());

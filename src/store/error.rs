@@ -148,6 +148,19 @@ pub enum StoreError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A write to a store opened read-only: its file system is read-only,
+    /// or this user may read its files but not write them. Reads work.
+    #[error(
+        "cannot {op}: the store {path} is open read-only ({reason}); reading commands work, writing ones need a store this user may write"
+    )]
+    ReadOnly {
+        /// The store.
+        path: PathBuf,
+        /// What was refused.
+        op: String,
+        /// Why the store is read-only here.
+        reason: String,
+    },
     /// A file of the store that is not what the store itself would have
     /// made: a symbolic link, not a regular file, or another user's.
     /// Opening it would let whoever planted it choose what the store
@@ -220,12 +233,16 @@ pub enum StoreError {
     /// A PostgreSQL statement or connection failed; the transaction in
     /// flight was not applied.
     #[cfg(feature = "postgres")]
-    #[error("PostgreSQL error while {op} in {location}: {source}")]
+    #[error("PostgreSQL error while {op} in {location}: {detail}")]
     Postgres {
         /// What was being done.
         op: String,
         /// The store (its URL, password hidden).
         location: String,
+        /// What the server said (severity, SQLSTATE, message, detail and
+        /// hint), or that the connection was lost or could not be made, and
+        /// what became of the transaction in flight.
+        detail: String,
         /// The cause.
         source: postgres::Error,
     },
@@ -308,6 +325,21 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the error says a server connection was lost (PostgreSQL:
+    /// closed, terminated, the server shutting down): the transaction in
+    /// flight is over, and the same operation on a new connection may
+    /// succeed.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            StoreError::Postgres { source, .. } => {
+                crate::backend::postgres::connection_lost(source)
+            }
+            StoreError::ConnectionLost { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Whether the error says the store's data file is damaged
     /// ([`StoreError::DamagedDataFile`] or [`StoreError::DamagedPage`]):
     /// the CLI exits 3 for these.

@@ -53,7 +53,8 @@ pub(crate) const STORE_FILES: [&str; 4] = ["data.mdb", "lock.mdb", "claims.lock"
 
 /// Refuses a store whose files are not what the store itself makes:
 /// each of [`STORE_FILES`] that exists must be a regular file (not a
-/// symbolic link, a directory, a FIFO, a device) owned by this user.
+/// symbolic link, a directory, a FIFO, a device), and owned by this user
+/// when `writing` (a store opened read-only may be another user's).
 /// LMDB opens `data.mdb` and `lock.mdb` following links and writes its
 /// lock table into `lock.mdb`, so a link planted there would have it
 /// overwrite the file it points to.
@@ -61,7 +62,7 @@ pub(crate) const STORE_FILES: [&str; 4] = ["data.mdb", "lock.mdb", "claims.lock"
 /// What this cannot close: a file swapped in between this check and
 /// LMDB's open. Doing that needs write access to the store directory,
 /// which is the owner's alone (0700) in a store this crate created.
-pub(super) fn store_files(dir: &Path) -> Result<(), StoreError> {
+pub(super) fn store_files(dir: &Path, writing: bool) -> Result<(), StoreError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let me = nix::unistd::geteuid().as_raw();
     let mut found = Vec::new();
@@ -94,7 +95,7 @@ pub(super) fn store_files(dir: &Path) -> Result<(), StoreError> {
             Some("is a device".to_owned())
         } else if !kind.is_file() {
             Some("is not a regular file".to_owned())
-        } else if meta.uid() != me {
+        } else if writing && meta.uid() != me {
             Some(format!(
                 "is a file another user owns (uid {}, not {me})",
                 meta.uid()
@@ -110,6 +111,36 @@ pub(super) fn store_files(dir: &Path) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::PlantedFile { files: found })
+    }
+}
+
+/// Whether the store in `dir` must open read-only here, how, and why:
+/// its file system is read-only, or this user may not write its data file,
+/// or may not write (or create) its lock file. `None`: it is writable, or
+/// has no data file yet (creating one is the writer's business, and fails
+/// with its own error).
+pub(super) fn read_only(dir: &Path) -> Option<(super::env::ReadOnly, String)> {
+    use super::env::ReadOnly;
+    use nix::unistd::{AccessFlags, access};
+    let data = dir.join("data.mdb");
+    if !data.exists() {
+        return None;
+    }
+    let reason = |e: nix::errno::Errno, what: &str| match e {
+        nix::errno::Errno::EROFS => "its file system is read-only".to_owned(),
+        _ => format!("this user may not write {what}"),
+    };
+    let lock = dir.join("lock.mdb");
+    let lock_writable = if lock.exists() {
+        access(&lock, AccessFlags::W_OK).map_err(|e| reason(e, "its lock file"))
+    } else {
+        access(dir, AccessFlags::W_OK).map_err(|e| reason(e, "its directory"))
+    };
+    let data_writable = access(&data, AccessFlags::W_OK).map_err(|e| reason(e, "its data file"));
+    match (data_writable, lock_writable) {
+        (Ok(()), Ok(())) => None,
+        (Err(why), Ok(())) => Some((ReadOnly::WithLocks, why)),
+        (Ok(()), Err(why)) | (Err(_), Err(why)) => Some((ReadOnly::WithoutLocks, why)),
     }
 }
 

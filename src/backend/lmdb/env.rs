@@ -19,6 +19,15 @@ pub(super) const MAX_READERS: u32 = 1024;
 /// Named databases the environment can hold (see `docs/design.md`).
 pub(super) const MAX_DBS: u32 = 16;
 
+/// How a store that cannot be written here is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ReadOnly {
+    /// The lock file is writable: readers register as usual.
+    WithLocks,
+    /// The lock file cannot be written (or made): no locks at all.
+    WithoutLocks,
+}
+
 /// Opens the environment at `path` (a directory that exists).
 ///
 /// The caller must not open the same path twice in one process; the store's
@@ -28,6 +37,7 @@ pub(super) fn open_env(
     path: &Path,
     map_size: usize,
     durability: Durability,
+    read_only: Option<ReadOnly>,
 ) -> heed::Result<Env<WithoutTls>> {
     // Read transactions without thread-local storage, so a read transaction
     // may move between threads and a worker pool never pins reader slots.
@@ -45,6 +55,25 @@ pub(super) fn open_env(
         unsafe {
             options.flags(EnvFlags::NO_SYNC);
         }
+    }
+    match read_only {
+        None => {}
+        // SAFETY: READ_ONLY makes LMDB refuse write transactions and map
+        // the file read-only; it takes reader slots in the lock file as
+        // usual, so writers elsewhere still see this reader.
+        Some(ReadOnly::WithLocks) => unsafe {
+            options.flags(EnvFlags::READ_ONLY);
+        },
+        // SAFETY: without a lock file this reader is invisible to writers,
+        // which may reuse pages it reads. Used only where no writer can
+        // run through this file system's view of the lock file (a
+        // read-only file system, or a lock file this user may not write,
+        // whose owner may still write: then a read may see damage that is
+        // not there, which `verify` reports and a rerun clears). LMDB's
+        // own answer for read-only media is the same flag.
+        Some(ReadOnly::WithoutLocks) => unsafe {
+            options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_LOCK);
+        },
     }
     // SAFETY: LMDB requires that the mapped file is not modified behind its
     // back and that one process does not open the same environment twice.

@@ -148,6 +148,26 @@ pub(super) fn open_lock_file(
     Ok(file)
 }
 
+/// `claims.lock` opened for reading only, never through a link (`None`:
+/// there is none, so nothing holds a claim), for a store open read-only.
+pub(super) fn open_claims_read_only(dir: &Path) -> Result<Option<File>, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("claims.lock");
+    match File::options()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(&path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(StoreError::Io {
+            op: "open the claim lock file",
+            path,
+            source,
+        }),
+    }
+}
+
 /// The held GC lock (the file's `flock` is released when it closes).
 #[derive(Debug)]
 struct GcLock {

@@ -55,6 +55,8 @@ pub struct LmdbBackend {
     map_size: u64,
     /// `<store>/claims.lock`, opened on first use.
     claims: OnceLock<std::fs::File>,
+    /// Why the store is open read-only (`None`: it is writable).
+    read_only: Option<String>,
 }
 
 impl fmt::Debug for LmdbBackend {
@@ -74,9 +76,12 @@ impl LmdbBackend {
     /// The caller must not open one path twice in a process (LMDB forbids
     /// it): [`crate::Store::open`] keeps a registry for that.
     pub(crate) fn open(path: &Path, options: LmdbOptions) -> Result<LmdbBackend, StoreError> {
-        // Before LMDB opens anything: a planted link or another user's file
-        // is refused; a truncated data file would crash on read.
-        check::store_files(path)?;
+        // A store this user may not write (a read-only file system, or
+        // files of another user that they may read) opens read-only.
+        let read_only = check::read_only(path);
+        // Before LMDB opens anything: a planted link (or, to write, another
+        // user's file) is refused; a truncated data file would crash on read.
+        check::store_files(path, read_only.is_none())?;
         check::data_file(path)?;
         let requested = options.max_map_size.unwrap_or(DEFAULT_MAP_SIZE);
         let too_large = || StoreError::MapTooLarge {
@@ -90,18 +95,32 @@ impl LmdbBackend {
         // Cannot overflow: MAX_MAP_SIZE is a multiple of MAP_ALIGN.
         let map_size = requested.max(MAP_ALIGN).div_ceil(MAP_ALIGN) * MAP_ALIGN;
         let usize_map = usize::try_from(map_size).map_err(|_| too_large())?;
-        let env = env::open_env(path, usize_map, options.durability).map_err(|e| match e {
-            // The system would not reserve that much address space.
-            heed::Error::Io(io) if io.raw_os_error() == Some(nix::libc::ENOMEM) => too_large(),
-            e => map_error(path, map_size, env::MAX_READERS, "opening".into(), e),
-        })?;
+        let mode = read_only.as_ref().map(|(mode, _)| *mode);
+        let env =
+            env::open_env(path, usize_map, options.durability, mode).map_err(|e| match e {
+                // The system would not reserve that much address space.
+                heed::Error::Io(io) if io.raw_os_error() == Some(nix::libc::ENOMEM) => too_large(),
+                e => map_error(path, map_size, env::MAX_READERS, "opening".into(), e),
+            })?;
         // LMDB never maps less than the data file: a maximum below the
         // file's size gives way to the file's size, and errors name that.
         let map_size = map_size.max(env.info().map_size as u64);
         let fail = |op: &str, e| map_error(path, map_size, env.max_readers(), op.into(), e);
-        env.clear_stale_readers()
-            .map_err(|e| fail("clearing stale readers", e))?;
-        let dbs = open_databases(&env, path, &fail)?;
+        if read_only.is_none() {
+            env.clear_stale_readers()
+                .map_err(|e| fail("clearing stale readers", e))?;
+        }
+        let dbs = open_databases(&env, path, &fail).map_err(|e| match (&read_only, e) {
+            // A store with no databases yet needs a write to create them.
+            (Some((_, reason)), StoreError::Lmdb { op, .. }) if op == "creating" => {
+                StoreError::ReadOnly {
+                    path: path.to_path_buf(),
+                    op: "create the store's databases".into(),
+                    reason: reason.clone(),
+                }
+            }
+            (_, e) => e,
+        })?;
         Ok(LmdbBackend {
             env,
             dbs,
@@ -110,7 +129,26 @@ impl LmdbBackend {
             options,
             map_size,
             claims: OnceLock::new(),
+            read_only: read_only.map(|(_, reason)| reason),
         })
+    }
+
+    /// Why the store is open read-only here, if it is: its file system is
+    /// read-only, or this user may not write its files. Reads work; every
+    /// write, claim and GC lock fails with [`StoreError::ReadOnly`].
+    pub fn read_only(&self) -> Option<&str> {
+        self.read_only.as_deref()
+    }
+
+    fn refuse_if_read_only(&self, op: &str) -> Result<(), StoreError> {
+        match &self.read_only {
+            Some(reason) => Err(StoreError::ReadOnly {
+                path: self.path.clone(),
+                op: op.to_owned(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The options this environment was opened with.
@@ -370,6 +408,7 @@ impl Backend for LmdbBackend {
     }
 
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+        self.refuse_if_read_only("write")?;
         let txn = self
             .env
             .write_txn()
@@ -390,14 +429,24 @@ impl Backend for LmdbBackend {
     }
 
     fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        self.refuse_if_read_only("claim a thread")?;
         locks::try_lock_claim(self.claims_file()?, &self.path, id)
     }
 
     fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+        if self.read_only.is_some() {
+            // Read-only: look at the claims without creating the file (no
+            // file, no claims) and without tightening its mode.
+            return match locks::open_claims_read_only(&self.path)? {
+                Some(file) => locks::claim_locked(&file, &self.path, id),
+                None => Ok(false),
+            };
+        }
         locks::claim_locked(self.claims_file()?, &self.path, id)
     }
 
     fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        self.refuse_if_read_only("collect garbage")?;
         locks::try_lock_gc(&self.path)
     }
 

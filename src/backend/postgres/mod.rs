@@ -143,11 +143,87 @@ pub(super) fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreE
             path: location.into(),
         },
         _ => StoreError::Postgres {
+            detail: describe(&op, &e),
             op,
             location: location.to_owned(),
             source: e,
         },
     }
+}
+
+/// Whether `e` says the connection is gone (closed, terminated by an
+/// administrator or a server shutdown, an I/O error on the socket): the
+/// transaction in flight is over, and a new connection may well work.
+pub(crate) fn connection_lost(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.is_closed()
+        || e.code().is_some_and(|c| {
+            [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::IDLE_SESSION_TIMEOUT,
+            ]
+            .contains(c)
+                || c.code().starts_with("08")
+        })
+        || (e.as_db_error().is_none()
+            && std::error::Error::source(e).is_some_and(|c| c.is::<std::io::Error>()))
+}
+
+/// What a PostgreSQL error means, in words: the server's own report
+/// (severity, SQLSTATE, message, detail, hint) when it sent one, else
+/// the client's cause (a refused or lost connection, a timeout); and, for
+/// a connection that went away, what became of the transaction in flight
+/// (`op` says whether it was committing).
+fn describe(op: &str, e: &postgres::Error) -> String {
+    use postgres::error::SqlState;
+    let mut text = match e.as_db_error() {
+        Some(db) => {
+            let mut t = format!(
+                "the server said {} {}: {}",
+                db.severity(),
+                db.code().code(),
+                db.message()
+            );
+            if let Some(d) = db.detail() {
+                t.push_str(&format!(" (detail: {d})"));
+            }
+            if let Some(h) = db.hint() {
+                t.push_str(&format!(" (hint: {h})"));
+            }
+            t
+        }
+        None => {
+            // The driver's own text ("db error", "connection closed", "error
+            // connecting to server") and every cause under it.
+            let mut t = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                t.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            t
+        }
+    };
+    let code = e.code();
+    let lost = connection_lost(e);
+    if code == Some(&SqlState::INVALID_CATALOG_NAME) {
+        text.push_str("; create the database first (createdb NAME)");
+    }
+    if lost && op != "connecting" {
+        if op.contains("commit") {
+            text.push_str(
+                "; the connection was lost while the transaction committed: the server may or may \
+                 not have applied it (read the thread again to see)",
+            );
+        } else {
+            text.push_str("; the connection was lost: nothing of this transaction was applied");
+        }
+    } else if code.is_some() {
+        text.push_str("; nothing of this transaction was applied");
+    }
+    text
 }
 
 /// The connection settings of `url`, with TCP keepalives (probes after
