@@ -36,6 +36,32 @@ fn lmdb_dump(dir: &Path) -> Dump {
     };
     let rtxn = env.read_txn().unwrap();
     let mut dump = Dump::new();
+    // A store of the checksummed layout (its version value is 8 bytes)
+    // ends every value with a trailer (`docs/design.md` §4, "Value
+    // checksums"): checked here by a second implementation, and stripped.
+    let meta: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+        env.open_database(&rtxn, Some("meta")).unwrap().unwrap();
+    let checksums = meta
+        .get(&rtxn, b"format_version")
+        .unwrap()
+        .is_some_and(|v| v.len() == 8);
+    let strip = |table: Table, k: &[u8], v: &[u8]| -> Vec<u8> {
+        if !checksums {
+            return v.to_vec();
+        }
+        use xxhash_rust::xxh3::xxh3_64_with_seed;
+        let (value, trailer) = v.split_at(v.len() - 4);
+        let covered = if table == Table::Blobs {
+            let n = u32::from_be_bytes(value[18..22].try_into().unwrap()) as usize;
+            &value[..22 + 32 * n]
+        } else {
+            value
+        };
+        let seed = xxh3_64_with_seed(k, table.index() as u64);
+        let sum = (xxh3_64_with_seed(covered, seed) as u32).to_le_bytes();
+        assert_eq!(trailer, sum, "the trailer of {table} key {k:?}");
+        value.to_vec()
+    };
     for table in Table::ALL {
         let db: heed::Database<heed::types::Bytes, heed::types::Bytes> = env
             .open_database(&rtxn, Some(table.name()))
@@ -46,7 +72,7 @@ fn lmdb_dump(dir: &Path) -> Dump {
             .unwrap()
             .map(|r| {
                 let (k, v) = r.unwrap();
-                (k.to_vec(), v.to_vec())
+                (k.to_vec(), strip(table, k, v))
             })
             .collect();
         dump.insert(table.name(), rows);

@@ -453,3 +453,49 @@ fn a_terminated_connection_is_named_not_a_bare_db_error() {
     // What it committed is whole.
     env.verify_clean();
 }
+
+/// Every offset of `needle` in `hay`.
+fn offsets(hay: &[u8], needle: &[u8]) -> Vec<usize> {
+    hay.windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[test]
+fn a_flipped_byte_in_a_thread_record_is_damage_not_a_wrong_answer() {
+    let env = Cli::new(TestBackend::Lmdb).without_final_verify();
+    let store = store_with_a_thread(&env);
+    let id = env.json(&["thread", "list"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    env.verify_clean();
+    // The record names its agent; LMDB may keep older copies of the page,
+    // so every copy is changed: `review` → `reviek`.
+    let data = store.join("data.mdb");
+    let mut bytes = std::fs::read(&data).unwrap();
+    let found = offsets(&bytes, b"review.scenario.yaml");
+    assert!(!found.is_empty());
+    for at in found {
+        bytes[at + 5] = b'k';
+    }
+    std::fs::write(&data, &bytes).unwrap();
+    let o = env.uwf(&["thread", "show", &id]);
+    assert_eq!(code(&o), Some(3), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("does not match its checksum"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("reviek"), "no wrong answer");
+    let o = env.uwf(&["verify"]);
+    assert_ne!(code(&o), Some(0), "{}", stdout(&o));
+    assert!(
+        format!("{}{}", stdout(&o), stderr(&o)).contains("does not match its checksum"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+}

@@ -96,4 +96,21 @@ fn a_store_made_by_an_older_build_opens_verifies_and_runs() {
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let o = uwf(&store, &["verify"]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+
+    // It is read as it is, without value checksums (issue 18): its values
+    // were written without them. A copy into a new store adds them.
+    assert_eq!(json(&store, &["stats"])["value_checksums"], false);
+    let copy = dir.path().join("copy");
+    let o = uwf(
+        &store,
+        &["copy", store.to_str().unwrap(), copy.to_str().unwrap()],
+    );
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(json(&copy, &["stats"])["value_checksums"], true);
+    let o = uwf(&copy, &["verify"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        json(&copy, &["thread", "list"]).as_array().map(Vec::len),
+        Some(6)
+    );
 }

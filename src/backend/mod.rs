@@ -386,6 +386,9 @@ pub struct StorageStats {
     pub readers: u32,
     /// Reader slots available.
     pub max_readers: u32,
+    /// Whether every value carries its own checksum (LMDB stores of the
+    /// checksummed layout; a server keeps its own).
+    pub value_checksums: bool,
 }
 
 /// A storage engine holding one store.

@@ -47,6 +47,9 @@ pub struct Stats {
     pub max_readers: u32,
     /// This handle's durability.
     pub durability: Durability,
+    /// Whether every value carries its own checksum (LMDB: stores made by
+    /// this build; `copy` a store of the legacy layout to add them).
+    pub value_checksums: bool,
 }
 
 impl serde::Serialize for Durability {
@@ -100,6 +103,7 @@ impl Store {
             readers: storage.readers,
             max_readers: storage.max_readers,
             durability: self.durability(),
+            value_checksums: storage.value_checksums,
         })
     }
 }

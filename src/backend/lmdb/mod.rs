@@ -7,6 +7,7 @@ mod check;
 mod env;
 pub(crate) use check::STORE_FILES;
 mod locks;
+mod sum;
 
 use std::borrow::Cow;
 use std::fmt;
@@ -57,6 +58,8 @@ pub struct LmdbBackend {
     claims: OnceLock<std::fs::File>,
     /// Why the store is open read-only (`None`: it is writable).
     read_only: Option<String>,
+    /// Whether values carry checksums (the checksummed layout; `sum.rs`).
+    checksums: bool,
 }
 
 impl fmt::Debug for LmdbBackend {
@@ -110,17 +113,18 @@ impl LmdbBackend {
             env.clear_stale_readers()
                 .map_err(|e| fail("clearing stale readers", e))?;
         }
-        let dbs = open_databases(&env, path, &fail).map_err(|e| match (&read_only, e) {
-            // A store with no databases yet needs a write to create them.
-            (Some((_, reason)), StoreError::Lmdb { op, .. }) if op == "creating" => {
-                StoreError::ReadOnly {
-                    path: path.to_path_buf(),
-                    op: "create the store's databases".into(),
-                    reason: reason.clone(),
+        let (dbs, checksums) =
+            open_databases(&env, path, &fail).map_err(|e| match (&read_only, e) {
+                // A store with no databases yet needs a write to create them.
+                (Some((_, reason)), StoreError::Lmdb { op, .. }) if op == "creating" => {
+                    StoreError::ReadOnly {
+                        path: path.to_path_buf(),
+                        op: "create the store's databases".into(),
+                        reason: reason.clone(),
+                    }
                 }
-            }
-            (_, e) => e,
-        })?;
+                (_, e) => e,
+            })?;
         Ok(LmdbBackend {
             env,
             dbs,
@@ -130,7 +134,15 @@ impl LmdbBackend {
             map_size,
             claims: OnceLock::new(),
             read_only: read_only.map(|(_, reason)| reason),
+            checksums,
         })
+    }
+
+    /// Whether every value carries its checksum (stores created by this
+    /// build; a store of the legacy layout reads as it is, and `copy`
+    /// into a new store upgrades it).
+    pub fn checksums(&self) -> bool {
+        self.checksums
     }
 
     /// Why the store is open read-only here, if it is: its file system is
@@ -219,8 +231,15 @@ fn disk_is_full(dir: &Path) -> bool {
 }
 
 /// A value no longer than the whole map, else the page that gave it is
-/// damaged (a garbage length LMDB trusted); checked before anyone copies it.
-fn sane<'t>(backend: &LmdbBackend, table: Table, v: &'t [u8]) -> Result<&'t [u8], StoreError> {
+/// damaged (a garbage length LMDB trusted); checked before anyone copies
+/// it. In a checksummed store, the value without its trailer, which must
+/// match (else the value changed on disk: damage, naming the key).
+fn sane<'t>(
+    backend: &LmdbBackend,
+    table: Table,
+    key: &[u8],
+    v: &'t [u8],
+) -> Result<&'t [u8], StoreError> {
     if v.len() as u64 > backend.map_size {
         return Err(StoreError::DamagedPage {
             path: backend.path.join("data.mdb"),
@@ -232,7 +251,17 @@ fn sane<'t>(backend: &LmdbBackend, table: Table, v: &'t [u8]) -> Result<&'t [u8]
             ),
         });
     }
-    Ok(v)
+    if !backend.checksums {
+        return Ok(v);
+    }
+    sum::strip(table, key, v).ok_or_else(|| StoreError::DamagedPage {
+        path: backend.path.join("data.mdb"),
+        op: format!("reading {table}"),
+        detail: format!(
+            "the value of key {} in {table} does not match its checksum (a byte changed on disk)",
+            crate::hash::hex(key)
+        ),
+    })
 }
 
 /// Reads shared by read and write transactions.
@@ -246,7 +275,7 @@ fn get<'t>(
         .db(table)
         .get(txn, key)
         .map_err(|e| backend.error(format!("reading {table}"), e))?
-        .map(|v| sane(backend, table, v).map(Cow::Borrowed))
+        .map(|v| sane(backend, table, key, v).map(Cow::Borrowed))
         .transpose()
 }
 
@@ -266,7 +295,7 @@ fn range<'t>(
                 .map_err(|e| backend.error(op(), e))?
                 .map(move |r| {
                     let (k, v) = r.map_err(|e| backend.error(op(), e))?;
-                    Ok((Cow::Borrowed(k), Cow::Borrowed(sane(backend, table, v)?)))
+                    Ok((Cow::Borrowed(k), Cow::Borrowed(sane(backend, table, k, v)?)))
                 }),
         ),
         Direction::Reverse => Box::new(
@@ -274,7 +303,7 @@ fn range<'t>(
                 .map_err(|e| backend.error(op(), e))?
                 .map(move |r| {
                     let (k, v) = r.map_err(|e| backend.error(op(), e))?;
-                    Ok((Cow::Borrowed(k), Cow::Borrowed(sane(backend, table, v)?)))
+                    Ok((Cow::Borrowed(k), Cow::Borrowed(sane(backend, table, k, v)?)))
                 }),
         ),
     };
@@ -297,7 +326,7 @@ fn visit_range(
         .map_err(|e| backend.error(op(), e))?;
     for entry in iter {
         let (key, value) = entry.map_err(|e| backend.error(op(), e))?;
-        if !visit(key, sane(backend, table, value)?)? {
+        if !visit(key, sane(backend, table, key, value)?)? {
             break;
         }
     }
@@ -364,13 +393,29 @@ lmdb_reads!(LmdbWrite);
 
 impl WriteTables for LmdbWrite<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        self.backend
-            .db(table)
-            .put(&mut self.txn, key, value)
-            .map_err(|e| self.backend.error(format!("writing {table}"), e))
+        let db = self.backend.db(table);
+        let written = if self.backend.checksums {
+            // Written in place: LMDB reserves the room, no copy of the value.
+            let trailer = sum::sum(table, key, value);
+            db.put_reserved(&mut self.txn, key, value.len() + sum::SUM_LEN, |space| {
+                use std::io::Write;
+                space.write_all(value)?;
+                space.write_all(&trailer)
+            })
+        } else {
+            db.put(&mut self.txn, key, value)
+        };
+        written.map_err(|e| self.backend.error(format!("writing {table}"), e))
     }
 
     fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        let stored;
+        let value = if self.backend.checksums {
+            stored = sum::with_sum(table, key, value);
+            &stored[..]
+        } else {
+            value
+        };
         match self.backend.db(table).put_with_flags(
             &mut self.txn,
             PutFlags::NO_OVERWRITE,
@@ -481,6 +526,7 @@ impl Backend for LmdbBackend {
             file_size,
             readers: info.number_of_readers,
             max_readers: info.maximum_number_of_readers,
+            value_checksums: self.checksums,
         })
     }
 }
@@ -510,12 +556,15 @@ impl TableDbs {
 }
 
 /// Opens the databases, creating them (and writing the format version) in a
-/// new store; checks the format version of an existing one.
+/// new store; checks the format version of an existing one. Returns them
+/// and whether the store's values carry checksums (`sum.rs`): a new store's
+/// do, an existing one's do when its version value is 8 bytes (the version
+/// and its trailer) and not when it is 4 (the legacy layout).
 fn open_databases(
     env: &Env<WithoutTls>,
     path: &Path,
     fail: &dyn Fn(&str, heed::Error) -> StoreError,
-) -> Result<TableDbs, StoreError> {
+) -> Result<(TableDbs, bool), StoreError> {
     // Fast path: an existing store needs only a read transaction, so opening
     // it never waits for another process's write transaction.
     let rtxn = env.read_txn().map_err(|e| fail("opening", e))?;
@@ -535,8 +584,9 @@ fn open_databases(
             .map_err(|e| fail("reading the format version", e))?
             .map(<[u8]>::to_vec);
         rtxn.commit().map_err(|e| fail("opening", e))?;
-        check_format(path, stored.as_deref())?;
-        return Ok(dbs);
+        let (version, checksums) = layout(path, stored.as_deref())?;
+        check_format(path, version)?;
+        return Ok((dbs, checksums));
     }
     drop(rtxn);
 
@@ -559,8 +609,12 @@ fn open_databases(
         .get(&wtxn, FORMAT_VERSION_KEY.as_bytes())
         .map_err(|e| fail("reading the format version", e))?
         .map(<[u8]>::to_vec);
-    match stored {
-        Some(v) => check_format(path, Some(&v))?,
+    let checksums = match stored {
+        Some(v) => {
+            let (version, checksums) = layout(path, Some(&v))?;
+            check_format(path, version)?;
+            checksums
+        }
         None => {
             let has_data = !dbs
                 .get(Table::Blobs)
@@ -572,16 +626,41 @@ fn open_databases(
                     detail: "blobs are stored but the version key is absent".into(),
                 });
             }
+            // A new store: the checksummed layout.
+            let key = FORMAT_VERSION_KEY.as_bytes();
             meta.put(
                 &mut wtxn,
-                FORMAT_VERSION_KEY.as_bytes(),
-                &FORMAT_VERSION.to_be_bytes(),
+                key,
+                &sum::with_sum(Table::Meta, key, &FORMAT_VERSION.to_be_bytes()),
             )
             .map_err(|e| fail("writing the format version", e))?;
+            true
         }
-    }
+    };
     wtxn.commit().map_err(|e| fail("creating", e))?;
-    Ok(dbs)
+    Ok((dbs, checksums))
+}
+
+/// The format version value of a stored one, and whether the store has the
+/// checksummed layout (8 bytes: the version and a trailer that matches) or
+/// the legacy one (4 bytes); anything else is left to [`check_format`].
+fn layout<'v>(
+    path: &Path,
+    stored: Option<&'v [u8]>,
+) -> Result<(Option<&'v [u8]>, bool), StoreError> {
+    match stored {
+        Some(v) if v.len() == 4 + sum::SUM_LEN => {
+            match sum::strip(Table::Meta, FORMAT_VERSION_KEY.as_bytes(), v) {
+                Some(version) => Ok((Some(version), true)),
+                None => Err(StoreError::DamagedPage {
+                    path: path.join("data.mdb"),
+                    op: "reading the format version".into(),
+                    detail: "the format version does not match its checksum".into(),
+                }),
+            }
+        }
+        other => Ok((other, false)),
+    }
 }
 
 fn check_format(path: &Path, stored: Option<&[u8]>) -> Result<(), StoreError> {

@@ -220,6 +220,15 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
             "readers",
             format!("{} slots used so far, of {}", s.readers, s.max_readers),
         ));
+        rows.push((
+            "value checksums",
+            if s.value_checksums {
+                "yes (every value is checked on read and by verify)".to_owned()
+            } else {
+                "no (a store of the legacy layout: `uwf-db copy` it into a new store to add them)"
+                    .to_owned()
+            },
+        ));
     }
     rows.push(("durability", durability));
     out.table(&rows)?;
