@@ -413,7 +413,7 @@ fn a_terminated_connection_is_named_not_a_bare_db_error() {
         "script:examples/review.scenario.yaml",
     ]);
     let mut admin =
-        postgres::Client::connect(&postgres_url_of("postgres"), postgres::NoTls).unwrap();
+        ::postgres::Client::connect(&postgres_url_of("postgres"), ::postgres::NoTls).unwrap();
     let mut killed = 0;
     for _ in 0..20 {
         std::thread::sleep(std::time::Duration::from_millis(300));
@@ -499,3 +499,88 @@ fn a_flipped_byte_in_a_thread_record_is_damage_not_a_wrong_answer() {
         stderr(&o)
     );
 }
+
+/// Issue 18, "a busy fleet still takes over quickly": a thread a killed
+/// runner left `running` is taken over by a survivor within the orphan
+/// check's period plus one of its threads, not after the survivor's whole
+/// queue.
+fn a_busy_runner_takes_over_a_dead_runners_thread_before_its_queue(b: TestBackend) {
+    let env = Cli::new(b);
+    let wf = env.file("two.yaml", common::TWO_ROLES);
+    let o = env.uwf(&["workflow", "add", &wf]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    for i in 0..40 {
+        let o = env.uwf(&["thread", "start", "two", "-p", &format!("queued {i}")]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    }
+    // The survivor: one driver, 0.3 s a call, 2 calls a thread: its pass
+    // over the 40 queued threads takes about 25 s.
+    let survivor = env.spawn(&[
+        "batch",
+        "two",
+        "--continue",
+        "--wait",
+        "--jobs",
+        "1",
+        "--agent",
+        "cmd:sh -c 'sleep 0.3; echo done'",
+    ]);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // A runner that started after the survivor listed its threads claims
+    // one, waits in its agent, and is killed.
+    let t = env.json(&["thread", "start", "two", "-p", "the victim's"]);
+    let victim_thread = t["thread"].as_str().unwrap().to_owned();
+    let mut victim = env
+        .std_cmd()
+        .args([
+            "thread",
+            "step",
+            &victim_thread,
+            "--agent",
+            "cmd:sleep 3600",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while env.show(&victim_thread)["status"] != "running" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the victim never claimed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let killed = std::time::Instant::now();
+    // Taken over and finished while the survivor's queue is far from done.
+    let queued_left;
+    loop {
+        let status = env.show(&victim_thread)["status"].clone();
+        if status == "completed" {
+            let idle = env.json(&["thread", "list", "--status", "idle", "--limit", "100"]);
+            queued_left = idle.as_array().map_or(0, Vec::len);
+            break;
+        }
+        assert!(
+            killed.elapsed() < std::time::Duration::from_secs(30),
+            "not taken over 30 s after the kill: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let took = killed.elapsed();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(survivor.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = survivor.wait_with_output();
+    eprintln!("taken over and finished {took:?} after the kill, {queued_left} queued threads left");
+    assert!(
+        queued_left >= 10,
+        "the survivor finished its queue first ({queued_left} left, {took:?})"
+    );
+}
+
+process_conformance!(a_busy_runner_takes_over_a_dead_runners_thread_before_its_queue);
