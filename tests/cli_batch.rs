@@ -63,47 +63,36 @@ fn batch_runs_threads_from_a_prompt_file_and_streams_json_lines(b: TestBackend) 
 }
 
 fn a_batch_killed_mid_run_keeps_every_acknowledged_step(b: TestBackend) {
-    use std::io::{BufRead, BufReader};
-    let env = Cli::new(b);
-    let mut child = env
-        .std_cmd()
-        .args([
-            "--json",
-            "batch",
-            "examples/review.yaml",
-            "-n",
-            "100000",
-            "-p",
-            "work",
-            "--agent",
-            "script:examples/review.scenario.yaml",
-            "--jobs",
-            "8",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut reported = Vec::new();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    while reported.len() < 40 {
-        let line = lines.next().unwrap().unwrap();
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        reported.push(v["thread"].as_str().unwrap().to_owned());
-    }
-    // SIGKILL: no handler runs; open transactions die with the process.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // The kill can land while no thread is mid-drive (every driver between
+    // two threads): then there is nothing to take over, and the run is
+    // repeated on a fresh store, up to `TRIES` times (issue 18: this was a
+    // CI flake). The assertions are the same whichever run is kept.
+    const TRIES: usize = 5;
+    let mut tries = 0;
+    let (env, reported, all) = loop {
+        tries += 1;
+        let (env, reported) = kill_a_batch_after_40_threads(b);
+        let listed = env.json(&["thread", "list", "--limit", "100000"]);
+        let all = listed.as_array().unwrap().len();
+        let completed = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["status"] == "completed")
+            .count();
+        if all > completed || tries == TRIES {
+            break (env, reported, all);
+        }
+        eprintln!("try {tries}: the kill caught no thread mid-drive; again on a fresh store");
+    };
     for id in &reported {
         let s = env.show(id);
         assert_eq!(s["status"], "completed", "{s}");
         assert_eq!(env.log(id).len(), 5, "thread {id}: every step is there");
     }
+    assert!(all >= reported.len());
     // Threads caught mid-drive show a dead driver's claim; `batch
     // --continue` takes them over and finishes every one.
-    let listed = env.json(&["thread", "list", "--limit", "100000"]);
-    let all = listed.as_array().unwrap().len();
-    assert!(all >= reported.len());
     let o = env.uwf(&[
         "--json",
         "batch",
@@ -145,6 +134,43 @@ fn a_batch_killed_mid_run_keeps_every_acknowledged_step(b: TestBackend) {
     assert_eq!(code(&again), Some(0));
     assert!(String::from_utf8_lossy(&again.stdout).contains("no idle thread"));
     // Drop runs `verify`.
+}
+
+/// A durable batch of many threads, killed (SIGKILL) once 40 threads are
+/// reported done; returns its store and the threads it reported.
+fn kill_a_batch_after_40_threads(b: TestBackend) -> (Cli, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let env = Cli::new(b);
+    let mut child = env
+        .std_cmd()
+        .args([
+            "--json",
+            "batch",
+            "examples/review.yaml",
+            "-n",
+            "100000",
+            "-p",
+            "work",
+            "--agent",
+            "script:examples/review.scenario.yaml",
+            "--jobs",
+            "8",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reported = Vec::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while reported.len() < 40 {
+        let line = lines.next().unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        reported.push(v["thread"].as_str().unwrap().to_owned());
+    }
+    // SIGKILL: no handler runs; open transactions die with the process.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (env, reported)
 }
 
 fn batch_reads_multi_line_prompts_from_json_lines(b: TestBackend) {
