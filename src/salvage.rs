@@ -439,8 +439,8 @@ fn read_table(
         let mut disorder: Option<Vec<u8>> = None;
         report.count(table, |t| t.reads += 1);
         let outcome = source.read(table, from.as_deref(), &mut |k, v| {
-            let in_order = last.as_deref().is_none_or(|l| k > l)
-                && from.as_deref().is_none_or(|f| k >= f);
+            let in_order =
+                last.as_deref().is_none_or(|l| k > l) && from.as_deref().is_none_or(|f| k >= f);
             if !in_order {
                 disorder = Some(k.to_vec());
                 return false;
@@ -1070,8 +1070,7 @@ mod tests {
     #[test]
     fn a_failed_read_resumes_at_the_first_readable_key() {
         let mut source = Damaged { bad: 40..77 };
-        let (resume, probes) =
-            find_readable(&mut source, Table::Workflows, Some(&[39])).unwrap();
+        let (resume, probes) = find_readable(&mut source, Table::Workflows, Some(&[39])).unwrap();
         assert_eq!(resume, Some(vec![77]));
         assert!(probes <= 16, "{probes} probes");
         let mut source = Damaged { bad: 0..255 };

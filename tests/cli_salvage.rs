@@ -321,7 +321,10 @@ fn regression_a_zeroed_page_ends_in_a_report_not_a_hang() {
             .map(|t| t["lost"].as_array().unwrap().len())
             .sum();
         assert!(lost >= 1, "page {page}: {report}");
-        assert_eq!(report["report"]["verify"]["problems"], serde_json::json!([]));
+        assert_eq!(
+            report["report"]["verify"]["problems"],
+            serde_json::json!([])
+        );
     }
     assert!(tried > 0, "no page in use among the leaves {leaves:?}");
 }
@@ -401,7 +404,10 @@ fn regression_a_data_file_one_page_short_keeps_what_is_there() {
         report["source_notes"].to_string().contains("short of the"),
         "{report}"
     );
-    assert_eq!(report["report"]["verify"]["problems"], serde_json::json!([]));
+    assert_eq!(
+        report["report"]["verify"]["problems"],
+        serde_json::json!([])
+    );
     // The working copy is gone.
     let leftovers: Vec<_> = std::fs::read_dir(dst.parent().unwrap())
         .unwrap()

@@ -79,8 +79,8 @@ pub fn run(cli: &Cli, source: &Path, destination: &Path, out: &mut Output) -> Re
         let src = cli.open_at(source, false)?;
         (salvage(&mut StoreSource(&src), &dst, progress), Vec::new())
     } else {
-        let mut workers = Workers::new(cli, source, destination)
-            .map_err(|e| CliError::Failed(error_text(&e)))?;
+        let mut workers =
+            Workers::new(cli, source, destination).map_err(|e| CliError::Failed(error_text(&e)))?;
         let report = salvage(&mut workers, &dst, progress);
         (report, std::mem::take(&mut workers.notes))
     };
