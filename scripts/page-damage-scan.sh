@@ -14,13 +14,34 @@
 #
 # The goal is 0 crashes and 0 hangs.
 #
+# With `salvage` as the first argument (issue 18), each damaged copy is
+# given to `uwf-db --json salvage COPY NEW` instead, and each run is
+# classed as
+#
+#   finished exit 0 or 1 with a JSON report (how many threads it kept is
+#            counted), or exit 1 with a message
+#   crash    a signal, a panic, or an exit without a report or message
+#   hang     still running after the timeout (killed)
+#
+# The goal is 0 hangs, 0 crashes, and every thread kept wherever the
+# damaged page held none of it (a page of a thread's record or blobs, or
+# of a blob all threads share, such as the workflow, loses them).
+#
 # usage: scripts/page-damage-scan.sh [zero|random] [THREADS] [BIN]
-#   defaults: zero, 60 threads, target/release/uwf-db (built if missing)
+#        scripts/page-damage-scan.sh salvage [zero|random] [THREADS] [BIN] [TIMEOUT]
+#   defaults: zero, 60 threads, target/release/uwf-db (built if missing),
+#   salvage timeout 120 s
 set -euo pipefail
 cd "$(dirname "$0")/.."
+salvage=no
+if [ "${1:-}" = salvage ]; then
+    salvage=yes
+    shift
+fi
 mode=${1:-zero}
 threads=${2:-60}
 bin=${3:-target/release/uwf-db}
+limit=${4:-120}
 if [ ! -x "$bin" ]; then
     cargo build --release --quiet
 fi
@@ -41,17 +62,64 @@ size=$(stat -c %s "$store/data.mdb")
 pages=$((size / 4096))
 echo "store: $threads threads, data.mdb $size bytes, $pages pages; damage: $mode"
 
+damage() {
+    if [ "$mode" = zero ]; then
+        dd if=/dev/zero of="$1/data.mdb" bs=4096 seek="$2" count=1 conv=notrunc status=none
+    else
+        head -c 4096 /dev/urandom | dd of="$1/data.mdb" bs=4096 seek="$2" count=1 conv=notrunc status=none
+    fi
+}
+
+if [ $salvage = yes ]; then
+    total=$("$bin" --store "$store" --json thread list --limit 100000 |
+        python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
+    finished=0 crash=0 hang=0 all=0 kept_sum=0
+    notes=()
+    for ((p = 0; p < pages; p++)); do
+        copy="$work/copy" new="$work/new"
+        rm -rf "$copy" "$new"
+        cp -r "$store" "$copy"
+        damage "$copy" "$p"
+        set +e
+        timeout -s KILL "$limit" "$bin" --json salvage "$copy" "$new" >"$work/out" 2>"$work/err"
+        rc=$?
+        set -e
+        kept=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["report"]["threads"])' \
+            "$work/out" 2>/dev/null || echo "")
+        if [ $rc -eq 137 ]; then
+            hang=$((hang + 1))
+            notes+=("page $p: hang (killed after $limit s)")
+        elif { [ $rc -eq 0 ] || [ $rc -eq 1 ]; } && ! grep -q panicked "$work/err" &&
+            { [ -n "$kept" ] || [ -s "$work/err" ]; }; then
+            finished=$((finished + 1))
+            kept=${kept:-0}
+            kept_sum=$((kept_sum + kept))
+            if [ "$kept" -eq "$total" ]; then
+                all=$((all + 1))
+            else
+                notes+=("page $p: kept $kept of $total threads (exit $rc) $(head -c 160 "$work/err" | tr '\n' ' ')")
+            fi
+        else
+            crash=$((crash + 1))
+            notes+=("page $p: exit $rc: $(head -c 200 "$work/err" | tr '\n' ' ')")
+        fi
+    done
+    echo "salvage runs: $pages (one per page); threads in the store: $total"
+    echo "finished: $finished (all $total threads kept: $all; threads kept in all: $kept_sum)  crash: $crash  hang: $hang"
+    for n in "${notes[@]+"${notes[@]}"}"; do
+        echo "  $n"
+    done
+    [ $crash -eq 0 ] && [ $hang -eq 0 ]
+    exit
+fi
+
 clean=0 reported=0 damaged=0 crash=0 hang=0
 crashes=()
 for ((p = 0; p < pages; p++)); do
     copy="$work/copy"
     rm -rf "$copy"
     cp -r "$store" "$copy"
-    if [ "$mode" = zero ]; then
-        dd if=/dev/zero of="$copy/data.mdb" bs=4096 seek="$p" count=1 conv=notrunc status=none
-    else
-        head -c 4096 /dev/urandom | dd of="$copy/data.mdb" bs=4096 seek="$p" count=1 conv=notrunc status=none
-    fi
+    damage "$copy" "$p"
     for cmd in verify "thread list"; do
         set +e
         # shellcheck disable=SC2086

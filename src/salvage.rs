@@ -36,6 +36,7 @@
 //! the lost range is about the damaged page's share of the key space.
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -53,6 +54,10 @@ const CHUNK_ROWS: usize = 1024;
 const CHUNK_BYTES: usize = 8 << 20;
 /// Bits of precision of the bisection that narrows a lost range.
 const BISECT_BITS: u32 = 16;
+/// Unreadable stretches after which a table is given up (the rest of it
+/// reported lost): with the search's reads per stretch, this bounds the
+/// reads one table costs.
+pub const MAX_LOST_STRETCHES: usize = 256;
 
 /// Reads rows of a store that may be damaged.
 pub trait SalvageSource {
@@ -66,7 +71,27 @@ pub trait SalvageSource {
         table: Table,
         from: Option<&[u8]>,
         sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<bool, String>;
+    ) -> Result<bool, ReadFailure>;
+}
+
+/// Why a [`SalvageSource`] read failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadFailure {
+    /// The read failed at or after a key (a damaged page): a read that
+    /// starts at a later key may succeed.
+    Page(String),
+    /// No read is worth trying any more (the store cannot be opened at
+    /// all, or readers keep stalling): the salvage stops and reports what
+    /// it kept so far.
+    Stop(String),
+}
+
+impl std::fmt::Display for ReadFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadFailure::Page(d) | ReadFailure::Stop(d) => f.write_str(d),
+        }
+    }
 }
 
 /// A [`SalvageSource`] reading an open store in this process: a damaged
@@ -80,7 +105,7 @@ impl SalvageSource for StoreSource<'_> {
         table: Table,
         from: Option<&[u8]>,
         sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ReadFailure> {
         self.0
             .read(|r| {
                 let range = from.map_or(KeyRange::ALL, KeyRange::from);
@@ -92,7 +117,7 @@ impl SalvageSource for StoreSource<'_> {
                 }
                 Ok::<_, StoreError>(true)
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| ReadFailure::Page(e.to_string()))
     }
 }
 
@@ -161,6 +186,9 @@ pub struct SalvageReport {
     pub dropped: Vec<Dropped>,
     /// Thread records kept.
     pub threads: u64,
+    /// Why the reading stopped before the end (a [`ReadFailure::Stop`]):
+    /// the tables not read are reported lost.
+    pub stopped: Option<String>,
     /// The new store's `verify` report.
     pub verify: VerifyReport,
 }
@@ -171,9 +199,11 @@ impl SalvageReport {
 
     /// Whether everything was read and kept.
     pub fn is_complete(&self) -> bool {
-        self.tables
-            .iter()
-            .all(|t| t.lost.is_empty() && t.dropped == 0)
+        self.stopped.is_none()
+            && self
+                .tables
+                .iter()
+                .all(|t| t.lost.is_empty() && t.dropped == 0)
     }
 
     /// Counts `change` into the entry of `table` (one per table of
@@ -218,6 +248,24 @@ pub enum SalvageError {
     /// Writing a thread record failed.
     #[error("writing a salvaged thread failed")]
     Thread(#[from] ThreadError),
+    /// The source's LMDB data file has nothing a salvage can start from.
+    #[error("cannot salvage {path}: {detail}")]
+    DataFile {
+        /// The data file.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// Reading the source's data file or writing its working copy failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
 }
 
 /// Copies everything readable from `source` into `dst`, which must be
@@ -359,18 +407,44 @@ pub fn salvage(
 /// Reads one table through `source`, searching past each failure for the
 /// next readable key; `take` is given each row and says whether it was
 /// kept (it records drops itself).
+///
+/// Every pass either takes a row or starts its search for the next
+/// readable key strictly past the start of the read that failed, and a
+/// row is taken only when its key is greater than every key taken before
+/// (a key out of order comes from a damaged page and ends the read like a
+/// failure). So the position only moves forward, the same start is never
+/// read twice, and at most [`MAX_LOST_STRETCHES`] searches are made
+/// before the rest of the table is given up.
 fn read_table(
     source: &mut dyn SalvageSource,
     table: Table,
     report: &mut SalvageReport,
     mut take: impl FnMut(&mut SalvageReport, &[u8], &[u8]) -> Result<bool, SalvageError>,
 ) -> Result<(), SalvageError> {
+    if let Some(detail) = report.stopped.clone() {
+        report.count(table, |t| {
+            t.lost.push(LostRange {
+                after: None,
+                before: None,
+                detail: format!("not read: the salvage had stopped ({detail})"),
+            });
+        });
+        return Ok(());
+    }
     let mut from: Option<Vec<u8>> = None;
     let mut last: Option<Vec<u8>> = None;
+    let mut stretches = 0;
     loop {
         let mut failed: Option<SalvageError> = None;
+        let mut disorder: Option<Vec<u8>> = None;
         report.count(table, |t| t.reads += 1);
         let outcome = source.read(table, from.as_deref(), &mut |k, v| {
+            let in_order =
+                last.as_deref().is_none_or(|l| k > l) && from.as_deref().is_none_or(|f| k >= f);
+            if !in_order {
+                disorder = Some(k.to_vec());
+                return false;
+            }
             report.count(table, |t| t.read += 1);
             last = Some(k.to_vec());
             match take(report, k, v) {
@@ -386,11 +460,45 @@ fn read_table(
         if let Some(e) = failed {
             return Err(e);
         }
-        let detail = match outcome {
-            Ok(_) => return Ok(()),
-            Err(detail) => detail,
+        let detail = match (outcome, disorder) {
+            (_, Some(key)) => format!(
+                "a damaged page: the read gave key {} out of order",
+                hex(&key)
+            ),
+            (Ok(_), None) => return Ok(()),
+            (Err(ReadFailure::Page(detail)), None) => detail,
+            (Err(ReadFailure::Stop(detail)), None) => {
+                stop(report, table, last.as_deref(), detail);
+                return Ok(());
+            }
         };
-        let (resume, probes) = find_readable(source, table, last.as_deref());
+        stretches += 1;
+        if stretches > MAX_LOST_STRETCHES {
+            report.count(table, |t| {
+                t.lost.push(LostRange {
+                    after: last.as_deref().map(hex),
+                    before: None,
+                    detail: format!(
+                        "{detail}; the rest of the table was given up after {MAX_LOST_STRETCHES} unreadable stretches"
+                    ),
+                });
+            });
+            return Ok(());
+        }
+        // Past the last key taken, and past the failed read's start (a
+        // read there gives nothing more).
+        let base = match (&last, &from) {
+            (Some(l), Some(f)) => Some(l.max(f)),
+            (l, f) => l.as_ref().or(f.as_ref()),
+        }
+        .cloned();
+        let (resume, probes) = match find_readable(source, table, base.as_deref()) {
+            Ok(found) => found,
+            Err(stopped) => {
+                stop(report, table, last.as_deref(), stopped);
+                return Ok(());
+            }
+        };
         report.count(table, |t| t.reads += probes);
         let lost = LostRange {
             after: last.as_deref().map(hex),
@@ -405,14 +513,29 @@ fn read_table(
     }
 }
 
+/// Records that the reading stopped in `table` after `last`.
+fn stop(report: &mut SalvageReport, table: Table, last: Option<&[u8]>, detail: String) {
+    report.count(table, |t| {
+        t.lost.push(LostRange {
+            after: last.map(hex),
+            before: None,
+            detail: format!("the salvage stopped: {detail}"),
+        });
+    });
+    report.stopped = Some(detail);
+}
+
 /// The lowest key after `last` (the table's start when `None`) at which
 /// a read of `table` succeeds, to [`BISECT_BITS`] of precision, and the
-/// number of reads tried; `None` when no read after `last` succeeds.
+/// number of reads tried; `None` when no read after `last` succeeds. A
+/// read succeeds when it ends without error or gives a first key at or
+/// after its start (a key before it comes from a damaged page). `Err`
+/// when the source says to stop.
 fn find_readable(
     source: &mut dyn SalvageSource,
     table: Table,
     last: Option<&[u8]>,
-) -> (Option<Vec<u8>>, u64) {
+) -> Result<(Option<Vec<u8>>, u64), String> {
     let base = match last {
         Some(k) if !k.is_empty() => k.to_vec(),
         _ => vec![0; natural_key_len(table)],
@@ -420,7 +543,16 @@ fn find_readable(
     let mut probes = 0;
     let mut reads = |source: &mut dyn SalvageSource, key: &[u8]| {
         probes += 1;
-        source.read(table, Some(key), &mut |_, _| false).is_ok()
+        let mut in_order = true;
+        let outcome = source.read(table, Some(key), &mut |k, _| {
+            in_order = k >= key;
+            false
+        });
+        match outcome {
+            Ok(_) => Ok(in_order),
+            Err(ReadFailure::Page(_)) => Ok(false),
+            Err(ReadFailure::Stop(detail)) => Err(detail),
+        }
     };
     // Exponential search: base + 1, + 2, + 4, … and at last the largest
     // key of base's length.
@@ -435,7 +567,7 @@ fn find_readable(
         if key <= lo {
             break;
         }
-        if reads(source, &key) {
+        if reads(source, &key)? {
             hi = Some(key);
             break;
         }
@@ -446,7 +578,7 @@ fn find_readable(
         }
     }
     let Some(mut hi) = hi else {
-        return (None, probes);
+        return Ok((None, probes));
     };
     // Bisection: `lo` fails, `hi` reads.
     for _ in 0..BISECT_BITS {
@@ -454,13 +586,13 @@ fn find_readable(
         if mid <= lo {
             break;
         }
-        if reads(source, &mid) {
+        if reads(source, &mid)? {
             hi = mid;
         } else {
             lo = mid;
         }
     }
-    (Some(hi), probes)
+    Ok((Some(hi), probes))
 }
 
 /// `(a + b) / 2` for big-endian numbers of one length.
@@ -589,6 +721,257 @@ fn check_record(
     Ok(record)
 }
 
+/// `MDB_MAGIC`.
+const LMDB_MAGIC: u32 = 0xBEEF_C0DE;
+/// `MDB_DATA_VERSION`.
+const LMDB_VERSION: u32 = 1;
+/// `P_META`, in a page header's `mp_flags`.
+const LMDB_P_META: u16 = 0x08;
+
+/// One valid meta page of an LMDB data file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaPage {
+    /// Which slot it is in (0 or 1).
+    pub slot: u8,
+    /// The transaction that wrote it: the larger one is current.
+    pub txnid: u64,
+    /// The last page that transaction uses.
+    pub last_page: u64,
+    /// The whole page.
+    bytes: Vec<u8>,
+}
+
+/// What the meta pages of a store's LMDB data file (`<dir>/data.mdb`)
+/// say, read with plain file reads (nothing mapped), and how a salvage
+/// can read each snapshot they name.
+///
+/// LMDB keeps two meta pages (pages 0 and 1), written in turn by
+/// successive commits; the one with the larger transaction id is
+/// current, and the tree the other names is intact too (LMDB reuses no
+/// page the last commit freed). LMDB refuses to open a file whose either
+/// meta page is invalid, and maps a file shorter than its meta page says
+/// past its end. A salvage therefore reads, where needed, a working copy
+/// of the file in which both meta pages are the snapshot's and which is
+/// padded with zeros to the length the snapshot uses (the missing pages
+/// then read as damaged pages, whose rows are lost, not the whole file).
+/// The layout is `src/backend/lmdb/check.rs`'s.
+#[derive(Debug, Clone)]
+pub struct LmdbDataFile {
+    path: PathBuf,
+    size: u64,
+    page_size: u64,
+    /// Valid meta pages, newest first.
+    metas: Vec<MetaPage>,
+    /// Why the meta pages that are not valid are not.
+    invalid: Vec<String>,
+}
+
+impl LmdbDataFile {
+    /// Reads the meta pages of `dir/data.mdb`.
+    pub fn inspect(dir: &Path) -> Result<LmdbDataFile, SalvageError> {
+        use std::os::unix::fs::FileExt;
+        let path = dir.join("data.mdb");
+        let io = |op| {
+            let path = path.clone();
+            move |source| SalvageError::Io { op, path, source }
+        };
+        let file = std::fs::File::open(&path).map_err(io("open"))?;
+        let size = file.metadata().map_err(io("inspect"))?.len();
+        if size == 0 {
+            return Err(SalvageError::DataFile {
+                path,
+                detail: "the data file is empty (0 bytes): there is nothing to read".into(),
+            });
+        }
+        // Page 0 says the page size; without it, page 1 is looked for at
+        // each page size LMDB allows and must say the same size.
+        let read_page = |at: u64, len: u64| -> Option<Vec<u8>> {
+            let mut page = vec![0u8; usize::try_from(len).ok()?];
+            file.read_exact_at(&mut page, at).ok()?;
+            Some(page)
+        };
+        let mut metas = Vec::new();
+        let mut invalid = Vec::new();
+        let first = read_page(0, 4096.min(size)).and_then(|p| parse_meta(&p, 0));
+        let page_size = match first {
+            Some((m, page_size)) => {
+                let bytes = read_page(0, page_size);
+                if let Some(bytes) = bytes {
+                    metas.push(MetaPage { bytes, ..m });
+                }
+                Some(page_size)
+            }
+            None => {
+                invalid.push("meta page 0 is not a valid LMDB meta page".to_owned());
+                None
+            }
+        };
+        let sizes: Vec<u64> = match page_size {
+            Some(p) => vec![p],
+            None => (9..=16).map(|b| 1u64 << b).collect(),
+        };
+        let mut found_second = None;
+        for candidate in sizes {
+            let second = read_page(candidate, candidate).and_then(|p| parse_meta(&p, 1));
+            if let Some((m, p)) = second
+                && p == candidate
+            {
+                let bytes = read_page(candidate, p).unwrap_or_default();
+                metas.push(MetaPage { bytes, ..m });
+                found_second = Some(p);
+                break;
+            }
+        }
+        if found_second.is_none() {
+            invalid.push("meta page 1 is not a valid LMDB meta page".to_owned());
+        }
+        let Some(page_size) = page_size.or(found_second) else {
+            return Err(SalvageError::DataFile {
+                path,
+                detail: format!(
+                    "the data file is {size} bytes and neither of its two meta pages is valid, so no snapshot of the store can be found"
+                ),
+            });
+        };
+        metas.sort_by_key(|m| std::cmp::Reverse(m.txnid));
+        Ok(LmdbDataFile {
+            path,
+            size,
+            page_size,
+            metas,
+            invalid,
+        })
+    }
+
+    /// The snapshots the valid meta pages name, newest (current) first.
+    pub fn snapshots(&self) -> &[MetaPage] {
+        &self.metas
+    }
+
+    /// Bytes the snapshot `meta` uses.
+    fn needed(&self, meta: &MetaPage) -> Option<u64> {
+        meta.last_page.checked_add(1)?.checked_mul(self.page_size)
+    }
+
+    /// Why the snapshot `at` (an index into [`Self::snapshots`]) cannot be
+    /// read in place, each reason a sentence; empty when LMDB can open the
+    /// file as it is and reads that snapshot.
+    pub fn repairs(&self, at: usize) -> Vec<String> {
+        let mut out = self.invalid.clone();
+        let Some(meta) = self.metas.get(at) else {
+            return out;
+        };
+        if at > 0 {
+            out.push(format!(
+                "the current snapshot (transaction {}) cannot be opened: reading the previous one (transaction {})",
+                self.metas.first().map_or(0, |m| m.txnid),
+                meta.txnid
+            ));
+        }
+        match self.needed(meta) {
+            Some(needed) if needed > self.size => out.push(format!(
+                "the data file is {} bytes, {} short of the {} pages transaction {} uses: the missing pages read as zeros",
+                self.size,
+                needed - self.size,
+                meta.last_page + 1,
+                meta.txnid
+            )),
+            _ => {}
+        }
+        out
+    }
+
+    /// Writes `dir/data.mdb`: a copy of the data file whose two meta pages
+    /// are both the snapshot `at`'s, padded with zeros to the length it
+    /// uses. Pages that cannot be read are written as zeros; the returned
+    /// list says which.
+    pub fn write_copy(&self, at: usize, dir: &Path) -> Result<Vec<u64>, SalvageError> {
+        use std::os::unix::fs::FileExt;
+        let Some(meta) = self.metas.get(at) else {
+            return Err(SalvageError::DataFile {
+                path: self.path.clone(),
+                detail: format!("it has no snapshot {at}"),
+            });
+        };
+        let target = dir.join("data.mdb");
+        let src = std::fs::File::open(&self.path).map_err(|source| SalvageError::Io {
+            op: "open",
+            path: self.path.clone(),
+            source,
+        })?;
+        let write_io = |source| SalvageError::Io {
+            op: "write the working copy",
+            path: target.clone(),
+            source,
+        };
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&target)
+            .map_err(write_io)?;
+        let page = usize::try_from(self.page_size).unwrap_or(4096);
+        let mut unreadable = Vec::new();
+        let mut chunk = vec![0u8; page * 256];
+        let mut at_byte = 0u64;
+        while at_byte < self.size {
+            let len = usize::try_from((self.size - at_byte).min(chunk.len() as u64))
+                .unwrap_or(page)
+                .min(chunk.len());
+            let Some(buf) = chunk.get_mut(..len) else {
+                break;
+            };
+            if src.read_exact_at(buf, at_byte).is_err() {
+                // Page by page, zeros where the disk will not give them.
+                for (i, p) in buf.chunks_mut(page).enumerate() {
+                    let offset = at_byte + (i * page) as u64;
+                    if src.read_exact_at(p, offset).is_err() {
+                        p.fill(0);
+                        unreadable.push(offset / self.page_size);
+                    }
+                }
+            }
+            out.write_all_at(buf, at_byte).map_err(write_io)?;
+            at_byte += len as u64;
+        }
+        // Both meta pages the snapshot's, each with its own page number.
+        for slot in 0..2u64 {
+            let mut bytes = meta.bytes.clone();
+            if let Some(pgno) = bytes.get_mut(0..8) {
+                pgno.copy_from_slice(&slot.to_le_bytes());
+            }
+            out.write_all_at(&bytes, slot * self.page_size)
+                .map_err(write_io)?;
+        }
+        let length = self.needed(meta).unwrap_or(self.size).max(self.size);
+        out.set_len(length).map_err(write_io)?;
+        out.sync_all().map_err(write_io)?;
+        Ok(unreadable)
+    }
+}
+
+/// A valid meta page in `page` (slot `slot`) and the page size it gives.
+fn parse_meta(page: &[u8], slot: u8) -> Option<(MetaPage, u64)> {
+    let u16_at = |at: usize| Some(u16::from_le_bytes(page.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(page.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(page.get(at..at + 8)?.try_into().ok()?));
+    if u16_at(10)? & LMDB_P_META == 0 || u32_at(16)? != LMDB_MAGIC || u32_at(20)? != LMDB_VERSION {
+        return None;
+    }
+    let page_size = u64::from(u32_at(40)?);
+    if !page_size.is_power_of_two() || !(512..=65536).contains(&page_size) {
+        return None;
+    }
+    Some((
+        MetaPage {
+            slot,
+            txnid: u64_at(144)?,
+            last_page: u64_at(136)?,
+            bytes: Vec::new(),
+        },
+        page_size,
+    ))
+}
+
 /// Destination writes in bounded transactions.
 struct Writer<'s> {
     dst: &'s Store,
@@ -672,11 +1055,11 @@ mod tests {
             _table: Table,
             from: Option<&[u8]>,
             sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-        ) -> Result<bool, String> {
+        ) -> Result<bool, ReadFailure> {
             let start = from.map_or(0, |f| f[0]);
             for k in start..=255u8 {
                 if self.bad.contains(&k) {
-                    return Err(format!("bad page at {k}"));
+                    return Err(ReadFailure::Page(format!("bad page at {k}")));
                 }
                 if !sink(&[k], b"v") {
                     return Ok(false);
@@ -689,16 +1072,110 @@ mod tests {
     #[test]
     fn a_failed_read_resumes_at_the_first_readable_key() {
         let mut source = Damaged { bad: 40..77 };
-        let (resume, probes) = find_readable(&mut source, Table::Workflows, Some(&[39]));
+        let (resume, probes) = find_readable(&mut source, Table::Workflows, Some(&[39])).unwrap();
         assert_eq!(resume, Some(vec![77]));
         assert!(probes <= 16, "{probes} probes");
         let mut source = Damaged { bad: 0..255 };
         assert_eq!(
-            find_readable(&mut source, Table::Workflows, Some(&[0])).0,
+            find_readable(&mut source, Table::Workflows, Some(&[0]))
+                .unwrap()
+                .0,
             Some(vec![255])
         );
         let mut source = Damaged { bad: 10..255 };
-        let (resume, _) = find_readable(&mut source, Table::Workflows, Some(&[9]));
+        let (resume, _) = find_readable(&mut source, Table::Workflows, Some(&[9])).unwrap();
         assert_eq!(resume, Some(vec![255]));
+    }
+
+    /// A source whose stretch `bad` is a damaged page that reads as rows
+    /// with empty keys (what a zeroed LMDB page gives) before the read
+    /// fails, also when a read starts inside it.
+    struct Zeroed {
+        bad: std::ops::Range<u8>,
+        reads: u64,
+    }
+
+    impl SalvageSource for Zeroed {
+        fn read(
+            &mut self,
+            _table: Table,
+            from: Option<&[u8]>,
+            sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+        ) -> Result<bool, ReadFailure> {
+            self.reads += 1;
+            let start = from.and_then(|f| f.first().copied()).unwrap_or(0);
+            for k in start..=255u8 {
+                if self.bad.contains(&k) {
+                    for _ in 0..3 {
+                        if !sink(&[], &[]) {
+                            return Ok(false);
+                        }
+                    }
+                    return Err(ReadFailure::Page(format!("bad page at {k}")));
+                }
+                if !sink(&[k], b"v") {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    }
+
+    fn report_for(table: Table) -> SalvageReport {
+        SalvageReport {
+            tables: vec![TableSalvage {
+                table: table.name(),
+                ..TableSalvage::default()
+            }],
+            ..SalvageReport::default()
+        }
+    }
+
+    /// Issue 18: rows out of order (empty keys from a zeroed page) sent
+    /// the search back to the table's start, for ever.
+    #[test]
+    fn rows_out_of_order_end_the_read_and_the_search_moves_on() {
+        for bad in [1..9, 40..77, 200..255] {
+            let mut source = Zeroed {
+                bad: bad.clone(),
+                reads: 0,
+            };
+            let mut report = report_for(Table::Workflows);
+            let mut taken = Vec::new();
+            read_table(&mut source, Table::Workflows, &mut report, |_, k, _| {
+                taken.push(k[0]);
+                Ok(true)
+            })
+            .unwrap();
+            let want: Vec<u8> = (0..=255u8).filter(|k| !bad.contains(k)).collect();
+            assert_eq!(taken, want, "{bad:?}");
+            assert_eq!(report.tables[0].lost.len(), 1, "{bad:?}");
+            assert!(source.reads < 40, "{bad:?}: {} reads", source.reads);
+        }
+    }
+
+    /// A source that says stop: the table and the ones after it are
+    /// reported lost, with the reason.
+    #[test]
+    fn a_stop_ends_the_reading_with_the_reason() {
+        struct Unopenable;
+        impl SalvageSource for Unopenable {
+            fn read(
+                &mut self,
+                _: Table,
+                _: Option<&[u8]>,
+                _: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+            ) -> Result<bool, ReadFailure> {
+                Err(ReadFailure::Stop("cannot open".into()))
+            }
+        }
+        let mut report = report_for(Table::Workflows);
+        read_table(&mut Unopenable, Table::Workflows, &mut report, |_, _, _| {
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(report.stopped.as_deref(), Some("cannot open"));
+        assert_eq!(report.tables[0].reads, 1);
+        assert!(!report.is_complete());
     }
 }

@@ -182,8 +182,17 @@ fn every_damaged_page_is_reported_and_salvaged() {
             if salvaged < 4 {
                 let dst = env.path(&format!("salvaged-{page}"));
                 let o = salvage(&copy, &dst, true);
-                assert_eq!(code(&o), Some(0), "page {page}: {}", stderr(&o));
-                let report = json_of(&o);
+                let report: serde_json::Value = serde_json::from_slice(&o.stdout)
+                    .unwrap_or_else(|e| panic!("page {page}: {e}: {}", stderr(&o)));
+                // Exit 1 only when the salvage stopped (no reader could
+                // open the store), with the reason in the report.
+                let stopped = !report["report"]["stopped"].is_null();
+                assert_eq!(
+                    code(&o),
+                    Some(if stopped { 1 } else { 0 }),
+                    "page {page}: {}",
+                    stderr(&o)
+                );
                 assert_eq!(
                     report["report"]["verify"]["problems"],
                     serde_json::json!([])
@@ -197,4 +206,213 @@ fn every_damaged_page_is_reported_and_salvaged() {
     }
     assert!(damaged > 0, "no page of {pages} was found damaged");
     assert!(salvaged > 0);
+}
+
+/// A hang is what these tests guard against: a salvage still running
+/// after this long is killed and the test fails. Generous (a debug build,
+/// a busy machine); a salvage here takes seconds.
+const HANG: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `uwf-db --json salvage SRC DST`, killed if it runs past [`HANG`]
+/// (then `None`).
+fn salvage_guarded(src: &Path, dst: &Path, scratch: &Path) -> Option<std::process::Output> {
+    std::fs::create_dir_all(scratch).unwrap();
+    let out = scratch.join("salvage.out");
+    let err = scratch.join("salvage.err");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uwf-db"))
+        .arg("--json")
+        .arg("salvage")
+        .arg(src)
+        .arg(dst)
+        .env_remove("UWF_STORE")
+        .current_dir(root())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    Some(std::process::Output {
+        status,
+        stdout: std::fs::read(out).unwrap(),
+        stderr: std::fs::read(err).unwrap(),
+    })
+}
+
+/// Threads in a store, by `thread list`.
+fn thread_count(store: &Path) -> usize {
+    let o = uwf_at(store, &["--json", "thread", "list", "--limit", "1000"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    json_of(&o).as_array().unwrap().len()
+}
+
+/// A copy of `src` whose data file is `bytes`.
+fn damaged_copy(env: &Cli, src: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let copy = env.path(name);
+    copy_dir(src, &copy);
+    std::fs::write(copy.join("data.mdb"), bytes).unwrap();
+    copy
+}
+
+/// The leaf pages whose first key is 32 bytes (blobs, mostly) and that
+/// hold more than one key: LMDB's page header is 16 bytes (`mp_flags` at
+/// 10, `mp_lower` at 12), then the node offsets; a leaf node has its key
+/// size at 6.
+fn leaf_pages_of_hash_keys(bytes: &[u8]) -> Vec<usize> {
+    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
+    (2..bytes.len() / PAGE)
+        .filter(|&page| {
+            let at = page * PAGE;
+            let leaf = u16_at(at + 10) & 0x02 != 0;
+            let keys = u16_at(at + 12).saturating_sub(16) / 2;
+            if !leaf || keys < 2 {
+                return false;
+            }
+            let node = u16_at(at + 16);
+            node + 8 < PAGE && u16_at(at + node + 6) == 32
+        })
+        .collect()
+}
+
+/// Issue 18: a zeroed leaf page reads as rows with empty keys before
+/// LMDB crashes, and the search for the next readable key went back to
+/// the table's start each time: salvage restarted the same reader for
+/// ever. Now each such page ends in a report that names the lost keys.
+#[test]
+fn regression_a_zeroed_page_ends_in_a_report_not_a_hang() {
+    let env = populated("12");
+    let src = env.location().lmdb_dir().to_path_buf();
+    let whole = std::fs::read(src.join("data.mdb")).unwrap();
+    let leaves = leaf_pages_of_hash_keys(&whole);
+    let mut tried = 0;
+    for &page in &leaves {
+        let mut bytes = whole.clone();
+        bytes[page * PAGE..(page + 1) * PAGE].fill(0);
+        let copy = damaged_copy(&env, &src, &format!("zeroed-{page}"), &bytes);
+        // A page the current snapshot uses (a free one is no damage).
+        if code(&uwf_at(&copy, &["verify"])) != Some(3) {
+            continue;
+        }
+        tried += 1;
+        if tried > 3 {
+            break;
+        }
+        let dst = env.path(&format!("zeroed-{page}-salvaged"));
+        let o = salvage_guarded(&copy, &dst, &env.path(&format!("zeroed-{page}-io")))
+            .unwrap_or_else(|| panic!("page {page}: salvage still running after {HANG:?}"));
+        assert_eq!(code(&o), Some(0), "page {page}: {}", stderr(&o));
+        let report = json_of(&o);
+        assert_eq!(report["complete"], false, "page {page}: {report}");
+        let lost: usize = report["report"]["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["lost"].as_array().unwrap().len())
+            .sum();
+        assert!(lost >= 1, "page {page}: {report}");
+        assert_eq!(
+            report["report"]["verify"]["problems"],
+            serde_json::json!([])
+        );
+    }
+    assert!(tried > 0, "no page in use among the leaves {leaves:?}");
+}
+
+/// Issue 18: an empty data file sent salvage probing for ever; now it
+/// is refused at once, with the reason.
+#[test]
+fn regression_an_empty_data_file_is_refused_with_the_reason() {
+    let env = populated("1");
+    let src = env.location().lmdb_dir().to_path_buf();
+    let copy = damaged_copy(&env, &src, "empty", &[]);
+    let o = salvage_guarded(&copy, &env.path("empty-salvaged"), &env.path("empty-io"))
+        .unwrap_or_else(|| panic!("salvage still running after {HANG:?}"));
+    assert_eq!(code(&o), Some(1), "{}", stdout(&o));
+    assert!(stderr(&o).contains("empty (0 bytes)"), "{}", stderr(&o));
+}
+
+/// Issue 18: with a meta page zeroed LMDB refuses to open the file, and
+/// salvage kept nothing although every data page was intact. The other
+/// meta page names an intact snapshot: with the older meta page zeroed
+/// (page 0 in this store) every thread is kept; with the current one
+/// zeroed, the snapshot before the last commit is read, which lacks only
+/// the idle thread that commit started.
+#[test]
+fn regression_a_zeroed_meta_page_loses_no_thread() {
+    let env = populated("8");
+    let src = env.location().lmdb_dir().to_path_buf();
+    let threads = thread_count(&src);
+    let whole = std::fs::read(src.join("data.mdb")).unwrap();
+    // `mm_txnid`, a u64 at 144 of each meta page.
+    let txnid = |meta: usize| {
+        let at = meta * PAGE + 144;
+        u64::from_le_bytes(whole[at..at + 8].try_into().unwrap())
+    };
+    let older = if txnid(0) < txnid(1) { 0 } else { 1 };
+    for meta in [older, 1 - older] {
+        let mut bytes = whole.clone();
+        bytes[meta * PAGE..(meta + 1) * PAGE].fill(0);
+        let copy = damaged_copy(&env, &src, &format!("meta-{meta}"), &bytes);
+        let dst = env.path(&format!("meta-{meta}-salvaged"));
+        let o = salvage_guarded(&copy, &dst, &env.path(&format!("meta-{meta}-io")))
+            .unwrap_or_else(|| panic!("meta {meta}: salvage still running after {HANG:?}"));
+        assert_eq!(code(&o), Some(0), "meta {meta}: {}", stderr(&o));
+        let report = json_of(&o);
+        let want = if meta == older { threads } else { threads - 1 };
+        assert_eq!(report["report"]["threads"], want, "meta {meta}: {report}");
+        let notes = report["source_notes"].to_string();
+        assert!(
+            notes.contains(&format!("meta page {meta} is not a valid")),
+            "{notes}"
+        );
+        assert_eq!(thread_count(&dst), want);
+        let o = uwf_at(&dst, &["verify"]);
+        assert_eq!(code(&o), Some(0), "meta {meta}: {}", stdout(&o));
+    }
+}
+
+/// Issue 18: a data file one page short was refused by the open check
+/// in every reader, and salvage kept nothing. The pages that are there
+/// are read (the missing one as zeros): at most the threads whose pages
+/// were on it are lost.
+#[test]
+fn regression_a_data_file_one_page_short_keeps_what_is_there() {
+    let env = populated("8");
+    let src = env.location().lmdb_dir().to_path_buf();
+    let threads = thread_count(&src);
+    let whole = std::fs::read(src.join("data.mdb")).unwrap();
+    let copy = damaged_copy(&env, &src, "short", &whole[..whole.len() - PAGE]);
+    let dst = env.path("short-salvaged");
+    let o = salvage_guarded(&copy, &dst, &env.path("short-io"))
+        .unwrap_or_else(|| panic!("salvage still running after {HANG:?}"));
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let report = json_of(&o);
+    let kept = report["report"]["threads"].as_u64().unwrap() as usize;
+    assert!(kept + 1 >= threads, "kept {kept} of {threads}: {report}");
+    assert!(
+        report["source_notes"].to_string().contains("short of the"),
+        "{report}"
+    );
+    assert_eq!(
+        report["report"]["verify"]["problems"],
+        serde_json::json!([])
+    );
+    // The working copy is gone.
+    let leftovers: Vec<_> = std::fs::read_dir(dst.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".uwf-salvage-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }

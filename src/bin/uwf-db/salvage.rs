@@ -5,8 +5,16 @@
 //! listed in the help) that streams rows to this one over a pipe, so a page
 //! that makes LMDB crash costs that child only: the library then asks for
 //! a read at a later key, in a new child. This process never maps SRC.
+//!
+//! Before the first read, SRC's meta pages are read with plain file reads
+//! (`LmdbDataFile`): when one is not valid, or the file is shorter than
+//! its snapshot uses, the children read a working copy made beside DST
+//! (both meta pages the snapshot's, padded with zeros) and removed at the
+//! end. When no child can open the current snapshot, the previous one is
+//! read instead. Each child first sends `O` once the store is open, so a
+//! failed open is told apart from a damaged page.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -15,7 +23,9 @@ use std::time::Duration;
 use uwf_db::Store;
 use uwf_db::backend::Table;
 use uwf_db::hash::hex;
-use uwf_db::salvage::{SalvageReport, SalvageSource, StoreSource, salvage};
+use uwf_db::salvage::{
+    LmdbDataFile, ReadFailure, SalvageError, SalvageReport, SalvageSource, StoreSource, salvage,
+};
 
 use crate::output::{self, Output};
 use crate::{Cli, CliError};
@@ -23,9 +33,13 @@ use crate::{Cli, CliError};
 /// A reader that sends nothing for this long is killed (a damaged page
 /// can send LMDB round a cycle of pages).
 const STALL: Duration = Duration::from_secs(30);
+/// Readers killed for stalling after which no more are started: the
+/// salvage stops and reports (each costs [`STALL`]).
+const MAX_STALLS: u32 = 3;
 /// Largest row a reader may send: a longer one is a damaged length.
 const MAX_ROW: u32 = 1 << 30;
 
+const OPENED: u8 = b'O';
 const ROW: u8 = b'R';
 const END: u8 = b'E';
 const FAILED: u8 = b'X';
@@ -60,29 +74,33 @@ pub fn run(cli: &Cli, source: &Path, destination: &Path, out: &mut Output) -> Re
     let dst = cli.open_at(destination, true)?;
     let bar = output::progress_bar(0, "salvaging");
     let progress = |table: &str| bar.set_message(format!("salvaging {table}"));
-    let report = if postgres {
+    let (report, notes) = if postgres {
         // A server's pages are the server's to protect: read in-process.
         let src = cli.open_at(source, false)?;
-        salvage(&mut StoreSource(&src), &dst, progress)
+        (salvage(&mut StoreSource(&src), &dst, progress), Vec::new())
     } else {
-        let mut workers = Workers {
-            exe: std::env::current_exe()?,
-            source: source.to_path_buf(),
-            max_map_size: cli.max_map_size,
-        };
-        salvage(&mut workers, &dst, progress)
+        let mut workers =
+            Workers::new(cli, source, destination).map_err(|e| CliError::Failed(error_text(&e)))?;
+        let report = salvage(&mut workers, &dst, progress);
+        (report, std::mem::take(&mut workers.notes))
     };
     bar.finish_and_clear();
     let report = report.map_err(|e| CliError::Failed(error_text(&e)))?;
     if out.json {
-        return Ok(out.json_value(&serde_json::json!({
+        out.json_value(&serde_json::json!({
             "source": source.display().to_string(),
             "destination": dst.location(),
             "complete": report.is_complete(),
+            "source_notes": notes,
             "report": report,
-        }))?);
+        }))?;
+        return if report.stopped.is_some() || !report.verify.is_ok() {
+            Err(CliError::Reported)
+        } else {
+            Ok(())
+        };
     }
-    print_report(source, &dst, &report, out)
+    print_report(source, &dst, &report, &notes, out)
 }
 
 fn error_text(e: &dyn std::error::Error) -> String {
@@ -100,6 +118,7 @@ fn print_report(
     source: &Path,
     dst: &Store,
     report: &SalvageReport,
+    notes: &[String],
     out: &mut Output,
 ) -> Result<(), CliError> {
     out.line(format_args!(
@@ -108,10 +127,18 @@ fn print_report(
         dst.location(),
         if report.is_complete() {
             "everything was read and kept"
+        } else if report.stopped.is_some() {
+            "the salvage stopped before the end (below)"
         } else {
             "some of it was lost (below)"
         }
     ))?;
+    for note in notes {
+        out.line(format_args!("  source: {note}"))?;
+    }
+    if let Some(why) = &report.stopped {
+        out.line(format_args!("  stopped: {why}"))?;
+    }
     for t in &report.tables {
         out.line(format_args!(
             "  {:<10} {} read, {} kept, {} dropped, {} unreadable stretch{}",
@@ -162,7 +189,7 @@ fn print_report(
     for p in &v.problems {
         out.line(format_args!("  {p}"))?;
     }
-    if v.is_ok() {
+    if v.is_ok() && report.stopped.is_none() {
         Ok(())
     } else {
         Err(CliError::Reported)
@@ -172,28 +199,106 @@ fn print_report(
 /// Reads SRC through child processes.
 struct Workers {
     exe: PathBuf,
-    source: PathBuf,
     max_map_size: Option<u64>,
+    file: LmdbDataFile,
+    /// Where working copies are made (created when first needed).
+    scratch: Scratch,
+    /// The snapshot read (an index into `file.snapshots()`).
+    snapshot: usize,
+    /// The store directory the children open: SRC, or a working copy.
+    reading: PathBuf,
+    /// A child has opened `reading`.
+    opened: bool,
+    stalls: u32,
+    /// What was done to read SRC, for the report.
+    notes: Vec<String>,
 }
 
 /// What a reader sent.
 enum Frame {
+    Opened,
     Row(Vec<u8>, Vec<u8>),
     End,
     Failed(String),
 }
 
-impl SalvageSource for Workers {
-    fn read(
+/// How one reader ended.
+enum Ended {
+    Done(bool),
+    /// Failed before it opened the store.
+    NotOpened(String),
+    Failed(String),
+    Stalled,
+}
+
+impl Workers {
+    fn new(cli: &Cli, source: &Path, destination: &Path) -> Result<Workers, SalvageError> {
+        let file = LmdbDataFile::inspect(source)?;
+        // Beside DST: its file system has room for a store of SRC's size.
+        let parent = match destination.parent() {
+            _ if cli_is_url(destination) => std::env::temp_dir(),
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut workers = Workers {
+            exe: std::env::current_exe().map_err(|e| SalvageError::Io {
+                op: "find the running program",
+                path: PathBuf::from("uwf-db"),
+                source: e,
+            })?,
+            max_map_size: cli.max_map_size,
+            file,
+            scratch: Scratch {
+                dir: parent.join(format!(".uwf-salvage-{}", std::process::id())),
+                made: false,
+            },
+            snapshot: 0,
+            reading: source.to_path_buf(),
+            opened: false,
+            stalls: 0,
+            notes: Vec::new(),
+        };
+        workers.read_snapshot(0)?;
+        Ok(workers)
+    }
+
+    /// Makes the children read snapshot `at`: SRC itself when LMDB can
+    /// open it as it is, else a working copy.
+    fn read_snapshot(&mut self, at: usize) -> Result<(), SalvageError> {
+        let repairs = self.file.repairs(at);
+        self.snapshot = at;
+        self.opened = false;
+        if repairs.is_empty() {
+            return Ok(());
+        }
+        let dir = self.scratch.make(at)?;
+        let unreadable = self.file.write_copy(at, &dir)?;
+        let txnid = self.file.snapshots().get(at).map_or(0, |m| m.txnid);
+        self.notes.extend(repairs);
+        if !unreadable.is_empty() {
+            self.notes.push(format!(
+                "pages {unreadable:?} could not be read from the disk and were copied as zeros"
+            ));
+        }
+        self.notes.push(format!(
+            "read a working copy with both meta pages of transaction {txnid} ({})",
+            dir.display()
+        ));
+        self.reading = dir;
+        Ok(())
+    }
+
+    /// One reader from `from`.
+    fn read_once(
         &mut self,
         table: Table,
         from: Option<&[u8]>,
         sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<bool, String> {
+    ) -> Ended {
         let mut command = Command::new(&self.exe);
         command
             .arg("--store")
-            .arg(&self.source)
+            .arg(&self.reading)
             .arg("salvage-read")
             .arg(table.name())
             .stdin(Stdio::null())
@@ -206,9 +311,15 @@ impl SalvageSource for Workers {
         if let Some(from) = from {
             command.arg("--from").arg(hex(from));
         }
-        let mut child = command
-            .spawn()
-            .map_err(|e| format!("cannot start a reader ({}): {e}", self.exe.display()))?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                return Ended::NotOpened(format!(
+                    "cannot start a reader ({}): {e}",
+                    self.exe.display()
+                ));
+            }
+        };
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let errors = std::thread::spawn(move || {
@@ -224,31 +335,28 @@ impl SalvageSource for Workers {
             let mut input = BufReader::new(stdout);
             loop {
                 let frame = read_frame(&mut input);
-                let last = !matches!(frame, Ok(Frame::Row(..)));
+                let last = !matches!(frame, Ok(Frame::Row(..) | Frame::Opened));
                 if tx.send(frame).is_err() || last {
                     return;
                 }
             }
         });
+        let mut opened = false;
         let outcome = loop {
             match rx.recv_timeout(STALL) {
+                Ok(Ok(Frame::Opened)) => opened = true,
                 Ok(Ok(Frame::Row(k, v))) => {
                     if !sink(&k, &v) {
-                        break Ok(false);
+                        break Ended::Done(false);
                     }
                 }
-                Ok(Ok(Frame::End)) => break Ok(true),
-                Ok(Ok(Frame::Failed(detail))) => break Err(detail),
+                Ok(Ok(Frame::End)) => break Ended::Done(true),
+                Ok(Ok(Frame::Failed(detail))) => break Ended::Failed(detail),
                 // The pipe closed without an end: the reader died.
                 Ok(Err(())) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    break Err(String::new());
+                    break Ended::Failed(String::new());
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    break Err(format!(
-                        "the reader sent nothing for {} s and was killed",
-                        STALL.as_secs()
-                    ));
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => break Ended::Stalled,
             }
         };
         let status = finish(&mut child);
@@ -256,8 +364,126 @@ impl SalvageSource for Workers {
         let _ = reader.join();
         let stderr = errors.join().unwrap_or_default();
         match outcome {
-            Err(detail) if detail.is_empty() => Err(died(status, &stderr)),
+            Ended::Failed(detail) => {
+                let detail = if detail.is_empty() {
+                    died(status, &stderr)
+                } else {
+                    detail
+                };
+                if opened {
+                    Ended::Failed(detail)
+                } else {
+                    Ended::NotOpened(detail)
+                }
+            }
             other => other,
+        }
+    }
+}
+
+/// Whether `path` is a `postgres://` URL.
+fn cli_is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(uwf_db::backend::is_postgres_url)
+}
+
+/// The directory of working copies, removed with everything in it when
+/// the salvage ends.
+struct Scratch {
+    dir: PathBuf,
+    made: bool,
+}
+
+impl Scratch {
+    /// A new directory for snapshot `at`'s copy.
+    fn make(&mut self, at: usize) -> Result<PathBuf, SalvageError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SalvageError::Io {
+                op: "create the working directory",
+                path,
+                source,
+            }
+        };
+        if !self.made {
+            std::fs::create_dir(&self.dir).map_err(io(&self.dir))?;
+            self.made = true;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(io(&self.dir))?;
+        }
+        let dir = self.dir.join(format!("snapshot-{at}"));
+        std::fs::create_dir(&dir).map_err(io(&dir))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.made {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl SalvageSource for Workers {
+    fn read(
+        &mut self,
+        table: Table,
+        from: Option<&[u8]>,
+        sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<bool, ReadFailure> {
+        // An open that fails is tried once more (it may be passing, say a
+        // file-descriptor limit); one that keeps failing before any reader
+        // opened this snapshot moves to the previous snapshot.
+        let mut open_failures = 0;
+        loop {
+            if self.stalls >= MAX_STALLS {
+                return Err(ReadFailure::Stop(format!(
+                    "{MAX_STALLS} readers sent nothing for {} s and were killed",
+                    STALL.as_secs()
+                )));
+            }
+            match self.read_once(table, from, sink) {
+                Ended::Done(end) => {
+                    self.opened = true;
+                    return Ok(end);
+                }
+                Ended::Failed(detail) => {
+                    self.opened = true;
+                    return Err(ReadFailure::Page(detail));
+                }
+                Ended::Stalled => {
+                    self.stalls += 1;
+                    return Err(ReadFailure::Page(format!(
+                        "the reader sent nothing for {} s and was killed",
+                        STALL.as_secs()
+                    )));
+                }
+                Ended::NotOpened(detail) => {
+                    open_failures += 1;
+                    if open_failures < 2 {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                    let next = self.snapshot + 1;
+                    if !self.opened && next < self.file.snapshots().len() {
+                        self.notes.push(format!(
+                            "the store could not be opened at transaction {}: {detail}",
+                            self.file
+                                .snapshots()
+                                .get(self.snapshot)
+                                .map_or(0, |m| m.txnid)
+                        ));
+                        self.read_snapshot(next)
+                            .map_err(|e| ReadFailure::Stop(error_text(&e)))?;
+                        open_failures = 0;
+                        continue;
+                    }
+                    return Err(ReadFailure::Stop(format!(
+                        "the store cannot be opened: {detail}"
+                    )));
+                }
+            }
         }
     }
 }
@@ -304,6 +530,7 @@ fn read_frame(input: &mut impl Read) -> Result<Frame, ()> {
     let mut tag = [0u8; 1];
     input.read_exact(&mut tag).map_err(|_| ())?;
     match tag[0] {
+        OPENED => Ok(Frame::Opened),
         ROW => {
             let key = read_bytes(input)?;
             let value = read_bytes(input)?;
@@ -357,13 +584,20 @@ pub fn read_worker(cli: &Cli, table: &str, from: Option<&str>) -> Result<(), Cli
         })
         .transpose()?;
     let store = cli.open(false)?;
-    let mut out = BufWriter::new(std::io::stdout().lock());
+    // Unbuffered frames (one write each): a page that crashes this
+    // process loses no row it already read.
+    let mut out = std::io::stdout().lock();
+    out.write_all(&[OPENED])?;
+    out.flush()?;
+    let mut frame = Vec::new();
     let mut write_error = None;
     let result = StoreSource(&store).read(table, from.as_deref(), &mut |k, v| {
-        let sent = out
-            .write_all(&[ROW])
-            .and_then(|()| write_bytes(&mut out, k))
-            .and_then(|()| write_bytes(&mut out, v));
+        frame.clear();
+        frame.push(ROW);
+        let sent = write_bytes(&mut frame, k)
+            .and_then(|()| write_bytes(&mut frame, v))
+            .and_then(|()| out.write_all(&frame))
+            .and_then(|()| out.flush());
         match sent {
             Ok(()) => true,
             Err(e) => {
@@ -377,7 +611,8 @@ pub fn read_worker(cli: &Cli, table: &str, from: Option<&str>) -> Result<(), Cli
     }
     match result {
         Ok(_) => out.write_all(&[END])?,
-        Err(text) => {
+        Err(failure) => {
+            let text = failure.to_string();
             out.write_all(&[FAILED])?;
             write_bytes(&mut out, text.as_bytes())?;
             out.flush()?;
