@@ -26,6 +26,30 @@ fn store_with_a_thread(env: &Cli) -> std::path::PathBuf {
     env.location().lmdb_dir().to_path_buf()
 }
 
+/// [`store_with_a_thread`] and the thread's id.
+fn store_and_thread(env: &Cli) -> (std::path::PathBuf, String) {
+    let store = store_with_a_thread(env);
+    let id = env.json(&["thread", "list"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (store, id)
+}
+
+/// Whether this process is root; if not, says loudly that the calling
+/// test checked nothing (and fails under CI, which runs as root).
+fn root_or_say(what: &str) -> bool {
+    if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+        return true;
+    }
+    eprintln!("NOT ROOT: this test cannot {what}, and checked nothing");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI runs as root: this test must run there"
+    );
+    false
+}
+
 fn victim(env: &Cli) -> std::path::PathBuf {
     let victim = env.path("victim");
     std::fs::write(&victim, "precious").unwrap();
@@ -108,12 +132,7 @@ fn a_fifo_or_directory_in_place_of_a_store_file_is_refused() {
 fn a_data_file_another_user_owns_is_refused() {
     let env = Cli::new(TestBackend::Lmdb).without_final_verify();
     let store = store_with_a_thread(&env);
-    if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
-        eprintln!("NOT ROOT: this test cannot give a file to another user, and checked nothing");
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root: this test must run there"
-        );
+    if !root_or_say("give a file to another user") {
         return;
     }
     std::os::unix::fs::chown(store.join("data.mdb"), Some(65534), Some(65534)).unwrap();
@@ -241,17 +260,8 @@ fn an_absurd_batch_count_is_refused_and_a_large_one_is_not_allocated() {
 #[test]
 fn a_store_this_user_may_only_read_can_be_read() {
     let env = Cli::new(TestBackend::Lmdb);
-    let store = store_with_a_thread(&env);
-    let id = env.json(&["thread", "list"])[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
-        eprintln!("NOT ROOT: this test cannot run the binary as another user, and checked nothing");
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root: this test must run there"
-        );
+    let (store, id) = store_and_thread(&env);
+    if !root_or_say("run the binary as another user") {
         return;
     }
     // `nobody` may read the store's files, not write them.
@@ -302,11 +312,7 @@ fn a_store_this_user_may_only_read_can_be_read() {
 #[test]
 fn a_store_on_a_read_only_file_system_can_be_read() {
     let env = Cli::new(TestBackend::Lmdb);
-    let store = store_with_a_thread(&env);
-    let id = env.json(&["thread", "list"])[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (store, id) = store_and_thread(&env);
     // `uwf-db ARGS` in a mount namespace where the store's directory is a
     // read-only bind mount of itself.
     let on_rofs = |args: &[&str]| {
@@ -328,13 +334,10 @@ fn a_store_on_a_read_only_file_system_can_be_read() {
     };
     let probe = on_rofs(&["--version"]);
     if code(&probe) != Some(0) {
-        eprintln!(
-            "NO MOUNT NAMESPACE (unshare -m needs root): the read-only file system test checked nothing: {}",
-            stderr(&probe)
-        );
+        eprintln!("unshare -m failed: {}", stderr(&probe));
         assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root: this test must run there"
+            !root_or_say("make a mount namespace"),
+            "root, and no namespace"
         );
         return;
     }
@@ -466,11 +469,7 @@ fn offsets(hay: &[u8], needle: &[u8]) -> Vec<usize> {
 #[test]
 fn a_flipped_byte_in_a_thread_record_is_damage_not_a_wrong_answer() {
     let env = Cli::new(TestBackend::Lmdb).without_final_verify();
-    let store = store_with_a_thread(&env);
-    let id = env.json(&["thread", "list"])[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (store, id) = store_and_thread(&env);
     env.verify_clean();
     // The record names its agent; LMDB may keep older copies of the page,
     // so every copy is changed: `review` → `reviek`.

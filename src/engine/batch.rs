@@ -206,15 +206,27 @@ impl Store {
         agents: Vec<Box<dyn Agent>>,
         on_item: &mut dyn FnMut(&BatchItem) -> R,
     ) -> Result<BatchReport, EngineError> {
-        // Fails early on an unknown or invalid workflow, or a bad label.
+        self.start_batch(workflow, Items::Slice(prompts), options, agents, on_item)
+    }
+
+    /// A batch of new threads, one per item: fails early on an unknown or
+    /// invalid workflow, or a bad label, before any thread starts.
+    fn start_batch<R: ItemFlow>(
+        &self,
+        workflow: Hash,
+        prompts: Items<'_, BatchPrompt>,
+        options: &BatchOptions,
+        agents: Vec<Box<dyn Agent>>,
+        on_item: &mut dyn FnMut(&BatchItem) -> R,
+    ) -> Result<BatchReport, EngineError> {
         self.load_workflow(workflow)?;
         check_labels(&options.labels).map_err(ThreadError::from)?;
-        for p in prompts {
+        for p in prompts.distinct() {
             check_labels(&merged(&options.labels, &p.labels)).map_err(ThreadError::from)?;
         }
         let mut agents = agents;
         self.drive_pool(
-            Items::Slice(prompts),
+            prompts,
             options,
             &mut agents,
             on_item,
@@ -261,17 +273,12 @@ impl Store {
                 max: MAX_BATCH_THREADS,
             });
         }
-        self.load_workflow(workflow)?;
-        check_labels(&merged(&options.labels, &prompt.labels)).map_err(ThreadError::from)?;
-        let mut agents = agents;
-        self.drive_pool(
+        self.start_batch(
+            workflow,
             Items::Repeat(prompt, count),
             options,
-            &mut agents,
+            agents,
             on_item,
-            &|store, index, prompt, agent| {
-                Some(drive_one(store, workflow, index, prompt, options, agent))
-            },
         )
     }
 
@@ -807,6 +814,15 @@ impl<'a, T> Items<'a, T> {
             Items::Slice(items) => items.get(index),
             Items::Repeat(item, count) => (index < count).then_some(item),
         }
+    }
+
+    /// Each different item once.
+    fn distinct(self) -> impl Iterator<Item = &'a T> {
+        let (items, one): (&'a [T], Option<&'a T>) = match self {
+            Items::Slice(items) => (items, None),
+            Items::Repeat(item, count) => (&[], (count > 0).then_some(item)),
+        };
+        items.iter().chain(one)
     }
 
     fn is_empty(self) -> bool {
