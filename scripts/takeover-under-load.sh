@@ -13,14 +13,18 @@
 #   STORE: an LMDB directory (made fresh) or a postgres:// URL of an empty
 #   database; default: PostgreSQL database uwf_takeover_$$ on
 #   postgres://root@127.0.0.1:5432 (created and dropped).
-#   THREADS 1000, JOBS 4 per runner, WARMUP 8 s.
+#   THREADS 1000, JOBS 4 per runner, WARMUP 8 s. UWF_BIN=PATH measures
+#   another build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${2:-1000}
 jobs=${3:-4}
 warmup=${4:-8}
-cargo build --quiet --release --bin uwf-db
-bin=$(realpath target/release/uwf-db)
+# UWF_BIN: another build to measure (the one before the change, say).
+if [ -z "${UWF_BIN:-}" ]; then
+    cargo build --quiet --release --bin uwf-db
+fi
+bin=$(realpath "${UWF_BIN:-target/release/uwf-db}")
 work=$(mktemp -d /tmp/uwf-takeover.XXXXXX)
 db=
 store=${1:-}
@@ -49,17 +53,19 @@ while read -r p; do uwf thread start two -p "$p" >/dev/null; done <"$work/prompt
 echo "store: $store; $threads queued threads; 4 runners x $jobs jobs; agent 0.2 s a call"
 
 for r in 1 2 3 4; do
-    uwf batch two --continue --wait --jobs "$jobs" \
+    # The binary itself, not the `uwf` function: $! must be its pid.
+    "$bin" --store "$store" batch two --continue --wait --jobs "$jobs" \
         --agent "cmd:sh -c 'sleep 0.2; echo done'" >/dev/null 2>"$work/runner$r.err" &
     pids+=($!)
 done
 sleep "$warmup"
-# The threads running now, with their step counts; then the kill.
-uwf --json thread list --status running --limit 1000 |
-    python3 -c 'import json,sys; [print(t["id"], t["seq"]) for t in json.load(sys.stdin)]' >"$work/running"
+# The kill, then the threads running, with their step counts: the dead
+# runner's stay put from the kill on, the survivors' keep moving.
 kill -9 "${pids[0]}"
 killed=$(date +%s.%N)
-echo "killed runner 1 with $(wc -l <"$work/running") threads running in the fleet"
+uwf --json thread list --status running --limit 1000 |
+    python3 -c 'import json,sys; [print(t["id"], t["seq"]) for t in json.load(sys.stdin)]' >"$work/running"
+echo "killed runner 1; $(wc -l <"$work/running") threads running in the fleet just after"
 # Watch until every thread running at the kill has taken a step since.
 python3 - "$bin" "$store" "$work/running" "$killed" <<'PY'
 import json, subprocess, sys, time
