@@ -131,7 +131,21 @@ fn ctrl_c_stops_a_batch_kills_its_agents_and_leaves_threads_retryable(b: TestBac
         "--jobs",
         "3",
     ]);
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Until the drivers are in their agents (a fixed 800 ms was too short
+    // on a loaded machine: the kill came before any thread existed).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let o = env.uwf(&["--json", "thread", "list", "--status", "running"]);
+        if code(&o) == Some(0) && json_of(&o).as_array().is_some_and(|a| a.len() == 3) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     // A first Ctrl-C lets the steps in flight finish (tests/cli_stop.rs);
     // the second kills the agents at once.
