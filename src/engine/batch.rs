@@ -414,6 +414,12 @@ impl Store {
     /// Whether a live runner (another process, or a claim of this store
     /// handle) is driving a thread of workflow `name`.
     fn live_drives(&self, name: &str) -> Result<bool, EngineError> {
+        Ok(self.running_threads(name)?.iter().any(|(_, held)| *held))
+    }
+
+    /// The `running` threads of workflow `name`, each with whether a live
+    /// driver holds its claim.
+    fn running_threads(&self, name: &str) -> Result<Vec<(ThreadId, bool)>, EngineError> {
         let query = ThreadQuery {
             statuses: vec![ThreadStatus::Running],
             workflow: Some(name.to_owned()),
@@ -421,7 +427,8 @@ impl Store {
             ..ThreadQuery::default()
         };
         let running: Vec<ThreadId> = self.list_threads(&query)?.iter().map(|r| r.id).collect();
-        Ok(claim::are_held(self, &running)?.contains(&true))
+        let held = claim::are_held(self, &running)?;
+        Ok(running.into_iter().zip(held).collect())
     }
 
     /// [`Store::continue_threads`]; with `skip_taken`, a thread another
@@ -474,17 +481,9 @@ impl Store {
     /// The threads of workflow `name` that a driver left `running` and no
     /// longer holds (it died): what another runner takes over first.
     pub(crate) fn orphaned_threads(&self, name: &str) -> Result<Vec<ThreadId>, EngineError> {
-        let query = ThreadQuery {
-            statuses: vec![ThreadStatus::Running],
-            workflow: Some(name.to_owned()),
-            limit: usize::MAX,
-            ..ThreadQuery::default()
-        };
-        let running: Vec<ThreadId> = self.list_threads(&query)?.iter().map(|r| r.id).collect();
-        let held = claim::are_held(self, &running)?;
-        Ok(running
+        Ok(self
+            .running_threads(name)?
             .into_iter()
-            .zip(held)
             .filter_map(|(id, held)| (!held).then_some(id))
             .collect())
     }
