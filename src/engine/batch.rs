@@ -729,7 +729,8 @@ impl BatchItem {
 /// A batch's piece of work: item `index` driven with a driver's agent; its
 /// outcome, or `None` when another runner took it first.
 /// How often a `batch --continue` pass looks for threads a dead runner
-/// left `running` ([`Orphans`]).
+/// left `running`, which its drivers then take before the rest of the
+/// pass ([`Store::continue_workflow`]).
 pub const ORPHAN_CHECK: Duration = Duration::from_secs(5);
 
 /// The threads a dead runner left `running` (their claims no longer held),
