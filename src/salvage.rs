@@ -72,6 +72,21 @@ pub trait SalvageSource {
         from: Option<&[u8]>,
         sink: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<bool, ReadFailure>;
+
+    /// Gives `sink` rows of `table` that no read reaches because a page
+    /// of the table's tree above them is damaged, found some other way
+    /// (for LMDB, on the leaf pages no tree reaches:
+    /// [`LmdbDataFile::orphan_rows`]), in no order. Called for a table
+    /// with lost stretches; the salvage takes the rows inside them. The
+    /// default finds none.
+    fn orphans(
+        &mut self,
+        table: Table,
+        sink: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), ReadFailure> {
+        let _ = (table, sink);
+        Ok(())
+    }
 }
 
 /// Why a [`SalvageSource`] read failed.
@@ -121,6 +136,27 @@ impl SalvageSource for StoreSource<'_> {
     }
 }
 
+/// Opens the LMDB store in directory `dir` to be salvaged: read-only
+/// (nothing in it is created or changed), and opened even when the page
+/// that holds its format version is damaged, the layout (values with or
+/// without checksums) then told from the rows that can be read. A store
+/// of a newer format is still refused. Read it with [`StoreSource`].
+///
+/// ```
+/// use uwf_db::{Blob, Store, StoreOptions, salvage::{StoreSource, open_damaged, salvage}};
+/// let dir = tempfile::tempdir().unwrap();
+/// let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+/// Store::open(&src, StoreOptions::default()).unwrap().put(&Blob::content("hello", [])).unwrap();
+/// let damaged = open_damaged(&src).unwrap();
+/// let new = Store::open(&dst, StoreOptions::default()).unwrap();
+/// let report = salvage(&mut StoreSource(&damaged), &new, |_| {}).unwrap();
+/// assert!(report.is_complete());
+/// assert_eq!(new.stats().unwrap().blob_count, 1);
+/// ```
+pub fn open_damaged(dir: &Path) -> Result<Store, StoreError> {
+    Store::open_damaged(dir)
+}
+
 /// The tables a salvage reads, in order: blobs first, then what names
 /// them, then the thread records.
 pub fn salvage_order() -> [Table; 5] {
@@ -163,6 +199,10 @@ pub struct TableSalvage {
     /// Reads started (one, plus the probes that looked for a readable key
     /// after each failure).
     pub reads: u64,
+    /// Rows of the lost stretches found below a damaged page (on pages no
+    /// read reaches) and read anyway; counted in `read` too. Stretches
+    /// stay listed as lost: what was on the damaged page itself is gone.
+    pub recovered: u64,
 }
 
 /// A row read and not kept.
@@ -321,6 +361,23 @@ pub fn salvage(
             }
         },
     )?;
+    let mut blobs_taken = HashSet::new();
+    recover(source, Table::Blobs, &mut report, |report, key, value| {
+        if !blobs_taken.insert(key.to_vec()) {
+            return Ok(false);
+        }
+        match check_blob(key, value) {
+            Ok((hash, kind, refs)) => {
+                kept.insert(hash, (kind, refs));
+                writer.put(Table::Blobs, key, value)?;
+                Ok(true)
+            }
+            Err(reason) => {
+                report.drop_row(Table::Blobs, hex(key), reason);
+                Ok(false)
+            }
+        }
+    })?;
     writer.flush()?;
     // Drop every blob that reaches a blob that was not kept.
     for (hash, missing) in dangling(&mut kept) {
@@ -336,7 +393,7 @@ pub fn salvage(
 
     for (table, name) in [(Table::Workflows, "workflows"), (Table::Pins, "pins")] {
         progress(name);
-        read_table(source, table, &mut report, |report, key, value| {
+        let mut take = |report: &mut SalvageReport, key: &[u8], value: &[u8]| {
             let target = if table == Table::Pins { key } else { value };
             let reason = match Hash::from_slice(target) {
                 None => Some(format!("{} bytes, not a hash", target.len())),
@@ -359,45 +416,46 @@ pub fn salvage(
                     Ok(false)
                 }
             }
-        })?;
+        };
+        read_table(source, table, &mut report, &mut take)?;
+        recover(source, table, &mut report, take)?;
         writer.flush()?;
     }
 
     let mut seen: HashSet<ThreadId> = HashSet::new();
     for table in [Table::Threads, Table::History] {
         progress(table.name());
-        read_table(
-            source,
-            table,
-            &mut report,
-            |report, key, value| match check_record(table, key, value, &kept) {
-                Ok(record) if seen.insert(record.id) => {
-                    dst.write(|w| {
-                        index::put(w, None, &record)?;
-                        Ok::<_, SalvageError>(())
-                    })?;
-                    report.threads += 1;
-                    Ok(true)
+        let mut take = |report: &mut SalvageReport, key: &[u8], value: &[u8]| match check_record(
+            table, key, value, &kept,
+        ) {
+            Ok(record) if seen.insert(record.id) => {
+                dst.write(|w| {
+                    index::put(w, None, &record)?;
+                    Ok::<_, SalvageError>(())
+                })?;
+                report.threads += 1;
+                Ok(true)
+            }
+            Ok(record) => {
+                report.drop_row(
+                    table,
+                    record.id.to_string(),
+                    "a second record of a thread already kept".into(),
+                );
+                Ok(false)
+            }
+            Err(reason) => {
+                let key = match table {
+                    Table::History => key.get(4..).and_then(ThreadId::from_slice),
+                    _ => ThreadId::from_slice(key),
                 }
-                Ok(record) => {
-                    report.drop_row(
-                        table,
-                        record.id.to_string(),
-                        "a second record of a thread already kept".into(),
-                    );
-                    Ok(false)
-                }
-                Err(reason) => {
-                    let key = match table {
-                        Table::History => key.get(4..).and_then(ThreadId::from_slice),
-                        _ => ThreadId::from_slice(key),
-                    }
-                    .map_or_else(|| hex(key), |id| id.to_string());
-                    report.drop_row(table, key, reason);
-                    Ok(false)
-                }
-            },
-        )?;
+                .map_or_else(|| hex(key), |id| id.to_string());
+                report.drop_row(table, key, reason);
+                Ok(false)
+            }
+        };
+        read_table(source, table, &mut report, &mut take)?;
+        recover(source, table, &mut report, take)?;
     }
     progress("verify");
     report.verify = dst.verify(|_| {})?;
@@ -511,6 +569,94 @@ fn read_table(
             None => return Ok(()),
         }
     }
+}
+
+/// A lost stretch of keys: after the first (the table's start when
+/// `None`), before the second (its end when `None`).
+type Stretch = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Reads the rows of `table`'s lost stretches that the source finds
+/// below the damaged pages ([`SalvageSource::orphans`]) and gives those
+/// inside a stretch to `take`, in key order. Blobs are given as they are
+/// found (a key once); of the other tables, whose rows are few, one row a
+/// key is kept, and of a thread record the newest (highest `seq`, then
+/// `updated_at`): a page no tree reaches may hold an older copy.
+fn recover(
+    source: &mut dyn SalvageSource,
+    table: Table,
+    report: &mut SalvageReport,
+    mut take: impl FnMut(&mut SalvageReport, &[u8], &[u8]) -> Result<bool, SalvageError>,
+) -> Result<(), SalvageError> {
+    let stretches: Vec<Stretch> = report
+        .tables
+        .iter()
+        .filter(|t| t.table == table.name())
+        .flat_map(|t| &t.lost)
+        .map(|l| {
+            let bound = |k: &Option<String>| k.as_deref().and_then(crate::hash::unhex);
+            (bound(&l.after), bound(&l.before))
+        })
+        .collect();
+    if stretches.is_empty() {
+        return Ok(());
+    }
+    let inside = |key: &[u8]| {
+        stretches.iter().any(|(after, before)| {
+            after.as_deref().is_none_or(|a| key > a) && before.as_deref().is_none_or(|b| key < b)
+        })
+    };
+    let mut found: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = Default::default();
+    let mut failed = None;
+    let outcome = source.orphans(table, &mut |key, value| {
+        if failed.is_some() || !inside(key) {
+            return;
+        }
+        if table == Table::Blobs {
+            report.count(table, |t| {
+                t.read += 1;
+                t.recovered += 1;
+            });
+            match take(report, key, value) {
+                Ok(true) => report.count(table, |t| t.kept += 1),
+                Ok(false) => {}
+                Err(e) => failed = Some(e),
+            }
+            return;
+        }
+        let newer = match found.get(key) {
+            None => true,
+            Some(old) => {
+                let version =
+                    |v: &[u8]| ThreadRecord::decode(v).ok().map(|r| (r.seq, r.updated_at));
+                matches!(table, Table::Threads | Table::History) && version(value) > version(old)
+            }
+        };
+        if newer {
+            found.insert(key.to_vec(), value.to_vec());
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    for (key, value) in found {
+        report.count(table, |t| {
+            t.read += 1;
+            t.recovered += 1;
+        });
+        if take(report, &key, &value)? {
+            report.count(table, |t| t.kept += 1);
+        }
+    }
+    if let Err(e) = outcome {
+        report.count(table, |t| {
+            t.lost.push(LostRange {
+                after: None,
+                before: None,
+                detail: format!("looking for rows below the damaged pages failed: {e}"),
+            });
+        });
+    }
+    Ok(())
 }
 
 /// Records that the reading stopped in `table` after `last`.
@@ -881,6 +1027,47 @@ impl LmdbDataFile {
         out
     }
 
+    /// Gives `sink` the rows of `table` on the leaf pages of snapshot `at`
+    /// (an index into [`Self::snapshots`]) that no B-tree of the snapshot
+    /// reaches and that are not free: what lies below a damaged branch
+    /// page, which LMDB cannot reach. For blobs free pages are read too:
+    /// one may hold an older copy of a damaged leaf, and a blob is the
+    /// same in every copy. Read with plain file reads, every
+    /// offset checked, so a damaged page is passed over, never followed;
+    /// a row is taken for `table` only if its checksum (seeded with the
+    /// table) matches, or in a store without checksums, if its key and
+    /// value have the table's shape. Values come without their trailers.
+    /// Returns the number of such pages and of rows given.
+    pub fn orphan_rows(
+        &self,
+        at: usize,
+        table: Table,
+        sink: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<OrphanScan, SalvageError> {
+        let Some(meta) = self.metas.get(at) else {
+            return Err(SalvageError::DataFile {
+                path: self.path.clone(),
+                detail: format!("it has no snapshot {at}"),
+            });
+        };
+        let scan = crate::backend::lmdb::pages::orphan_rows(
+            &self.path,
+            self.page_size,
+            &meta.bytes,
+            table,
+            sink,
+        )
+        .map_err(|source| SalvageError::Io {
+            op: "read the pages of",
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(OrphanScan {
+            pages: scan.orphan_pages,
+            rows: scan.rows,
+        })
+    }
+
     /// Writes `dir/data.mdb`: a copy of the data file whose two meta pages
     /// are both the snapshot `at`'s, padded with zeros to the length it
     /// uses. Pages that cannot be read are written as zeros; the returned
@@ -947,6 +1134,16 @@ impl LmdbDataFile {
         out.sync_all().map_err(write_io)?;
         Ok(unreadable)
     }
+}
+
+/// What [`LmdbDataFile::orphan_rows`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OrphanScan {
+    /// Leaf pages that no tree of the snapshot reaches and that are not
+    /// free.
+    pub pages: u64,
+    /// Rows of the table given.
+    pub rows: u64,
 }
 
 /// A valid meta page in `page` (slot `slot`) and the page size it gives.

@@ -416,3 +416,123 @@ fn regression_a_data_file_one_page_short_keeps_what_is_there() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// The pages of `bytes` that hold the key `format_version`: the leaf of
+/// the `meta` table (and older copies of it in free pages).
+fn pages_holding_the_format_version(bytes: &[u8]) -> Vec<usize> {
+    let key = b"format_version";
+    (2..bytes.len() / PAGE)
+        .filter(|&page| {
+            bytes[page * PAGE..(page + 1) * PAGE]
+                .windows(key.len())
+                .any(|w| w == key)
+        })
+        .collect()
+}
+
+/// Issue 18: with the page that holds the format version damaged, every
+/// reader refused to open the store and salvage kept 0 threads although
+/// every other page was intact. The reader now opens such a store anyway
+/// (read-only) and tells the layout from the rows: every thread is kept,
+/// from a store with value checksums and from one of the legacy layout
+/// (the format-1 fixture), with the `meta` page zeroed or filled with
+/// garbage.
+#[test]
+fn regression_a_damaged_format_version_page_loses_no_thread() {
+    let env = populated("8");
+    let legacy = env.path("legacy");
+    copy_dir(&root().join("tests/fixtures/v1-store"), &legacy);
+    for (name, src) in [
+        ("checksummed", env.location().lmdb_dir().to_path_buf()),
+        ("legacy", legacy),
+    ] {
+        let threads = thread_count(&src);
+        assert!(threads > 0, "{name}: no thread to keep");
+        let whole = std::fs::read(src.join("data.mdb")).unwrap();
+        let mut tried = 0;
+        for page in pages_holding_the_format_version(&whole) {
+            for (how, fill) in [("zeroed", vec![0; PAGE]), ("garbage", garbage(page as u64))] {
+                let mut bytes = whole.clone();
+                bytes[page * PAGE..(page + 1) * PAGE].copy_from_slice(&fill);
+                let tag = format!("{name}-{page}-{how}");
+                let copy = damaged_copy(&env, &src, &tag, &bytes);
+                // Only the page the current snapshot reads (an older copy
+                // in a free page is no damage).
+                if code(&uwf_at(&copy, &["verify"])) == Some(0) {
+                    continue;
+                }
+                tried += 1;
+                let dst = env.path(&format!("{tag}-salvaged"));
+                let o = salvage_guarded(&copy, &dst, &env.path(&format!("{tag}-io")))
+                    .unwrap_or_else(|| panic!("{tag}: salvage still running after {HANG:?}"));
+                assert_eq!(code(&o), Some(0), "{tag}: {}", stderr(&o));
+                let report = json_of(&o);
+                assert_eq!(report["report"]["threads"], threads, "{tag}: {report}");
+                assert_eq!(thread_count(&dst), threads, "{tag}");
+                let o = uwf_at(&dst, &["verify"]);
+                assert_eq!(code(&o), Some(0), "{tag}: {}", stdout(&o));
+                // Nothing was written to the damaged store.
+                assert_eq!(
+                    std::fs::read(copy.join("data.mdb")).unwrap(),
+                    bytes,
+                    "{tag}"
+                );
+            }
+        }
+        assert!(tried > 0, "{name}: no page in use holds the format version");
+    }
+}
+
+/// The branch pages of `bytes` (`mp_flags` & `P_BRANCH`) that say they
+/// are themselves (`mp_pgno`): the upper levels of the B-trees.
+fn branch_pages(bytes: &[u8]) -> Vec<usize> {
+    (2..bytes.len() / PAGE)
+        .filter(|&page| {
+            let at = page * PAGE;
+            let pgno = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+            let flags = u16::from_le_bytes([bytes[at + 10], bytes[at + 11]]);
+            pgno == page as u64 && flags & 0x01 != 0
+        })
+        .collect()
+}
+
+/// Issue 18: a damaged branch page (the root of the blobs tree, say) hid
+/// every leaf below it from LMDB although they were intact, and salvage
+/// kept nothing of them: 0 threads. The leaf pages no tree reaches are
+/// now read with plain file reads, each row checked by its checksum, and
+/// every thread is kept whichever branch page is zeroed.
+#[test]
+fn regression_a_damaged_branch_page_loses_no_thread() {
+    let env = populated("40");
+    let src = env.location().lmdb_dir().to_path_buf();
+    let threads = thread_count(&src);
+    let whole = std::fs::read(src.join("data.mdb")).unwrap();
+    let mut tried = 0;
+    for page in branch_pages(&whole) {
+        let mut bytes = whole.clone();
+        bytes[page * PAGE..(page + 1) * PAGE].fill(0);
+        let tag = format!("branch-{page}");
+        let copy = damaged_copy(&env, &src, &tag, &bytes);
+        if code(&uwf_at(&copy, &["verify"])) == Some(0) {
+            continue;
+        }
+        tried += 1;
+        let dst = env.path(&format!("{tag}-salvaged"));
+        let o = salvage_guarded(&copy, &dst, &env.path(&format!("{tag}-io")))
+            .unwrap_or_else(|| panic!("{tag}: salvage still running after {HANG:?}"));
+        assert_eq!(code(&o), Some(0), "{tag}: {}", stderr(&o));
+        let report = json_of(&o);
+        assert_eq!(report["report"]["threads"], threads, "{tag}: {report}");
+        let recovered: u64 = report["report"]["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["recovered"].as_u64().unwrap())
+            .sum();
+        assert!(recovered > 0, "{tag}: {report}");
+        assert_eq!(thread_count(&dst), threads, "{tag}");
+        let o = uwf_at(&dst, &["verify"]);
+        assert_eq!(code(&o), Some(0), "{tag}: {}", stdout(&o));
+    }
+    assert!(tried > 0, "no branch page in use");
+}

@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use super::{Durability, Store, StoreError, StoreInner, StoreOptions};
 use crate::backend::Backend;
-use crate::backend::lmdb::{LmdbBackend, LmdbOptions};
+use crate::backend::lmdb::{LmdbBackend, LmdbOptions, OpenFor};
 use crate::backend::memory::MemoryBackend;
 
 /// LMDB stores open in this process, by canonical path. This is the one
@@ -32,7 +32,22 @@ impl Store {
     /// assert_eq!(store.stats().unwrap().blob_count, 0);
     /// ```
     pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store, StoreError> {
-        let path = path.as_ref();
+        Store::open_for(path.as_ref(), options, OpenFor::Use)
+    }
+
+    /// Opens the LMDB store in `path` read-only for
+    /// [`salvage`](crate::salvage): a format version that cannot be read
+    /// (its page is damaged) is no reason to refuse, the layout is told
+    /// from the rows. Nothing is created and nothing is written.
+    pub(crate) fn open_damaged(path: &Path) -> Result<Store, StoreError> {
+        let options = StoreOptions {
+            create: false,
+            ..StoreOptions::default()
+        };
+        Store::open_for(path, options, OpenFor::Salvage)
+    }
+
+    fn open_for(path: &Path, options: StoreOptions, purpose: OpenFor) -> Result<Store, StoreError> {
         let io = |op| {
             let path = path.to_path_buf();
             move |source| StoreError::Io { op, path, source }
@@ -97,7 +112,7 @@ impl Store {
             return Ok(Store { inner, group: None });
         }
 
-        let backend = LmdbBackend::open(&canonical, requested)?;
+        let backend = LmdbBackend::open(&canonical, requested, purpose)?;
         let inner = Arc::new(StoreInner {
             backend: Box::new(backend),
             engine: crate::engine::state::EngineState::default(),

@@ -7,6 +7,7 @@ mod check;
 mod env;
 pub(crate) use check::STORE_FILES;
 mod locks;
+pub(crate) mod pages;
 mod sum;
 
 use std::borrow::Cow;
@@ -78,10 +79,22 @@ impl LmdbBackend {
     ///
     /// The caller must not open one path twice in a process (LMDB forbids
     /// it): [`crate::Store::open`] keeps a registry for that.
-    pub(crate) fn open(path: &Path, options: LmdbOptions) -> Result<LmdbBackend, StoreError> {
+    pub(crate) fn open(
+        path: &Path,
+        options: LmdbOptions,
+        purpose: OpenFor,
+    ) -> Result<LmdbBackend, StoreError> {
         // A store this user may not write (a read-only file system, or
-        // files of another user that they may read) opens read-only.
-        let read_only = check::read_only(path);
+        // files of another user that they may read) opens read-only; so
+        // does a damaged store opened to be salvaged.
+        let read_only = match (purpose, check::read_only(path)) {
+            (OpenFor::Use, found) => found,
+            (OpenFor::Salvage, Some(found)) => Some(found),
+            (OpenFor::Salvage, None) => Some((
+                env::ReadOnly::WithLocks,
+                "it is opened to be salvaged, which never writes to it".to_owned(),
+            )),
+        };
         // Before LMDB opens anything: a planted link (or, to write, another
         // user's file) is refused; a truncated data file would crash on read.
         check::store_files(path, read_only.is_none())?;
@@ -114,7 +127,7 @@ impl LmdbBackend {
                 .map_err(|e| fail("clearing stale readers", e))?;
         }
         let (dbs, checksums) =
-            open_databases(&env, path, &fail).map_err(|e| match (&read_only, e) {
+            open_databases(&env, path, purpose, &fail).map_err(|e| match (&read_only, e) {
                 // A store with no databases yet needs a write to create them.
                 (Some((_, reason)), StoreError::Lmdb { op, .. }) if op == "creating" => {
                     StoreError::ReadOnly {
@@ -555,6 +568,18 @@ impl TableDbs {
     }
 }
 
+/// Why a store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenFor {
+    /// To read and write it: the format version must be readable and ours.
+    Use,
+    /// To read what can still be read of a damaged store (`salvage`):
+    /// read-only, and a format version that cannot be read (its page is
+    /// damaged) is no reason to refuse; the layout is then told from the
+    /// rows themselves ([`guess_checksums`]).
+    Salvage,
+}
+
 /// Opens the databases, creating them (and writing the format version) in a
 /// new store; checks the format version of an existing one. Returns them
 /// and whether the store's values carry checksums (`sum.rs`): a new store's
@@ -563,6 +588,7 @@ impl TableDbs {
 fn open_databases(
     env: &Env<WithoutTls>,
     path: &Path,
+    purpose: OpenFor,
     fail: &dyn Fn(&str, heed::Error) -> StoreError,
 ) -> Result<(TableDbs, bool), StoreError> {
     // Fast path: an existing store needs only a read transaction, so opening
@@ -581,12 +607,26 @@ fn open_databases(
         let meta = dbs.get(Table::Meta);
         let stored = meta
             .get(&rtxn, FORMAT_VERSION_KEY.as_bytes())
-            .map_err(|e| fail("reading the format version", e))?
-            .map(<[u8]>::to_vec);
+            .map_err(|e| fail("reading the format version", e))
+            .map(|v| v.map(<[u8]>::to_vec));
+        // Committing makes the database handles usable by later
+        // transactions (LMDB), whatever the version read gave.
         rtxn.commit().map_err(|e| fail("opening", e))?;
-        let (version, checksums) = layout(path, stored.as_deref())?;
-        check_format(path, version)?;
-        return Ok((dbs, checksums));
+        let checked = stored.and_then(|stored| {
+            let (version, checksums) = layout(path, stored.as_deref())?;
+            check_format(path, version)?;
+            Ok(checksums)
+        });
+        return match (checked, purpose) {
+            (Ok(checksums), _) => Ok((dbs, checksums)),
+            // A newer format, told by a version whose checksum matches,
+            // is not damage: salvage would misread it.
+            (Err(e @ StoreError::UnsupportedFormat { .. }), _) | (Err(e), OpenFor::Use) => Err(e),
+            (Err(_), OpenFor::Salvage) => {
+                let checksums = guess_checksums(env, &dbs);
+                Ok((dbs, checksums))
+            }
+        };
     }
     drop(rtxn);
 
@@ -639,6 +679,46 @@ fn open_databases(
     };
     wtxn.commit().map_err(|e| fail("creating", e))?;
     Ok((dbs, checksums))
+}
+
+/// Whether the values of a store whose format version cannot be read carry
+/// checksums, told by the first rows that can be read: a row whose last
+/// four bytes are its checksum votes for the checksummed layout, any other
+/// row for the legacy one (a legacy value ends with its checksum by chance
+/// one time in 2^32). No row read: the checksummed layout (there is nothing
+/// to misread). Reads stop at a table's first error.
+fn guess_checksums(env: &Env<WithoutTls>, dbs: &TableDbs) -> bool {
+    /// Rows read before deciding.
+    const VOTES: usize = 16;
+    let (mut with, mut without) = (0usize, 0usize);
+    let Ok(rtxn) = env.read_txn() else {
+        return true;
+    };
+    let tables = [
+        Table::Threads,
+        Table::History,
+        Table::Workflows,
+        Table::Pins,
+        Table::Blobs,
+        Table::Meta,
+    ];
+    for table in tables {
+        let Ok(rows) = dbs.get(table).iter(&rtxn) else {
+            continue;
+        };
+        for row in rows.take(VOTES) {
+            let Ok((key, value)) = row else { break };
+            if sum::strip(table, key, value).is_some() {
+                with += 1;
+            } else {
+                without += 1;
+            }
+        }
+        if with + without >= VOTES {
+            break;
+        }
+    }
+    with >= without
 }
 
 /// The format version value of a stored one, and whether the store has the

@@ -486,6 +486,38 @@ impl SalvageSource for Workers {
             }
         }
     }
+
+    fn orphans(
+        &mut self,
+        table: Table,
+        sink: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), ReadFailure> {
+        self.orphan_rows(table, sink)
+    }
+}
+
+impl Workers {
+    /// Rows below the damaged pages of `table`, found with plain reads of
+    /// SRC's data file (no reader: nothing there is mapped or trusted).
+    fn orphan_rows(
+        &mut self,
+        table: Table,
+        sink: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), ReadFailure> {
+        let scan = self
+            .file
+            .orphan_rows(self.snapshot, table, sink)
+            .map_err(|e| ReadFailure::Page(error_text(&e)))?;
+        if scan.rows > 0 {
+            self.notes.push(format!(
+                "{}: {} rows read on {} pages that no tree reaches (below a damaged page)",
+                table.name(),
+                scan.rows,
+                scan.pages
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Ends a reader (killed if still running) and says how it ended.
@@ -583,7 +615,15 @@ pub fn read_worker(cli: &Cli, table: &str, from: Option<&str>) -> Result<(), Cli
             uwf_db::hash::unhex(h).ok_or_else(|| CliError::Failed(format!("--from {h}: not hex")))
         })
         .transpose()?;
-    let store = cli.open(false)?;
+    let location = cli.store_path()?;
+    let store = match location.to_str() {
+        Some(url) if uwf_db::backend::is_postgres_url(url) => cli.open(false)?,
+        _ => {
+            // Opening already reads pages: guard before it.
+            crate::fault::guard_lmdb_store(&location);
+            uwf_db::salvage::open_damaged(&location)?
+        }
+    };
     // Unbuffered frames (one write each): a page that crashes this
     // process loses no row it already read.
     let mut out = std::io::stdout().lock();
