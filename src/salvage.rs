@@ -345,24 +345,10 @@ pub fn salvage(
     let mut writer = Writer::new(dst);
 
     progress("blobs");
-    read_table(
-        source,
-        Table::Blobs,
-        &mut report,
-        |report, key, value| match check_blob(key, value) {
-            Ok((hash, kind, refs)) => {
-                kept.insert(hash, (kind, refs));
-                writer.put(Table::Blobs, key, value)?;
-                Ok(true)
-            }
-            Err(reason) => {
-                report.drop_row(Table::Blobs, hex(key), reason);
-                Ok(false)
-            }
-        },
-    )?;
+    // A key once: a read gives keys in order, the orphan pages may give
+    // a blob again (older copies of a leaf).
     let mut blobs_taken = HashSet::new();
-    recover(source, Table::Blobs, &mut report, |report, key, value| {
+    let mut take = |report: &mut SalvageReport, key: &[u8], value: &[u8]| {
         if !blobs_taken.insert(key.to_vec()) {
             return Ok(false);
         }
@@ -377,7 +363,9 @@ pub fn salvage(
                 Ok(false)
             }
         }
-    })?;
+    };
+    read_table(source, Table::Blobs, &mut report, &mut take)?;
+    recover(source, Table::Blobs, &mut report, take)?;
     writer.flush()?;
     // Drop every blob that reaches a blob that was not kept.
     for (hash, missing) in dangling(&mut kept) {

@@ -37,8 +37,19 @@ fn listed(env: &Cli, status: &str) -> Vec<String> {
 }
 
 /// Runs `n` review threads to completion.
+/// `n` completed threads, each with its own prompt: threads with the same
+/// prompt whose steps land in the same millisecond share every node
+/// (content addressing), and then pruning some of them frees nothing
+/// (which failed `gc["swept"] > 0` once in a loaded run).
 fn completed(env: &Cli, n: &str) {
-    let o = env.uwf(&["batch", REVIEW, "-n", n, "-p", "work", "--agent", AGENT]);
+    static BATCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let batch = BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let count: usize = n.parse().unwrap();
+    let prompts = env.path(&format!("prompts-{batch}.txt"));
+    let lines: Vec<String> = (0..count).map(|i| format!("work {batch}.{i}")).collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let file = prompts.to_str().unwrap();
+    let o = env.uwf(&["batch", REVIEW, "--prompts", file, "--agent", AGENT]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
 }
 

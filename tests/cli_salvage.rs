@@ -417,6 +417,38 @@ fn regression_a_data_file_one_page_short_keeps_what_is_there() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// Salvages a copy of `src` whose data file is `bytes` and checks that
+/// all `threads` were kept, the new store verifies and the damaged copy
+/// was not written to; returns the JSON report. `None` when the damage
+/// is no damage (`verify` is clean: the page is not in use).
+fn salvage_keeps_every_thread(
+    env: &Cli,
+    src: &Path,
+    tag: &str,
+    bytes: &[u8],
+    threads: usize,
+) -> Option<serde_json::Value> {
+    let copy = damaged_copy(env, src, tag, bytes);
+    if code(&uwf_at(&copy, &["verify"])) == Some(0) {
+        return None;
+    }
+    let dst = env.path(&format!("{tag}-salvaged"));
+    let o = salvage_guarded(&copy, &dst, &env.path(&format!("{tag}-io")))
+        .unwrap_or_else(|| panic!("{tag}: salvage still running after {HANG:?}"));
+    assert_eq!(code(&o), Some(0), "{tag}: {}", stderr(&o));
+    let report = json_of(&o);
+    assert_eq!(report["report"]["threads"], threads, "{tag}: {report}");
+    assert_eq!(thread_count(&dst), threads, "{tag}");
+    let o = uwf_at(&dst, &["verify"]);
+    assert_eq!(code(&o), Some(0), "{tag}: {}", stdout(&o));
+    // Nothing was written to the damaged store.
+    assert!(
+        std::fs::read(copy.join("data.mdb")).unwrap() == bytes,
+        "{tag}: the damaged store was written to"
+    );
+    Some(report)
+}
+
 /// The pages of `bytes` that hold the key `format_version`: the leaf of
 /// the `meta` table (and older copies of it in free pages).
 fn pages_holding_the_format_version(bytes: &[u8]) -> Vec<usize> {
@@ -455,28 +487,9 @@ fn regression_a_damaged_format_version_page_loses_no_thread() {
                 let mut bytes = whole.clone();
                 bytes[page * PAGE..(page + 1) * PAGE].copy_from_slice(&fill);
                 let tag = format!("{name}-{page}-{how}");
-                let copy = damaged_copy(&env, &src, &tag, &bytes);
-                // Only the page the current snapshot reads (an older copy
-                // in a free page is no damage).
-                if code(&uwf_at(&copy, &["verify"])) == Some(0) {
-                    continue;
+                if salvage_keeps_every_thread(&env, &src, &tag, &bytes, threads).is_some() {
+                    tried += 1;
                 }
-                tried += 1;
-                let dst = env.path(&format!("{tag}-salvaged"));
-                let o = salvage_guarded(&copy, &dst, &env.path(&format!("{tag}-io")))
-                    .unwrap_or_else(|| panic!("{tag}: salvage still running after {HANG:?}"));
-                assert_eq!(code(&o), Some(0), "{tag}: {}", stderr(&o));
-                let report = json_of(&o);
-                assert_eq!(report["report"]["threads"], threads, "{tag}: {report}");
-                assert_eq!(thread_count(&dst), threads, "{tag}");
-                let o = uwf_at(&dst, &["verify"]);
-                assert_eq!(code(&o), Some(0), "{tag}: {}", stdout(&o));
-                // Nothing was written to the damaged store.
-                assert_eq!(
-                    std::fs::read(copy.join("data.mdb")).unwrap(),
-                    bytes,
-                    "{tag}"
-                );
             }
         }
         assert!(tried > 0, "{name}: no page in use holds the format version");
@@ -512,17 +525,10 @@ fn regression_a_damaged_branch_page_loses_no_thread() {
         let mut bytes = whole.clone();
         bytes[page * PAGE..(page + 1) * PAGE].fill(0);
         let tag = format!("branch-{page}");
-        let copy = damaged_copy(&env, &src, &tag, &bytes);
-        if code(&uwf_at(&copy, &["verify"])) == Some(0) {
+        let Some(report) = salvage_keeps_every_thread(&env, &src, &tag, &bytes, threads) else {
             continue;
-        }
+        };
         tried += 1;
-        let dst = env.path(&format!("{tag}-salvaged"));
-        let o = salvage_guarded(&copy, &dst, &env.path(&format!("{tag}-io")))
-            .unwrap_or_else(|| panic!("{tag}: salvage still running after {HANG:?}"));
-        assert_eq!(code(&o), Some(0), "{tag}: {}", stderr(&o));
-        let report = json_of(&o);
-        assert_eq!(report["report"]["threads"], threads, "{tag}: {report}");
         let recovered: u64 = report["report"]["tables"]
             .as_array()
             .unwrap()
@@ -530,9 +536,6 @@ fn regression_a_damaged_branch_page_loses_no_thread() {
             .map(|t| t["recovered"].as_u64().unwrap())
             .sum();
         assert!(recovered > 0, "{tag}: {report}");
-        assert_eq!(thread_count(&dst), threads, "{tag}");
-        let o = uwf_at(&dst, &["verify"]);
-        assert_eq!(code(&o), Some(0), "{tag}: {}", stdout(&o));
     }
     assert!(tried > 0, "no branch page in use");
 }

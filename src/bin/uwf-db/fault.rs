@@ -30,8 +30,12 @@ use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction
 pub const DAMAGED: i32 = 3;
 
 /// The message's text after the signal's name, made when the store opens
-/// (the handler may not allocate).
-static MESSAGE: OnceLock<Vec<u8>> = OnceLock::new();
+/// (the handler may not allocate), on a page of its own that is read-only
+/// once written ([`sealed`]): a damaged page can send LMDB writing through
+/// the heap before it faults (seen in a loop of `tests/cli_salvage.rs`:
+/// the message came out as zeros, or as bytes of a record), never
+/// through this.
+static MESSAGE: OnceLock<&'static [u8]> = OnceLock::new();
 /// The SIGSEGV and SIGBUS actions in force before ours (Rust's stack
 /// overflow handler), for faults that are not the data file's.
 static PREVIOUS: OnceLock<[SigAction; 2]> = OnceLock::new();
@@ -54,7 +58,7 @@ pub fn guard_lmdb_store(dir: &Path) {
         dir = dir.display(),
         data = data.display(),
     );
-    if MESSAGE.set(text.into_bytes()).is_err() {
+    if MESSAGE.set(sealed(text.into_bytes())).is_err() {
         return;
     }
     let ours = SigAction::new(
@@ -81,6 +85,37 @@ pub fn guard_lmdb_store(dir: &Path) {
     }
     if let Ok(previous) = <[SigAction; 2]>::try_from(previous) {
         let _ = PREVIOUS.set(previous);
+    }
+}
+
+/// `text` on pages of its own mapped read-only (a stray write there
+/// faults instead of changing it); on the heap, leaked, if the system
+/// will not map them.
+fn sealed(text: Vec<u8>) -> &'static [u8] {
+    let len = text.len().max(1);
+    // SAFETY: an anonymous private mapping of `len` bytes, checked for
+    // failure; `text.len()` bytes are copied into it (it is at least that
+    // long and does not overlap `text`); it is never unmapped, so the
+    // slice made of it lives for the rest of the process, and after
+    // `mprotect` nothing writes it.
+    unsafe {
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if page == libc::MAP_FAILED {
+            return Vec::leak(text);
+        }
+        std::ptr::copy_nonoverlapping(text.as_ptr(), page.cast::<u8>(), text.len());
+        if libc::mprotect(page, len, libc::PROT_READ) != 0 {
+            libc::munmap(page, len);
+            return Vec::leak(text);
+        }
+        std::slice::from_raw_parts(page.cast::<u8>(), text.len())
     }
 }
 
