@@ -126,8 +126,8 @@ impl LmdbBackend {
             env.clear_stale_readers()
                 .map_err(|e| fail("clearing stale readers", e))?;
         }
-        let (dbs, checksums) =
-            open_databases(&env, path, purpose, &fail).map_err(|e| match (&read_only, e) {
+        let (dbs, checksums) = open_databases(&env, path, purpose, read_only.is_some(), &fail)
+            .map_err(|e| match (&read_only, e) {
                 // A store with no databases yet needs a write to create them.
                 (Some((_, reason)), StoreError::Lmdb { op, .. }) if op == "creating" => {
                     StoreError::ReadOnly {
@@ -181,8 +181,22 @@ impl LmdbBackend {
         self.options
     }
 
-    fn db(&self, table: Table) -> Database<Bytes, Bytes> {
+    /// The table's database; `None` in a store opened read-only that
+    /// was made before the table existed (it reads as empty).
+    fn db(&self, table: Table) -> Option<Database<Bytes, Bytes>> {
         self.dbs.get(table)
+    }
+
+    /// The table's database, to write it.
+    fn db_to_write(&self, table: Table) -> Result<Database<Bytes, Bytes>, StoreError> {
+        self.db(table).ok_or_else(|| StoreError::ReadOnly {
+            path: self.path.clone(),
+            op: format!("write {table}"),
+            reason: self
+                .read_only
+                .clone()
+                .unwrap_or_else(|| format!("the store has no {table} table")),
+        })
     }
 
     fn error(&self, op: String, e: heed::Error) -> StoreError {
@@ -284,9 +298,10 @@ fn get<'t>(
     table: Table,
     key: &[u8],
 ) -> Result<Option<Cow<'t, [u8]>>, StoreError> {
-    backend
-        .db(table)
-        .get(txn, key)
+    let Some(db) = backend.db(table) else {
+        return Ok(None);
+    };
+    db.get(txn, key)
         .map_err(|e| backend.error(format!("reading {table}"), e))?
         .map(|v| sane(backend, table, key, v).map(Cow::Borrowed))
         .transpose()
@@ -300,7 +315,9 @@ fn range<'t>(
     direction: Direction,
 ) -> Result<Entries<'t>, StoreError> {
     let bounds = (range.lower, range.upper);
-    let db = backend.db(table);
+    let Some(db) = backend.db(table) else {
+        return Ok(Box::new(std::iter::empty()));
+    };
     let op = move || format!("scanning {table}");
     let entries: Entries<'t> = match direction {
         Direction::Forward => Box::new(
@@ -333,10 +350,10 @@ fn visit_range(
 ) -> Result<(), StoreError> {
     let bounds = (range.lower, range.upper);
     let op = || format!("scanning {table}");
-    let iter = backend
-        .db(table)
-        .range(txn, &bounds)
-        .map_err(|e| backend.error(op(), e))?;
+    let Some(db) = backend.db(table) else {
+        return Ok(());
+    };
+    let iter = db.range(txn, &bounds).map_err(|e| backend.error(op(), e))?;
     for entry in iter {
         let (key, value) = entry.map_err(|e| backend.error(op(), e))?;
         if !visit(key, sane(backend, table, key, value)?)? {
@@ -351,9 +368,10 @@ fn count(
     txn: &RoTxn<'_, WithoutTls>,
     table: Table,
 ) -> Result<u64, StoreError> {
-    backend
-        .db(table)
-        .len(txn)
+    let Some(db) = backend.db(table) else {
+        return Ok(0);
+    };
+    db.len(txn)
         .map_err(|e| backend.error(format!("counting {table}"), e))
 }
 
@@ -406,7 +424,7 @@ lmdb_reads!(LmdbWrite);
 
 impl WriteTables for LmdbWrite<'_> {
     fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        let db = self.backend.db(table);
+        let db = self.backend.db_to_write(table)?;
         let written = if self.backend.checksums {
             // Written in place: LMDB reserves the room, no copy of the value.
             let trailer = sum::sum(table, key, value);
@@ -429,7 +447,7 @@ impl WriteTables for LmdbWrite<'_> {
         } else {
             value
         };
-        match self.backend.db(table).put_with_flags(
+        match self.backend.db_to_write(table)?.put_with_flags(
             &mut self.txn,
             PutFlags::NO_OVERWRITE,
             key,
@@ -443,7 +461,7 @@ impl WriteTables for LmdbWrite<'_> {
 
     fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
         self.backend
-            .db(table)
+            .db_to_write(table)?
             .delete(&mut self.txn, key)
             .map_err(|e| self.backend.error(format!("deleting from {table}"), e))
     }
@@ -517,13 +535,16 @@ impl Backend for LmdbBackend {
             .env
             .read_txn()
             .map_err(|e| self.error("reading statistics".into(), e))?;
-        let stat = self
-            .db(Table::Blobs)
-            .stat(&txn)
-            .map_err(|e| self.error("reading statistics".into(), e))?;
+        let stat = match self.db(Table::Blobs) {
+            Some(db) => Some(
+                db.stat(&txn)
+                    .map_err(|e| self.error("reading statistics".into(), e))?,
+            ),
+            None => None,
+        };
         drop(txn);
         let info = self.env.info();
-        let page = u64::from(stat.page_size);
+        let page = u64::from(stat.as_ref().map_or(4096, |s| s.page_size));
         let file_size = std::fs::metadata(self.path.join("data.mdb"))
             .map(|m| m.len())
             .map_err(|source| StoreError::Io {
@@ -532,7 +553,9 @@ impl Backend for LmdbBackend {
                 source,
             })?;
         Ok(StorageStats {
-            blob_bytes: (stat.branch_pages + stat.leaf_pages + stat.overflow_pages) as u64 * page,
+            blob_bytes: stat.map_or(0, |s| {
+                (s.branch_pages + s.leaf_pages + s.overflow_pages) as u64 * page
+            }),
             map_size: info.map_size as u64,
             max_map_size: self.options.max_map_size,
             map_used: (info.last_page_number as u64 + 1) * page,
@@ -557,13 +580,15 @@ impl LmdbBackend {
     }
 }
 
-/// One LMDB database per table, in [`Table::ALL`] order.
+/// One LMDB database per table, in [`Table::ALL`] order; `None` for a
+/// table a store opened read-only does not have yet (it was made before
+/// the table was, and cannot be given it: it reads as empty).
 #[derive(Clone, Copy)]
-struct TableDbs([Database<Bytes, Bytes>; Table::ALL.len()]);
+struct TableDbs([Option<Database<Bytes, Bytes>>; Table::ALL.len()]);
 
 impl TableDbs {
     #[allow(clippy::indexing_slicing)] // `Table::index` is below `Table::ALL.len()` by construction
-    fn get(&self, table: Table) -> Database<Bytes, Bytes> {
+    fn get(&self, table: Table) -> Option<Database<Bytes, Bytes>> {
         self.0[table.index()]
     }
 }
@@ -589,6 +614,7 @@ fn open_databases(
     env: &Env<WithoutTls>,
     path: &Path,
     purpose: OpenFor,
+    read_only: bool,
     fail: &dyn Fn(&str, heed::Error) -> StoreError,
 ) -> Result<(TableDbs, bool), StoreError> {
     // Fast path: an existing store needs only a read transaction, so opening
@@ -601,14 +627,24 @@ fn open_databases(
                 .map_err(|e| fail("opening a database", e))?,
         );
     }
-    let all: Option<Vec<_>> = found.into_iter().collect();
-    if let Some(Ok(dbs)) = all.map(<[_; Table::ALL.len()]>::try_from) {
-        let dbs = TableDbs(dbs);
-        let meta = dbs.get(Table::Meta);
-        let stored = meta
-            .get(&rtxn, FORMAT_VERSION_KEY.as_bytes())
-            .map_err(|e| fail("reading the format version", e))
-            .map(|v| v.map(<[u8]>::to_vec));
+    // Every table there, or a store this process may not write (one made
+    // before a table was added, say): no write transaction.
+    let complete = found.iter().all(Option::is_some);
+    let has_meta = found.get(Table::Meta.index()).is_some_and(Option::is_some);
+    if complete || (read_only && has_meta) {
+        let dbs = TableDbs(<[_; Table::ALL.len()]>::try_from(found).map_err(|_| {
+            StoreError::MissingFormat {
+                path: path.to_path_buf(),
+                detail: "could not open every database".into(),
+            }
+        })?);
+        let stored = match dbs.get(Table::Meta) {
+            Some(meta) => meta
+                .get(&rtxn, FORMAT_VERSION_KEY.as_bytes())
+                .map_err(|e| fail("reading the format version", e))
+                .map(|v| v.map(<[u8]>::to_vec)),
+            None => Ok(None),
+        };
         // Committing makes the database handles usable by later
         // transactions (LMDB), whatever the version read gave.
         rtxn.commit().map_err(|e| fail("opening", e))?;
@@ -643,8 +679,11 @@ fn open_databases(
             path: path.to_path_buf(),
             detail: "could not create every database".into(),
         })?;
-    let dbs = TableDbs(dbs);
-    let meta = dbs.get(Table::Meta);
+    let [meta, blobs] = [Table::Meta, Table::Blobs].map(|t| {
+        #[allow(clippy::indexing_slicing)] // `Table::index` is below `Table::ALL.len()`
+        dbs[t.index()]
+    });
+    let dbs = TableDbs(dbs.map(Some));
     let stored = meta
         .get(&wtxn, FORMAT_VERSION_KEY.as_bytes())
         .map_err(|e| fail("reading the format version", e))?
@@ -656,8 +695,7 @@ fn open_databases(
             checksums
         }
         None => {
-            let has_data = !dbs
-                .get(Table::Blobs)
+            let has_data = !blobs
                 .is_empty(&wtxn)
                 .map_err(|e| fail("reading the blobs database", e))?;
             if has_data {
@@ -703,7 +741,7 @@ fn guess_checksums(env: &Env<WithoutTls>, dbs: &TableDbs) -> bool {
         Table::Meta,
     ];
     for table in tables {
-        let Ok(rows) = dbs.get(table).iter(&rtxn) else {
+        let Some(Ok(rows)) = dbs.get(table).map(|db| db.iter(&rtxn)) else {
             continue;
         };
         for row in rows.take(VOTES) {
