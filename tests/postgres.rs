@@ -971,3 +971,42 @@ fn a_page_of_steps_or_threads_costs_a_few_round_trips() {
     // `ROLLBACK`.
     assert_eq!(round_trips(&store) - before, 6);
 }
+
+/// A write whose server connection is cut before it commits (an
+/// administrator terminating the store's connections while the
+/// transaction runs) applied nothing, and is run again on a new
+/// connection instead of failing: its next statement finds the connection
+/// gone, and `Store::write` starts over.
+#[test]
+fn a_write_whose_connection_is_cut_before_its_commit_runs_again() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let url = store.store_arg().into_string().unwrap();
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let database: String = admin
+        .query_one("SELECT current_database()", &[])
+        .unwrap()
+        .get(0);
+    let mut runs = 0;
+    let hash = store
+        .write(|w| {
+            runs += 1;
+            if runs == 1 {
+                admin
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE datname = $1 AND pid <> pg_backend_pid()",
+                        &[&database],
+                    )
+                    .unwrap();
+            }
+            // A statement after the cut: the first run fails here.
+            w.contains(&uwf_db::Hash::of(b"not stored"))?;
+            w.put_blob(&uwf_db::Blob::content("kept", []))
+        })
+        .unwrap();
+    assert_eq!(runs, 2, "run once more after the cut");
+    assert!(store.read(|r| r.contains(&hash)).unwrap());
+}

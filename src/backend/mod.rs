@@ -224,6 +224,13 @@ pub trait ReadTables {
         Ok(())
     }
 
+    /// Whether this transaction's connection to a server was lost (so an
+    /// error it gave may be that, and a fresh transaction on a new
+    /// connection may succeed). An embedded backend has none to lose.
+    fn connection_lost(&self) -> bool {
+        false
+    }
+
     /// Whether one [`ReadTables::get_many`] of several keys is much cheaper
     /// than a `get` of each (a client–server backend: one round trip
     /// instead of many), so a caller should fetch together what it will

@@ -240,8 +240,9 @@ fn writer(inner: &StoreInner, rx: Receiver<Request>, max_group: usize, counters:
 /// failed alone. Returns the commit's outcome.
 fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreError> {
     let mut left_out = vec![false; batch.len()];
+    let mut lost = 0;
     loop {
-        let mut txn = WriteTxn::begin(&*inner.backend)?;
+        let mut txn = super::begin_with_retries(|| WriteTxn::begin(&*inner.backend))?;
         let mut failed = None;
         for (i, (req, out)) in batch.iter_mut().zip(&left_out).enumerate() {
             if *out {
@@ -264,6 +265,11 @@ fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreEr
             }
         }
         match failed {
+            // The connection was lost under it, not the request's fault:
+            // nothing was applied, all run again on a new connection.
+            Some(_) if txn.connection_lost() && lost < super::LOST_CONNECTION_TRIES => {
+                lost += 1;
+            }
             // Dropping the transaction discards everything it wrote.
             Some(i) => {
                 if let Some(out) = left_out.get_mut(i) {

@@ -58,6 +58,28 @@ pub const GC_EPOCH_KEY: &str = "gc_epoch";
 /// could not serialize with a concurrent one before reporting it.
 const SERIALIZATION_RETRIES: usize = 8;
 
+/// Tries at a transaction whose server connection is lost before it
+/// commits (a connection terminated while it idled in the pool is found
+/// so by the first statement): nothing of it was applied, so it runs
+/// again on the next pooled or a new connection. Several pooled
+/// connections may have been cut at once.
+const LOST_CONNECTION_TRIES: usize = 6;
+
+/// Starts a transaction with `begin`, again while the connection is found
+/// lost as it starts (see [`LOST_CONNECTION_TRIES`]).
+fn begin_with_retries<T>(
+    mut begin: impl FnMut() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match begin() {
+            Err(e) if e.is_connection_lost() && tries < LOST_CONNECTION_TRIES => {}
+            other => return other,
+        }
+    }
+}
+
 pub(crate) struct StoreInner {
     pub(crate) backend: Box<dyn Backend>,
     /// The engine's caches and claim bookkeeping for this store.
@@ -128,12 +150,14 @@ impl Store {
     }
 
     /// Runs `f` in one read transaction (a consistent snapshot). Keep it
-    /// short: a long read transaction stops LMDB from reusing pages.
+    /// short: a long read transaction stops LMDB from reusing pages. A
+    /// read is not run again when its connection is lost under it: `f`
+    /// may have given rows away (a log streamed out) already.
     pub fn read<R, E: From<StoreError>>(
         &self,
         f: impl FnOnce(&ReadTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
-        let txn = ReadTxn::begin(&*self.inner.backend)?;
+        let txn = begin_with_retries(|| ReadTxn::begin(&*self.inner.backend))?;
         f(&txn)
     }
 
@@ -142,6 +166,9 @@ impl Store {
     /// are serialized. When the backend reports that it could not serialize
     /// the transaction with a concurrent one, `f` runs again in a fresh
     /// transaction (a few times), so `f` must have no effect outside it.
+    /// A PostgreSQL connection found lost as the transaction starts is
+    /// replaced (a few times); one lost later fails the call, since the
+    /// commit may or may not have been applied.
     pub fn write<R, E: From<StoreError>>(
         &self,
         mut f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
@@ -149,8 +176,12 @@ impl Store {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut txn = WriteTxn::begin(&*self.inner.backend)?;
-            let out = f(&mut txn)?;
+            let mut txn = begin_with_retries(|| WriteTxn::begin(&*self.inner.backend))?;
+            let out = match f(&mut txn) {
+                // Lost before the commit: nothing was applied.
+                Err(_) if txn.connection_lost() && attempt < LOST_CONNECTION_TRIES => continue,
+                out => out?,
+            };
             match txn.commit() {
                 Ok(()) => return Ok(out),
                 Err(StoreError::Serialization { .. }) if attempt < SERIALIZATION_RETRIES => {}

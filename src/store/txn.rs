@@ -242,6 +242,12 @@ impl<'s> WriteTxn<'s> {
         })
     }
 
+    /// Whether the transaction's server connection was lost (before its
+    /// commit, nothing of it was applied).
+    pub(super) fn connection_lost(&self) -> bool {
+        self.txn.connection_lost()
+    }
+
     /// The epoch of a garbage collection in progress (`docs/design.md` §7),
     /// read once per transaction.
     pub(crate) fn gc_epoch(&mut self) -> Result<Option<u64>, StoreError> {

@@ -427,6 +427,14 @@ impl Txn<'_> {
         }
     }
 
+    /// Whether the connection is gone (given up after an error, or closed
+    /// under it: terminated by the server, say).
+    fn connection_lost(&self) -> bool {
+        self.state
+            .try_borrow()
+            .is_ok_and(|s| s.client.as_ref().is_none_or(Client::is_closed))
+    }
+
     /// Runs `f` on the connection once `BEGIN` (with the prefetch) has
     /// been sent.
     fn with<R>(
@@ -791,6 +799,10 @@ fn owned_bound(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
 macro_rules! pg_reads {
     ($txn:ident) => {
         impl ReadTables for $txn<'_> {
+            fn connection_lost(&self) -> bool {
+                self.0.connection_lost()
+            }
+
             fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
                 self.0.get(table, key)
             }

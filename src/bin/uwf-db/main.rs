@@ -455,6 +455,19 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
     }
 }
 
+/// Whether `cause` and every cause under it are already in the message
+/// above it: a PostgreSQL driver error is carried only by
+/// `StoreError::Postgres`, whose text quotes the server's (or the
+/// driver's whole chain); its own text is a bare "db error".
+fn said_by_the_store_error(cause: &(dyn std::error::Error + 'static)) -> bool {
+    #[cfg(feature = "postgres")]
+    if cause.is::<postgres::Error>() {
+        return true;
+    }
+    let _ = cause;
+    false
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // One token per command; SIGINT, SIGTERM and SIGHUP cancel it.
@@ -483,6 +496,9 @@ fn main() -> ExitCode {
             let mut said = e.to_string();
             let mut cause = std::error::Error::source(&e);
             while let Some(c) = cause {
+                if said_by_the_store_error(c) {
+                    break;
+                }
                 let text = c.to_string();
                 if !said.contains(&text) {
                     eprintln!("  caused by: {text}");
