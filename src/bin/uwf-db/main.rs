@@ -455,11 +455,11 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
     }
 }
 
-/// Whether `cause` and every cause under it are already in the message
-/// above it: a PostgreSQL driver error is carried only by
-/// `StoreError::Postgres`, whose text quotes the server's (or the
-/// driver's whole chain); its own text is a bare "db error".
-fn said_by_the_store_error(cause: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `cause`'s own text says nothing worth a line: the PostgreSQL
+/// driver's error, whose text for a server error is a bare "db error"
+/// (the server's words are in its source, printed next, and in the
+/// `StoreError::Postgres` message above).
+fn says_nothing(cause: &(dyn std::error::Error + 'static)) -> bool {
     #[cfg(feature = "postgres")]
     if cause.is::<postgres::Error>() {
         return true;
@@ -496,11 +496,8 @@ fn main() -> ExitCode {
             let mut said = e.to_string();
             let mut cause = std::error::Error::source(&e);
             while let Some(c) = cause {
-                if said_by_the_store_error(c) {
-                    break;
-                }
                 let text = c.to_string();
-                if !said.contains(&text) {
+                if !says_nothing(c) && !said.contains(&text) {
                     eprintln!("  caused by: {text}");
                     said.push_str(&text);
                 }
