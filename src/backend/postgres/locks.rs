@@ -75,8 +75,10 @@ impl HeldLock for AdvisoryLock {
     fn check(&self) -> Result<(), StoreError> {
         let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
         let alive = match slot.as_mut() {
-            Some(client) => client.batch_execute("SELECT 1").map_err(|e| e.to_string()),
-            None => Err("its connection was given up".into()),
+            Some(client) => client
+                .batch_execute("SELECT 1")
+                .map_err(|e| super::lock_lost_detail(&e)),
+            None => Err("the connection was lost earlier and given up".into()),
         };
         alive.map_err(|detail| {
             // The server ended the transaction with the connection: the

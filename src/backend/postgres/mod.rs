@@ -178,7 +178,42 @@ pub(crate) fn connection_lost(e: &postgres::Error) -> bool {
 /// (`op` says whether it was committing).
 fn describe(op: &str, e: &postgres::Error) -> String {
     use postgres::error::SqlState;
-    let mut text = match e.as_db_error() {
+    let mut text = report(e);
+    let code = e.code();
+    let lost = connection_lost(e);
+    if code == Some(&SqlState::INVALID_CATALOG_NAME) {
+        text.push_str("; create the database first (createdb NAME)");
+    }
+    if lost && op != "connecting" {
+        if op.contains("commit") {
+            text.push_str(
+                "; the connection was lost while the transaction committed: the server may or may \
+                 not have applied it (read the thread again to see)",
+            );
+        } else {
+            text.push_str("; the connection was lost: nothing of this transaction was applied");
+        }
+    } else if code.is_some() {
+        text.push_str("; nothing of this transaction was applied");
+    }
+    text
+}
+
+/// Why a lock's connection is gone, in words: the server's report when it
+/// sent one (an administrator's `pg_terminate_backend` is `FATAL 57P01`),
+/// else that the connection was lost and the driver's cause.
+fn lock_lost_detail(e: &postgres::Error) -> String {
+    if e.as_db_error().is_some() {
+        report(e)
+    } else {
+        format!("the connection was lost: {}", report(e))
+    }
+}
+
+/// The server's own report (severity, SQLSTATE, message, detail, hint)
+/// when it sent one, else the driver's text and every cause under it.
+fn report(e: &postgres::Error) -> String {
+    match e.as_db_error() {
         Some(db) => {
             let mut t = format!(
                 "the server said {} {}: {}",
@@ -205,25 +240,7 @@ fn describe(op: &str, e: &postgres::Error) -> String {
             }
             t
         }
-    };
-    let code = e.code();
-    let lost = connection_lost(e);
-    if code == Some(&SqlState::INVALID_CATALOG_NAME) {
-        text.push_str("; create the database first (createdb NAME)");
     }
-    if lost && op != "connecting" {
-        if op.contains("commit") {
-            text.push_str(
-                "; the connection was lost while the transaction committed: the server may or may \
-                 not have applied it (read the thread again to see)",
-            );
-        } else {
-            text.push_str("; the connection was lost: nothing of this transaction was applied");
-        }
-    } else if code.is_some() {
-        text.push_str("; nothing of this transaction was applied");
-    }
-    text
 }
 
 /// The connection settings of `url`, with TCP keepalives (probes after
