@@ -253,7 +253,7 @@ pub enum BundleError {
 }
 
 /// What an import wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ImportReport {
     /// The threads written, as (id in the bundle, id in the store).
     pub threads: Vec<(ThreadId, ThreadId)>,
@@ -269,7 +269,7 @@ pub struct ImportReport {
 }
 
 /// What an export wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ExportReport {
     /// The threads in the bundle (the ones asked for and their children).
     pub threads: Vec<ThreadId>,

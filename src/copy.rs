@@ -140,10 +140,11 @@ pub enum CopyProgress {
 }
 
 /// One table of a copy, as the [`CopyReport`] gives it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct TableCopy {
     /// The table.
     #[serde(serialize_with = "table_name")]
+    #[schemars(with = "String")]
     pub table: Table,
     /// Rows in the source snapshot, now also in the destination.
     pub rows: u64,
@@ -160,10 +161,11 @@ pub struct TableCopy {
 
 /// A table's contents in brief: what [`Store::table_digests`] returns and
 /// what a copy compares.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct TableDigest {
     /// The table.
     #[serde(serialize_with = "table_name")]
+    #[schemars(with = "String")]
     pub table: Table,
     /// Rows (in `meta`, those a copy moves).
     pub rows: u64,
@@ -180,7 +182,7 @@ fn table_name<S: serde::Serializer>(table: &Table, s: S) -> Result<S::Ok, S::Err
 }
 
 /// What a finished copy did and found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct CopyReport {
     /// The source's location.
     pub source: String,

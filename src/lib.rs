@@ -49,6 +49,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
 
+pub mod api;
 pub mod backend;
 pub mod bundle;
 pub mod codec;

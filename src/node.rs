@@ -141,6 +141,18 @@ impl Value {
     }
 }
 
+/// A value is any JSON value (maps have string keys).
+impl schemars::JsonSchema for Value {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Value".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Any JSON value: null, a boolean, a number, a string, a list or a map."
+        })
+    }
+}
+
 impl Serialize for Value {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {

@@ -171,7 +171,7 @@ pub fn salvage_order() -> [Table; 5] {
 
 /// Keys a salvage could not read: everything after `after` and before
 /// `before` in one table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct LostRange {
     /// The last key read before the failure, in hex (`None`: the table's
     /// start).
@@ -184,7 +184,7 @@ pub struct LostRange {
 }
 
 /// What happened to one table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct TableSalvage {
     /// The table's name.
     pub table: &'static str,
@@ -206,7 +206,7 @@ pub struct TableSalvage {
 }
 
 /// A row read and not kept.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Dropped {
     /// The table.
     pub table: &'static str,
@@ -217,7 +217,7 @@ pub struct Dropped {
 }
 
 /// What [`salvage`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct SalvageReport {
     /// One entry per table read, in [`salvage_order`].
     pub tables: Vec<TableSalvage>,

@@ -68,7 +68,7 @@ impl Usage {
 
 /// The calls of one role step (its answer and any re-asks): what
 /// `thread log --json` shows as `usage`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StepUsage {
     /// Agent calls.
     pub calls: u64,
@@ -168,7 +168,7 @@ impl StepUsage {
 /// Totals over many calls: a thread's, a batch's, a store's. Tokens and
 /// cost add up what the calls reported (a call that reported nothing adds
 /// only to `calls` and `wall_ms`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UsageTotals {
     /// Agent calls.
     pub calls: u64,

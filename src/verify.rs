@@ -21,7 +21,7 @@ use crate::thread::{ThreadId, ThreadRecord, utc_day};
 const BATCH: usize = 4096;
 
 /// One problem found by [`verify`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 #[serde(tag = "problem", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Problem {
@@ -137,7 +137,7 @@ impl fmt::Display for Problem {
 }
 
 /// What [`verify`] found.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct VerifyReport {
     /// Blobs examined.
     pub blobs_checked: u64,

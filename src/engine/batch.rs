@@ -79,7 +79,7 @@ impl ItemFlow for ControlFlow<()> {
 }
 
 /// One thread of a batch, when its drive ended.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct BatchItem {
     /// The prompt's position in the batch.
     pub index: usize,
@@ -94,6 +94,7 @@ pub struct BatchItem {
     /// Why the drive stopped early (recorded on the thread as for `run`);
     /// in JSON, its message.
     #[serde(serialize_with = "error_message")]
+    #[schemars(with = "Option<String>")]
     pub error: Option<Arc<EngineError>>,
 }
 
@@ -108,7 +109,7 @@ fn error_message<S: serde::Serializer>(
 }
 
 /// What a batch did.
-#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, schemars::JsonSchema)]
 pub struct BatchReport {
     /// Threads driven.
     pub threads: u64,

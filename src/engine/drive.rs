@@ -20,7 +20,7 @@ use crate::thread::{
 use crate::usage::{StepUsage, USAGE_META};
 
 /// What a step left (SPEC §7's step result).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct StepResult {
     /// The thread.
     pub thread: ThreadId,

@@ -140,7 +140,7 @@ pub enum GcProgress {
 }
 
 /// What a collection did (SPEC §7: roots, marked, swept, bytes freed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct GcReport {
     /// Nothing was deleted.
     pub dry_run: bool,

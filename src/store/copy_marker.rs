@@ -14,7 +14,9 @@ use crate::hash::hex;
 pub const COPY_MARKER_KEY: &str = "copy_in_progress";
 
 /// What the marker of an unfinished copy says.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct UnfinishedCopy {
     /// Where the copy reads from: a directory, or a URL with any password
     /// hidden (the source's [`Store::location`]).

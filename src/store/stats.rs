@@ -9,7 +9,7 @@ use super::{
 use crate::backend::Table;
 
 /// What `uwf-db stats` reports.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct Stats {
     /// The store directory.
     pub path: PathBuf,
@@ -50,6 +50,20 @@ pub struct Stats {
     /// Whether every value carries its own checksum (LMDB: stores made by
     /// this build; `copy` a store of the legacy layout to add them).
     pub value_checksums: bool,
+}
+
+/// In JSON a durability is its name, as `--durability` takes it.
+impl schemars::JsonSchema for Durability {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Durability".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "`sync`: every commit is on disk when it returns; `none`: commits are not flushed.",
+            "type": "string",
+            "enum": [Durability::Sync.as_str(), Durability::None.as_str()]
+        })
+    }
 }
 
 impl serde::Serialize for Durability {

@@ -89,6 +89,20 @@ impl FromStr for ThreadId {
     }
 }
 
+/// In JSON a thread id is its 26-character ULID.
+impl schemars::JsonSchema for ThreadId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ThreadId".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A thread id: a ULID, 26 Crockford base-32 characters.",
+            "type": "string",
+            "pattern": "^[0-9A-HJKMNP-TV-Z]{26}$"
+        })
+    }
+}
+
 impl Serialize for ThreadId {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {

@@ -27,7 +27,7 @@ pub(crate) const RETENTION_KEY: &str = "retention_policy";
 const CHUNK: usize = 256;
 
 /// Which ended threads to unlink: those matching every condition given.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionPolicy {
     /// Ended more than this many ms ago.
@@ -71,7 +71,7 @@ impl RetentionPolicy {
 }
 
 /// What [`Store::prune`] did (or, in a dry run, would do).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PruneReport {
     /// Nothing was unlinked.
     pub dry_run: bool,

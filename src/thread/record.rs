@@ -15,7 +15,7 @@ use crate::node::Kind;
 use crate::usage::UsageTotals;
 
 /// Where a thread is in its life. Stored, never re-derived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ThreadStatus {
     /// Waiting for its next step.
@@ -110,7 +110,7 @@ impl FromStr for ThreadStatus {
 }
 
 /// Where a fork came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ForkOrigin {
     /// The node the fork's head started at.
     pub node: Hash,

@@ -24,7 +24,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const DEFAULT_MAX_ROUNDS: u32 = 100;
 
 /// A workflow: roles joined by status edges (SPEC §4).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Workflow {
     /// Automatic compaction.
     pub compact: Option<Compact>,
@@ -41,7 +41,7 @@ pub struct Workflow {
 }
 
 /// `compact: {every: N, prompt: TEXT}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Compact {
     /// Summarise after every N role steps.
     pub every: u32,
@@ -50,7 +50,7 @@ pub struct Compact {
 }
 
 /// A role: an agent's job, or a child workflow.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 pub struct Role {
     /// Tools or skills the role may use.
     pub capabilities: Vec<String>,
@@ -69,7 +69,7 @@ pub struct Role {
 }
 
 /// An edge: the next role (or `$END`/`$SUSPEND`) and its prompt template.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Edge {
     /// A role, `$END` or `$SUSPEND`.
     pub role: String,

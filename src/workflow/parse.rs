@@ -15,7 +15,7 @@ use super::template;
 use crate::thread::END_ROLE;
 
 /// One validation problem.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Problem {
     /// Where, as a YAML path (`graph.reviewer.approved.role`).
     pub path: String,

@@ -114,7 +114,9 @@ impl Cli {
             o.status.code(),
             stderr(&o)
         );
-        serde_json::from_slice(&o.stdout).unwrap()
+        let value = serde_json::from_slice(&o.stdout).unwrap();
+        super::contract::check_answer(args, &value);
+        value
     }
 
     /// Starts `uwf-db ARGS` in the background (stdout discarded, stderr

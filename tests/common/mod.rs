@@ -6,6 +6,8 @@
 pub mod backend;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
+pub mod contract;
 
 use std::collections::BTreeMap;
 

@@ -21,11 +21,11 @@ pub fn init(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     };
     let store = cli.open(true)?;
     if out.json {
-        out.json_value(&serde_json::json!({
-            "path": store.location(),
-            "format_version": FORMAT_VERSION,
-            "created": !existed,
-        }))?;
+        out.json_value(&uwf_db::api::StoreInit {
+            created: !existed,
+            format_version: FORMAT_VERSION,
+            path: store.location().to_owned(),
+        })?;
     } else if existed {
         out.line(format_args!(
             "store at {} already exists (format version {FORMAT_VERSION})",
@@ -111,19 +111,7 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     })?;
     bar.finish_and_clear();
     if out.json {
-        out.json_value(&serde_json::json!({
-            "ok": report.is_ok(),
-            "blobs_checked": report.blobs_checked,
-            "refs_checked": report.refs_checked,
-            "index_entries_checked": report.index_entries_checked,
-            "problems": report.problems.iter().map(|p| {
-                let mut v = serde_json::to_value(p).unwrap_or_default();
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("message".into(), p.to_string().into());
-                }
-                v
-            }).collect::<Vec<_>>(),
-        }))?;
+        out.json_value(&uwf_db::api::VerifyAnswer::from(&report))?;
     } else {
         for p in &report.problems {
             out.line(p)?;
@@ -156,11 +144,7 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     let s = store.stats()?;
     let usage = store.usage_totals()?;
     if out.json {
-        let mut v = serde_json::to_value(&s).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.insert("usage".into(), serde_json::json!(usage));
-        }
-        return Ok(out.json_value(&v)?);
+        return Ok(out.json_value(&uwf_db::api::StatsAnswer { stats: s, usage })?);
     }
     let pct = |a: u64, b: u64| {
         if b == 0 {
@@ -428,7 +412,9 @@ pub fn prune(
         PruneAction::Set => {
             store.set_retention_policy(Some(policy))?;
             if out.json {
-                return Ok(out.json_value(&serde_json::json!({ "policy": policy }))?);
+                return Ok(out.json_value(&uwf_db::api::PolicyAnswer {
+                    policy: Some(policy.clone()),
+                })?);
             }
             out.line(format_args!(
                 "stored the retention policy: prune ended threads {}; every `uwf-db gc` applies it first",
@@ -439,7 +425,7 @@ pub fn prune(
         PruneAction::Unset => {
             store.set_retention_policy(None)?;
             if out.json {
-                return Ok(out.json_value(&serde_json::json!({ "policy": null }))?);
+                return Ok(out.json_value(&uwf_db::api::PolicyAnswer { policy: None })?);
             }
             out.line("removed the stored retention policy")?;
             Ok(())
@@ -447,7 +433,9 @@ pub fn prune(
         PruneAction::Show => {
             let stored = store.retention_policy()?;
             if out.json {
-                return Ok(out.json_value(&serde_json::json!({ "policy": stored }))?);
+                return Ok(out.json_value(&uwf_db::api::PolicyAnswer {
+                    policy: stored.clone(),
+                })?);
             }
             match stored {
                 Some(p) => out.line(format_args!(

@@ -3,7 +3,6 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
 use uwf_db::engine::Cancel;
 use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchPrompt, BatchReport};
 use uwf_db::thread::Labels;
@@ -173,7 +172,10 @@ pub fn run(
     };
     if total == 0 && source.wait.is_none() {
         if out.json {
-            out.json_value(&json!({ "summary": BatchReport::default() }))?;
+            out.json_value(&uwf_db::api::BatchSummary::of(
+                BatchReport::default(),
+                store.durability(),
+            ))?;
         } else {
             out.line(format_args!(
                 "no idle thread of {} to continue (suspended threads wait for `thread resume`)",
@@ -246,14 +248,11 @@ pub fn run(
     };
     bar.finish_and_clear();
     written?;
-    let per_sec = if report.elapsed_ms == 0 {
-        0.0
-    } else {
-        report.steps as f64 * 1000.0 / report.elapsed_ms as f64
-    };
+    let summary = uwf_db::api::BatchSummary::of(report, store.durability());
+    let per_sec = summary.steps_per_sec;
+    let report = &summary.summary;
     if out.json {
-        out.json_value(&json!({ "summary": report, "steps_per_sec": per_sec,
-            "durability": store.durability() }))?;
+        out.json_value(&summary)?;
     } else {
         out.table(&[
             ("workflow", format!("{} ({})", wf.name, hash.short(12))),

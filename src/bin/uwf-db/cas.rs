@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use serde_json::json;
+use uwf_db::api;
 use uwf_db::store::StoredBlob;
 use uwf_db::{Blob, HashPrefix, StoreError};
 
@@ -82,7 +82,11 @@ fn pin(cli: &Cli, prefix: &HashPrefix, on: bool, out: &mut Output) -> Result<(),
         store.unpin(&hash)?
     };
     if out.json {
-        return Ok(out.json_value(&json!({ "hash": hash, "pinned": on, "changed": changed }))?);
+        return Ok(out.json_value(&api::BlobPin {
+            changed,
+            hash,
+            pinned: on,
+        })?);
     }
     let what = match (on, changed) {
         (true, true) => "pinned",
@@ -123,9 +127,11 @@ fn put(cli: &Cli, file: &std::path::Path, out: &mut Output) -> Result<(), CliErr
     let encoded = Blob::content(text, []).encode().map_err(StoreError::from)?;
     let new = store.write(|w| w.put_encoded(&encoded))?;
     if out.json {
-        out.json_value(
-            &json!({ "hash": encoded.hash(), "new": new, "size": encoded.bytes().len() }),
-        )?;
+        out.json_value(&api::BlobPut {
+            hash: encoded.hash(),
+            new,
+            size: encoded.bytes().len() as u64,
+        })?;
     } else {
         out.line(encoded.hash())?;
     }
@@ -143,33 +149,16 @@ fn lookup(cli: &Cli, prefix: &HashPrefix) -> Result<(uwf_db::Store, StoredBlob),
     Ok((store, blob))
 }
 
-/// The payload for people and JSON: text for content, an object otherwise.
-fn payload_json(blob: &Blob) -> serde_json::Value {
-    match blob {
-        Blob::Content(c) => json!(c.text),
-        Blob::Start(s) => serde_json::to_value(s).unwrap_or_default(),
-        Blob::State(s) => serde_json::to_value(s).unwrap_or_default(),
-        Blob::Workflow(w) => w.definition.to_json(),
-    }
-}
-
 fn get(cli: &Cli, prefix: &HashPrefix, raw: bool, out: &mut Output) -> Result<(), CliError> {
     let (_store, stored) = lookup(cli, prefix)?;
     if raw {
         return Ok(out.raw(&stored.bytes)?);
     }
     let blob = stored.decode()?;
-    let payload = payload_json(&blob);
     if out.json {
-        return Ok(out.json_value(&json!({
-            "hash": stored.hash,
-            "kind": stored.kind.as_str(),
-            "size": stored.bytes.len(),
-            "written_at": stored.written_at,
-            "refs": stored.refs,
-            "payload": payload,
-        }))?);
+        return Ok(out.json_value(&api::BlobDetail::of(&stored, &blob))?);
     }
+    let payload = api::blob::payload(&blob);
     let refs = if stored.refs.is_empty() {
         "none".to_owned()
     } else {
@@ -203,9 +192,11 @@ fn has(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError>
         Err(e) => return Err(e.into()),
     };
     if out.json {
-        out.json_value(
-            &json!({ "query": prefix.as_str(), "present": found.is_some(), "hash": found }),
-        )?;
+        out.json_value(&api::BlobPresence {
+            hash: found,
+            present: found.is_some(),
+            query: prefix.as_str().to_owned(),
+        })?;
     } else {
         match found {
             Some(h) => out.line(h)?,
@@ -233,7 +224,11 @@ fn refs(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError
             .refs
             .iter()
             .zip(&kinds)
-            .map(|(h, k)| json!({ "hash": h, "kind": k.map(|k| k.as_str()), "present": k.is_some() }))
+            .map(|(h, k)| api::BlobRef {
+                hash: *h,
+                kind: k.map(|k| k.as_str().to_owned()),
+                present: k.is_some(),
+            })
             .collect();
         return Ok(out.json_value(&rows)?);
     }
@@ -250,9 +245,7 @@ fn walk(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError
     let count = store.walk(&root, |b| -> Result<(), CliError> {
         total_bytes += b.bytes.len() as u64;
         if out.json {
-            out.json_value(&json!({
-                "hash": b.hash, "kind": b.kind.as_str(), "size": b.bytes.len(), "refs": b.refs,
-            }))?;
+            out.json_value(&api::WalkedBlob::from(b))?;
         } else {
             out.line(format_args!(
                 "{}  {:<8}  {:>9}",

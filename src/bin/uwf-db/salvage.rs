@@ -87,13 +87,13 @@ pub fn run(cli: &Cli, source: &Path, destination: &Path, out: &mut Output) -> Re
     bar.finish_and_clear();
     let report = report.map_err(|e| CliError::Failed(error_text(&e)))?;
     if out.json {
-        out.json_value(&serde_json::json!({
-            "source": source.display().to_string(),
-            "destination": dst.location(),
-            "complete": report.is_complete(),
-            "source_notes": notes,
-            "report": report,
-        }))?;
+        out.json_value(&uwf_db::api::SalvageAnswer {
+            complete: report.is_complete(),
+            destination: dst.location().to_owned(),
+            report: report.clone(),
+            source: source.display().to_string(),
+            source_notes: notes.clone(),
+        })?;
         return if report.stopped.is_some() || !report.verify.is_ok() {
             Err(CliError::Reported)
         } else {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Subcommand;
-use serde_json::{Value as Json, json};
+use uwf_db::api;
 use uwf_db::engine::{Cancel, CancelOptions, ForkAt, StartOptions};
 use uwf_db::thread::{
     IdPrefix, Labels, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
@@ -237,11 +237,7 @@ pub fn run(
             };
             let r = store.start_workflow(hash, prompt, &options)?;
             if out.json {
-                out.json_value(&json!({
-                    "thread": r.id, "workflow": r.workflow, "head": r.head,
-                    "status": r.status, "current_role": r.next_role,
-                    "labels": r.labels,
-                }))?;
+                out.json_value(&api::ThreadStarted::from(&r))?;
             } else {
                 out.line(format_args!(
                     "started thread {} ({}), next role {}",
@@ -289,7 +285,10 @@ pub fn run(
                 .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
             let (hash, _) = store.stage_compact(id, record.head, summary)?;
             if out.json {
-                out.json_value(&json!({ "thread": id, "summary": hash }))?;
+                out.json_value(&api::SummaryStaged {
+                    summary: hash,
+                    thread: id,
+                })?;
             } else {
                 out.line(format_args!(
                     "staged summary {} on thread {id}",
@@ -309,12 +308,7 @@ pub fn run(
             let r = store.fork(id, at)?;
             let origin = r.forked_from.map(|f| f.node);
             if out.json {
-                out.json_value(&json!({
-                    "thread": r.id,
-                    "forked_from": { "thread": id, "node": origin },
-                    "status": r.status,
-                    "current_role": r.next_role,
-                }))?;
+                out.json_value(&api::ThreadForked::of(id, &r))?;
             } else {
                 out.line(format_args!(
                     "forked {id} at {} as {} ({}{})",
@@ -362,7 +356,10 @@ pub fn run(
             let id = store.resolve_thread(id)?;
             let r = store.set_labels(id, &label_map(labels), remove)?;
             if out.json {
-                out.json_value(&json!({ "thread": id, "labels": r.labels }))?;
+                out.json_value(&api::LabelsSet {
+                    labels: r.labels,
+                    thread: id,
+                })?;
             } else {
                 out.line(format_args!("thread {id}: {}", labels_text(&r.labels)))?;
             }
@@ -388,7 +385,7 @@ pub fn run(
             let id = store.resolve_thread(id)?;
             let tree = store.thread_tree(id)?;
             if out.json {
-                return Ok(out.json_value(&tree_json(&tree))?);
+                return Ok(out.json_value(&api::TreeView::of(&tree))?);
             }
             let mut depth = 0;
             for p in &tree.parents {
@@ -407,10 +404,10 @@ pub fn run(
             let id = store.resolve_thread(id)?;
             let record = store.request_stop(id)?;
             if out.json {
-                out.json_value(&json!({
-                    "thread": id,
-                    "stop_requested_at": record.stop_requested_at,
-                }))?;
+                out.json_value(&api::StopRequested {
+                    stop_requested_at: record.stop_requested_at,
+                    thread: id,
+                })?;
             } else {
                 out.line(format_args!(
                     "asked the driver of thread {id} to stop after the step in flight"
@@ -428,7 +425,11 @@ pub fn run(
             }
             let removed = store.remove_thread(id)?;
             if out.json {
-                out.json_value(&json!({ "thread": id, "removed": true, "head": removed.head }))?;
+                out.json_value(&api::ThreadRemoved {
+                    head: removed.head,
+                    removed: true,
+                    thread: id,
+                })?;
             } else {
                 out.line(format_args!(
                     "removed thread {id} (its blobs stay until `uwf-db gc` frees them)"
@@ -455,18 +456,9 @@ pub fn labels_text(labels: &Labels) -> String {
     pairs.join(" ")
 }
 
-/// A record as JSON, with `labels` always there (an object, empty or not).
-pub fn record_json(r: &ThreadRecord) -> Json {
-    let mut v = serde_json::to_value(r).unwrap_or_default();
-    if let Some(o) = v.as_object_mut() {
-        o.insert("labels".into(), json!(r.labels));
-    }
-    v
-}
-
 fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
     if out.json {
-        let all: Vec<Json> = records.iter().map(record_json).collect();
+        let all: Vec<api::ThreadSummary> = records.iter().map(api::ThreadSummary::from).collect();
         return Ok(out.json_value(&all)?);
     }
     if records.is_empty() {
@@ -524,17 +516,7 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
     let r = &tree.thread;
     let children: Vec<ThreadId> = tree.children.iter().map(|c| c.thread.id).collect();
     if out.json {
-        let mut v = record_json(r);
-        if let Some(o) = v.as_object_mut() {
-            o.insert("children".into(), json!(children));
-            o.insert("done".into(), json!(r.status.is_done()));
-            o.insert("rounds".into(), json!(r.rounds()));
-            o.insert("driver_alive".into(), json!(driver_alive));
-            // Totals with the children's (the record's own are the
-            // thread's alone).
-            o.insert("usage".into(), json!(Store::tree_usage(tree)));
-        }
-        return Ok(out.json_value(&v)?);
+        return Ok(out.json_value(&api::ThreadDetail::of(tree, driver_alive))?);
     }
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let mut rows = vec![
@@ -645,47 +627,6 @@ fn text_of(store: &Store, hash: &Hash) -> Result<String, CliError> {
     }
 }
 
-/// One `thread log --json` entry (also a line of `thread watch --json`).
-pub fn entry_json(store: &Store, e: &LogEntry) -> Result<Json, CliError> {
-    let n = &e.node;
-    Ok(json!({
-        "hash": e.hash,
-        "seq": n.seq,
-        "role": n.role,
-        "status": n.meta.get("$status").map(|v| v.to_json()).filter(|_| n.role != uwf_db::thread::END_ROLE),
-        // `$usage` is the engine's, shown as `usage` below.
-        "meta": uwf_db::Value::Map(
-            n.meta
-                .iter()
-                .filter(|(k, _)| *k != uwf_db::usage::USAGE_META)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        )
-        .to_json(),
-        "content": text_of(store, &n.content)?,
-        "input": text_of(store, &n.input)?,
-        "timestamp": n.timestamp,
-        "child_thread": n.child_thread,
-        "usage": step_usage_json(n),
-    }))
-}
-
-/// A step's `usage` (SPEC §11): `{calls, wall_ms, input_tokens,
-/// output_tokens, cost_usd, model}`, unknown fields null (all of them for
-/// an end node or a child workflow's step, which no agent call made).
-fn step_usage_json(n: &uwf_db::node::StateNode) -> Json {
-    match uwf_db::usage::StepUsage::of_meta(&n.meta) {
-        Some(u) => json!({
-            "calls": u.calls, "wall_ms": u.wall_ms, "input_tokens": u.input_tokens,
-            "output_tokens": u.output_tokens, "cost_usd": u.cost_usd, "model": u.model,
-        }),
-        None => json!({
-            "calls": null, "wall_ms": null, "input_tokens": null,
-            "output_tokens": null, "cost_usd": null, "model": null,
-        }),
-    }
-}
-
 /// Usage totals as people read them.
 pub fn usage_text(u: &uwf_db::usage::UsageTotals) -> String {
     let mut text = format!(
@@ -734,8 +675,8 @@ fn log(store: &Store, entries: &[LogEntry], out: &mut Output) -> Result<(), CliE
     if out.json {
         let rows = entries
             .iter()
-            .map(|e| entry_json(store, e))
-            .collect::<Result<Vec<Json>, CliError>>()?;
+            .map(|e| api::LogEntry::read(store, e))
+            .collect::<Result<Vec<_>, _>>()?;
         return Ok(out.json_value(&rows)?);
     }
     if entries.is_empty() {
@@ -761,22 +702,4 @@ fn print_children(children: &[ThreadTree], depth: usize, out: &mut Output) -> Re
         print_children(&c.children, depth + 1, out)?;
     }
     Ok(())
-}
-
-fn tree_json(t: &ThreadTree) -> Json {
-    fn node(t: &ThreadTree) -> Json {
-        json!({
-            "thread": t.thread.id,
-            "workflow": t.thread.workflow,
-            "status": t.thread.status,
-            "head": t.thread.head,
-            "children": t.children.iter().map(node).collect::<Vec<_>>(),
-        })
-    }
-    json!({
-        "parents": t.parents.iter().map(|p| json!({
-            "thread": p.id, "workflow": p.workflow, "status": p.status, "head": p.head,
-        })).collect::<Vec<_>>(),
-        "thread": node(t),
-    })
 }

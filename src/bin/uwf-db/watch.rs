@@ -4,14 +4,13 @@
 
 use std::ops::ControlFlow;
 
-use serde_json::json;
 use uwf_db::Store;
 use uwf_db::engine::Cancel;
 use uwf_db::engine::watch::WatchEnd;
 use uwf_db::thread::ThreadQuery;
 
 use crate::output::{self, Output};
-use crate::thread::{entry_json, entry_line, labels_text};
+use crate::thread::{entry_line, labels_text};
 use crate::{Cli, CliError};
 
 /// The library's callbacks return engine errors; a failed write to stdout
@@ -43,7 +42,9 @@ pub fn thread(
     let mut failed = None;
     let end = store.watch_steps(id, after, cancel, &mut |e| {
         let line = if out.json {
-            entry_json(&store, e).and_then(|v| Ok(out.json_value(&v)?))
+            uwf_db::api::LogEntry::read(&store, e)
+                .map_err(CliError::from)
+                .and_then(|v| Ok(out.json_value(&v)?))
         } else {
             entry_line(&store, e).and_then(|l| Ok(out.line(l)?))
         };
@@ -75,15 +76,7 @@ pub fn list(
     store.watch_threads(query, cancel, &mut |r| {
         let at = r.last_activity();
         let line = if out.json {
-            out.json_value(&json!({
-                "thread": r.id,
-                "status": r.status,
-                "workflow": r.workflow,
-                "seq": r.seq,
-                "last_activity": at,
-                "last_error": r.last_error,
-                "labels": r.labels,
-            }))
+            out.json_value(&uwf_db::api::ThreadActivity::from(r))
         } else {
             out.line(format_args!(
                 "{}  {}  {:<10} {}  seq {}{}{}",

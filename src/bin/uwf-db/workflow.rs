@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Subcommand;
-use serde_json::json;
+use uwf_db::api;
 use uwf_db::workflow::{Workflow, WorkflowError, parse_workflow};
 use uwf_db::{Hash, Store};
 
@@ -68,7 +68,11 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
             let wf = load_file(Some(&store), file)?;
             let (hash, changed) = store.add_workflow(&wf)?;
             if out.json {
-                out.json_value(&json!({ "name": wf.name, "hash": hash, "changed": changed }))?;
+                out.json_value(&api::WorkflowAdded {
+                    changed,
+                    hash,
+                    name: wf.name.clone(),
+                })?;
             } else if changed {
                 out.line(format_args!("registered {} as {}", wf.name, hash))?;
             } else {
@@ -85,7 +89,10 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
             if out.json {
                 let rows: Vec<_> = list
                     .iter()
-                    .map(|(n, h)| json!({ "name": n, "hash": h }))
+                    .map(|(n, h)| api::WorkflowEntry {
+                        hash: *h,
+                        name: n.clone(),
+                    })
                     .collect();
                 return Ok(out.json_value(&rows)?);
             }
@@ -111,11 +118,10 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
                 }
             };
             if out.json {
-                let mut v = serde_json::to_value(&*wf).unwrap_or_default();
-                if let Some(o) = v.as_object_mut() {
-                    o.insert("hash".into(), json!(hash));
-                }
-                return Ok(out.json_value(&v)?);
+                return Ok(out.json_value(&api::WorkflowDetail {
+                    workflow: (*wf).clone(),
+                    hash,
+                })?);
             }
             out.table(&[
                 ("name", wf.name.clone()),
@@ -143,7 +149,11 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
             match load_file(store.as_ref(), file) {
                 Ok(wf) => {
                     if out.json {
-                        out.json_value(&json!({ "valid": true, "name": wf.name, "problems": [] }))?;
+                        out.json_value(&api::WorkflowValidation {
+                            name: Some(wf.name.clone()),
+                            problems: Vec::new(),
+                            valid: true,
+                        })?;
                     } else {
                         out.line(format_args!(
                             "{}: valid workflow '{}'",
@@ -155,7 +165,11 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
                 }
                 Err(CliError::Workflow(WorkflowError::Invalid { problems, .. })) => {
                     if out.json {
-                        out.json_value(&json!({ "valid": false, "problems": problems }))?;
+                        out.json_value(&api::WorkflowValidation {
+                            name: None,
+                            problems: problems.clone(),
+                            valid: false,
+                        })?;
                     } else {
                         for p in &problems {
                             let sep = if p.line.is_some() { ":" } else { ": " };

@@ -1,0 +1,118 @@
+//! The JSON contract: every answer the faces give, as serde types.
+//!
+//! The CLI's `--json` output is made of these types and of the library's
+//! own reports ([`StepResult`], [`BatchItem`], [`GcReport`], [`CopyReport`],
+//! [`PruneReport`], [`ExportReport`], [`ImportReport`]); the HTTP server,
+//! the MCP server and the Python package serve the same ones. Each has a
+//! JSON Schema generated from the code ([`schemas`]), committed under
+//! `docs/schemas/v1/` and checked against the code by a test; which command
+//! prints which type is in `docs/schemas/README.md`.
+//!
+//! The contract is versioned as a whole ([`API_VERSION`]): a field may be
+//! added within a version; renaming, removing or retyping one makes a new
+//! version.
+//!
+//! ```
+//! let names: Vec<&str> = uwf_db::api::schemas().iter().map(|s| s.name).collect();
+//! assert!(names.contains(&"ThreadSummary"));
+//! assert!(names.contains(&"StepResult"));
+//! ```
+
+pub mod blob;
+mod store;
+mod thread;
+mod workflow;
+
+use schemars::generate::SchemaSettings;
+use schemars::{JsonSchema, Schema};
+
+pub use blob::{BlobDetail, BlobPin, BlobPresence, BlobPut, BlobRef, WalkedBlob};
+pub use store::{
+    BatchSummary, PolicyAnswer, SalvageAnswer, StatsAnswer, StoreInit, VerifyAnswer, VerifyProblem,
+};
+pub use thread::{
+    ForkedFrom, LabelsSet, LogEntry, StepUsageEntry, StopRequested, SummaryStaged, ThreadActivity,
+    ThreadDetail, ThreadForked, ThreadRemoved, ThreadStarted, ThreadSummary, TreeNode, TreeParent,
+    TreeView,
+};
+pub use workflow::{WorkflowAdded, WorkflowDetail, WorkflowEntry, WorkflowValidation};
+
+use crate::bundle::{ExportReport, ImportReport};
+use crate::copy::CopyReport;
+use crate::engine::StepResult;
+use crate::engine::batch::BatchItem;
+use crate::gc::GcReport;
+use crate::thread::PruneReport;
+
+/// The version of the JSON contract (the folder `docs/schemas/v1/`).
+pub const API_VERSION: u32 = 1;
+
+/// One type of the contract and its JSON Schema.
+#[derive(Debug, Clone)]
+pub struct AnswerSchema {
+    /// The type's name (the schema's file is `NAME.json`).
+    pub name: &'static str,
+    /// The JSON Schema (draft 2020-12) of the type as it is serialized.
+    pub schema: Schema,
+}
+
+/// The schema of `T` as it is serialized, draft 2020-12, with its `$id`
+/// naming the contract's version.
+pub fn schema_of<T: JsonSchema>(name: &str) -> Schema {
+    let mut schema = SchemaSettings::draft2020_12()
+        .for_serialize()
+        .into_generator()
+        .into_root_schema_for::<T>();
+    schema.insert(
+        "$id".into(),
+        format!("urn:uwf-db:api:v{API_VERSION}:{name}").into(),
+    );
+    schema
+}
+
+/// Every type of the contract, by name, with its schema.
+pub fn schemas() -> Vec<AnswerSchema> {
+    fn entry<T: JsonSchema>(name: &'static str) -> AnswerSchema {
+        AnswerSchema {
+            name,
+            schema: schema_of::<T>(name),
+        }
+    }
+    vec![
+        entry::<ThreadSummary>("ThreadSummary"),
+        entry::<ThreadDetail>("ThreadDetail"),
+        entry::<LogEntry>("LogEntry"),
+        entry::<TreeView>("TreeView"),
+        entry::<ThreadStarted>("ThreadStarted"),
+        entry::<ThreadForked>("ThreadForked"),
+        entry::<SummaryStaged>("SummaryStaged"),
+        entry::<LabelsSet>("LabelsSet"),
+        entry::<ThreadRemoved>("ThreadRemoved"),
+        entry::<StopRequested>("StopRequested"),
+        entry::<ThreadActivity>("ThreadActivity"),
+        entry::<StepResult>("StepResult"),
+        entry::<BatchItem>("BatchItem"),
+        entry::<BatchSummary>("BatchSummary"),
+        entry::<WorkflowAdded>("WorkflowAdded"),
+        entry::<WorkflowEntry>("WorkflowEntry"),
+        entry::<WorkflowDetail>("WorkflowDetail"),
+        entry::<WorkflowValidation>("WorkflowValidation"),
+        entry::<BlobPin>("BlobPin"),
+        entry::<BlobPut>("BlobPut"),
+        entry::<BlobDetail>("BlobDetail"),
+        entry::<BlobPresence>("BlobPresence"),
+        entry::<BlobRef>("BlobRef"),
+        entry::<WalkedBlob>("WalkedBlob"),
+        entry::<crate::Hash>("Hash"),
+        entry::<StoreInit>("StoreInit"),
+        entry::<VerifyAnswer>("VerifyAnswer"),
+        entry::<StatsAnswer>("StatsAnswer"),
+        entry::<GcReport>("GcReport"),
+        entry::<CopyReport>("CopyReport"),
+        entry::<SalvageAnswer>("SalvageAnswer"),
+        entry::<PolicyAnswer>("PolicyAnswer"),
+        entry::<PruneReport>("PruneReport"),
+        entry::<ExportReport>("ExportReport"),
+        entry::<ImportReport>("ImportReport"),
+    ]
+}

@@ -1,0 +1,168 @@
+//! The JSON contract through the real binary (SPEC §12, issue 19): every
+//! command that prints JSON is run once, and each answer is checked against
+//! the committed schema of its type (`docs/schemas/v1/`). Every type of
+//! `uwf_db::api::schemas()` must be printed by some command here, so a type
+//! no command uses, or a command printing something its schema refuses,
+//! fails.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use common::backend::TestBackend;
+use common::cli::*;
+use common::contract::{self, Shape};
+
+const REVIEW: &str = "examples/review.yaml";
+const AGENT: &str = "script:examples/review.scenario.yaml";
+
+/// Runs `--json ARGS` (success or not), checks what it printed, and records
+/// the answer type as seen.
+struct Contract<'a> {
+    env: &'a Cli,
+    seen: BTreeSet<&'static str>,
+}
+
+impl Contract<'_> {
+    fn run(&mut self, args: &[&str]) -> serde_json::Value {
+        let (name, shape) = contract::answer_of(args).expect("a command with a JSON answer");
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let o = self.env.uwf(&all);
+        assert!(matches!(code(&o), Some(0 | 1)), "{args:?}: {}", stderr(&o));
+        assert!(
+            !o.stdout.is_empty(),
+            "{args:?} printed nothing: {}",
+            stderr(&o)
+        );
+        self.seen.insert(name);
+        if shape == Shape::Lines {
+            let lines = json_lines(&o);
+            contract::check_lines(args, &lines);
+            if name == "BatchItem" {
+                self.seen.insert("BatchSummary");
+            }
+            return serde_json::Value::Array(lines);
+        }
+        let value: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        contract::check_answer(args, &value);
+        value
+    }
+}
+
+#[test]
+fn every_json_answer_matches_its_committed_schema() {
+    let env = Cli::new(TestBackend::Lmdb);
+    let mut c = Contract {
+        env: &env,
+        seen: BTreeSet::new(),
+    };
+    c.run(&["init"]);
+    c.run(&["workflow", "validate", REVIEW]);
+    let bad = env.file("bad.yaml", "name: bad\nroles: {}\ngraph: {}\n");
+    let invalid = c.run(&["workflow", "validate", &bad]);
+    assert_eq!(invalid["valid"], false, "{invalid}");
+    c.run(&["workflow", "add", REVIEW]);
+    c.run(&["workflow", "list"]);
+    c.run(&["workflow", "show", "review"]);
+
+    // A finished thread, a thread part-way, a fork.
+    let done = c.run(&["run", REVIEW, "-p", "finish it", "--agent", AGENT]);
+    let done_id = done["thread"].as_str().unwrap().to_owned();
+    let started = c.run(&["thread", "start", REVIEW, "-p", "go", "--label", "team=a"]);
+    let id = started["thread"].as_str().unwrap().to_owned();
+    c.run(&["thread", "step", &id, "--agent", AGENT]);
+    c.run(&["thread", "step", &id, "--agent", AGENT, "-c", "2"]);
+    c.run(&["thread", "label", &id, "k=v"]);
+    c.run(&["thread", "compact", &id, "--summary", "so far, so good"]);
+    let fork = c.run(&["thread", "fork", &id]);
+    let fork_id = fork["thread"].as_str().unwrap().to_owned();
+    // `thread stop` needs a driver: one whose agent sleeps.
+    let mut driver = env.spawn(&["thread", "step", &fork_id, "--agent", "cmd:sleep 3"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while env.show(&fork_id)["status"] != "running" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the driver never claimed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    c.run(&["thread", "stop", &fork_id]);
+    driver.wait().unwrap();
+    c.run(&["thread", "cancel", &fork_id]);
+    c.run(&["thread", "list"]);
+    c.run(&["thread", "show", &done_id]);
+    c.run(&["thread", "log", &done_id]);
+    c.run(&["thread", "tree", &done_id]);
+    let watched = c.run(&["thread", "watch", &done_id]);
+    assert!(!watched.as_array().unwrap().is_empty(), "{watched}");
+    c.run(&["thread", "rm", &fork_id]);
+
+    // `thread list --watch` prints the current threads first, then waits.
+    let mut child = env
+        .std_cmd()
+        .args(["--json", "thread", "list", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let line: serde_json::Value = serde_json::from_str(&first).unwrap();
+    contract::check_lines(&["thread", "list", "--watch"], &[line]);
+    c.seen.insert("ThreadActivity");
+
+    // The blob store.
+    let put = c.run(&["cas", "put", &env.file("note.txt", "a note")]);
+    let hash = put["hash"].as_str().unwrap().to_owned();
+    c.run(&["cas", "get", &hash]);
+    let head = c.run(&["thread", "show", &done_id])["head"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    c.run(&["cas", "get", &head]);
+    c.run(&["cas", "has", &hash[..12]]);
+    c.run(&["cas", "has", "0123456789ab"]);
+    c.run(&["cas", "refs", &head]);
+    c.run(&["cas", "walk", &head]);
+    c.run(&["cas", "pin", &hash]);
+    c.run(&["cas", "pins"]);
+    c.run(&["cas", "unpin", &hash]);
+
+    // Batches and maintenance.
+    c.run(&["batch", REVIEW, "-n", "3", "-p", "many", "--agent", AGENT]);
+    c.run(&["stats"]);
+    c.run(&["verify"]);
+    c.run(&["prune", "--dry-run", "--keep-latest", "1"]);
+    c.run(&["prune", "--set", "--older-than", "30d"]);
+    c.run(&["prune", "--show"]);
+    c.run(&["prune", "--unset"]);
+    c.run(&["gc"]);
+    let bundle = env.path("one.bundle");
+    let bundle = bundle.to_str().unwrap();
+    c.run(&["export", &done_id, "-o", bundle]);
+    c.run(&["import", bundle, "--new-ids"]);
+    let copy = env.path("copy");
+    c.run(&[
+        "copy",
+        &env.store_arg().to_string_lossy(),
+        copy.to_str().unwrap(),
+    ]);
+    let salvaged = env.path("salvaged");
+    c.run(&[
+        "salvage",
+        copy.to_str().unwrap(),
+        salvaged.to_str().unwrap(),
+    ]);
+
+    let all: BTreeSet<&str> = uwf_db::api::schemas().iter().map(|s| s.name).collect();
+    let unseen: Vec<&&str> = all.difference(&c.seen).collect();
+    assert!(unseen.is_empty(), "no command here printed {unseen:?}");
+}
