@@ -52,6 +52,7 @@
 pub mod api;
 pub mod backend;
 pub mod bundle;
+mod cache;
 pub mod codec;
 pub mod copy;
 pub mod engine;

@@ -286,10 +286,13 @@ pub mod model {
         fn durability(&self) -> Durability {
             self.inner.durability()
         }
-        fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        fn try_lock_claim(
+            &self,
+            id: uwf_db::backend::ClaimKey,
+        ) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
             self.inner.try_lock_claim(id)
         }
-        fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+        fn claim_locked(&self, id: uwf_db::backend::ClaimKey) -> Result<bool, StoreError> {
             self.inner.claim_locked(id)
         }
         fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {

@@ -25,8 +25,9 @@ use super::{
     Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
     WriteTables,
 };
-use crate::store::{Durability, FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError};
-use crate::thread::ThreadId;
+use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY};
+use crate::backend::{ClaimKey, Durability};
+use crate::store::StoreError;
 
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -51,7 +52,7 @@ impl Tables {
 pub struct MemoryBackend {
     committed: RwLock<Tables>,
     writer: Mutex<()>,
-    claims: Arc<Mutex<HashSet<ThreadId>>>,
+    claims: Arc<Mutex<HashSet<ClaimKey>>>,
     gc: Arc<AtomicBool>,
     location: String,
 }
@@ -286,8 +287,8 @@ impl WriteTables for MemoryWrite<'_> {
 /// A claim held in memory; released on drop.
 #[derive(Debug)]
 struct MemoryClaim {
-    claims: Arc<Mutex<HashSet<ThreadId>>>,
-    id: ThreadId,
+    claims: Arc<Mutex<HashSet<ClaimKey>>>,
+    id: ClaimKey,
 }
 
 impl HeldLock for MemoryClaim {}
@@ -341,7 +342,7 @@ impl Backend for MemoryBackend {
         Durability::None
     }
 
-    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
         let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
         if !claims.insert(id) {
             return Ok(None);
@@ -352,7 +353,7 @@ impl Backend for MemoryBackend {
         })))
     }
 
-    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError> {
         Ok(self
             .claims
             .lock()

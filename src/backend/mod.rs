@@ -47,6 +47,8 @@
 //!   write transaction. Backends do not invent conflicts of their own
 //!   beyond retryable serialization failures.
 
+mod durability;
+pub mod format;
 pub mod lmdb;
 pub mod memory;
 #[cfg(feature = "postgres")]
@@ -62,8 +64,9 @@ use std::borrow::Cow;
 use std::fmt;
 use std::ops::Bound;
 
-use crate::store::{Durability, StoreError};
-use crate::thread::ThreadId;
+pub use durability::Durability;
+
+use crate::store::StoreError;
 
 /// A named table of a store (`docs/design.md` §4 gives every key and value
 /// layout).
@@ -363,6 +366,10 @@ impl Refresh {
     }
 }
 
+/// What a claim lock is keyed by: a thread id's 16 bytes (the backend
+/// knows no threads).
+pub type ClaimKey = [u8; 16];
+
 /// A lock held until dropped (a driver's claim, a collector's lock). It
 /// must also be released when its holder dies (`kill -9`, a lost
 /// connection), so that another process can take over.
@@ -418,16 +425,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Takes the claim lock of thread `id` for this process: `None` when a
     /// live holder elsewhere has it. Holding it twice in one process is the
     /// caller's business (the engine tracks its own claims).
-    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError>;
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError>;
 
     /// Whether a live holder somewhere (this process included) has the
     /// claim lock of thread `id`.
-    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError>;
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError>;
 
     /// [`Backend::claim_locked`] for many threads at once, in their order:
     /// a listing probes every thread it returns, so a server backend
     /// answers with one query, not one per thread.
-    fn claims_locked(&self, ids: &[ThreadId]) -> Result<Vec<bool>, StoreError> {
+    fn claims_locked(&self, ids: &[ClaimKey]) -> Result<Vec<bool>, StoreError> {
         ids.iter().map(|&id| self.claim_locked(id)).collect()
     }
 

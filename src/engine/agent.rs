@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::cancel::Cancel;
+use super::cancel::{Cancel, kill_group};
 use crate::hash::Hash;
 use crate::thread::ThreadId;
 use crate::workflow::Role;
@@ -645,15 +645,6 @@ fn has_exited(child: &mut std::process::Child) -> std::io::Result<bool> {
     #[cfg(not(target_os = "linux"))]
     {
         child.try_wait().map(|s| s.is_some())
-    }
-}
-
-pub(crate) fn kill_group(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
     }
 }
 

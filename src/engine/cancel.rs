@@ -39,8 +39,23 @@ struct Inner {
     stopping: AtomicBool,
     /// Process groups of agents running under the token.
     agents: Mutex<HashSet<u32>>,
-    /// Claims taken under the token and not yet released.
-    claims: Mutex<Vec<(Store, ThreadId)>>,
+    /// Claims taken under the token and not yet released, each with the
+    /// function that gives its thread its status back (the claim module's:
+    /// the token names no module above it).
+    claims: Mutex<Vec<(Store, ThreadId, Release)>>,
+}
+
+/// Gives a claimed thread its status back when its token is cancelled.
+pub(crate) type Release = fn(&Store, ThreadId);
+
+/// Kills process group `pid` (SIGKILL); a group already gone is no error.
+pub(crate) fn kill_group(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -152,12 +167,12 @@ impl Cancel {
             // program, so every pid here still names that program's group.
             let mut agents = lock(&self.inner.agents);
             for pgid in agents.drain() {
-                super::agent::kill_group(pgid);
+                kill_group(pgid);
             }
         }
-        let claims: Vec<(Store, ThreadId)> = lock(&self.inner.claims).clone();
-        for (store, id) in claims {
-            super::claim::release_status(&store, id);
+        let claims: Vec<(Store, ThreadId, Release)> = lock(&self.inner.claims).clone();
+        for (store, id, release) in claims {
+            release(&store, id);
         }
     }
 
@@ -182,7 +197,7 @@ impl Cancel {
     pub fn agent_started(&self, pgid: u32) {
         lock(&self.inner.agents).insert(pgid);
         if self.is_cancelled() {
-            super::agent::kill_group(pgid);
+            kill_group(pgid);
         }
     }
 
@@ -193,13 +208,14 @@ impl Cancel {
         lock(&self.inner.agents).remove(&pgid);
     }
 
-    /// Registers a claim taken under the token.
-    pub(crate) fn claim_taken(&self, store: &Store, id: ThreadId) {
-        lock(&self.inner.claims).push((store.clone(), id));
+    /// Registers a claim taken under the token, with what gives its thread
+    /// its status back on [`Cancel::cancel`].
+    pub(crate) fn claim_taken(&self, store: &Store, id: ThreadId, release: Release) {
+        lock(&self.inner.claims).push((store.clone(), id, release));
     }
 
     /// Forgets a released claim.
     pub(crate) fn claim_released(&self, store: &Store, id: ThreadId) {
-        lock(&self.inner.claims).retain(|(s, t)| !(*t == id && s.same_store(store)));
+        lock(&self.inner.claims).retain(|(s, t, _)| !(*t == id && s.same_store(store)));
     }
 }

@@ -43,29 +43,33 @@ pub struct Claim {
 /// Takes the thread's claim lock: `Ok(None)` when a live holder elsewhere
 /// (another process, or another store handle) has it.
 fn try_lock(store: &Store, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, EngineError> {
-    Ok(store.backend().try_lock_claim(id)?)
+    Ok(store.backend().try_lock_claim(id.to_bytes())?)
 }
 
 /// Whether a live holder elsewhere has the thread's claim lock.
 fn is_locked(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
-    Ok(store.backend().claim_locked(id)?)
+    Ok(store.backend().claim_locked(id.to_bytes())?)
 }
 
-/// The threads this store handle holds claims on.
-fn held(store: &Store) -> std::sync::MutexGuard<'_, HashMap<ThreadId, Option<Arc<dyn HeldLock>>>> {
-    store
-        .engine_state()
-        .claims
-        .held
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+/// The threads this store handle holds claims on: [`Held::lock`] them.
+fn held(store: &Store) -> Held {
+    Held(store.engine_state())
+}
+
+/// The store's engine state, kept alive while its claim map is locked.
+struct Held(Arc<super::state::EngineState>);
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ThreadId, Option<Arc<dyn HeldLock>>>> {
+        self.0.claims.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Whether a live driver (another process, or a claim of this store
 /// handle) holds the thread. A lock file that cannot be read is an error,
 /// not "not held".
 pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
-    if held(store).contains_key(&id) {
+    if held(store).lock().contains_key(&id) {
         return Ok(true);
     }
     is_locked(store, id)
@@ -76,13 +80,15 @@ pub fn is_held(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
 pub fn are_held(store: &Store, ids: &[ThreadId]) -> Result<Vec<bool>, EngineError> {
     let mut held_here = Vec::with_capacity(ids.len());
     {
-        let held = held(store);
+        let state = held(store);
+        let held = state.lock();
         held_here.extend(ids.iter().map(|id| held.contains_key(id)));
     }
     if held_here.iter().all(|h| *h) {
         return Ok(held_here);
     }
-    let elsewhere = store.backend().claims_locked(ids)?;
+    let keys: Vec<_> = ids.iter().map(|id| id.to_bytes()).collect();
+    let elsewhere = store.backend().claims_locked(&keys)?;
     Ok(held_here
         .into_iter()
         .zip(elsewhere)
@@ -110,7 +116,8 @@ impl Store {
             return Err(EngineError::Interrupted);
         }
         let outer = {
-            let mut held = held(self);
+            let state = held(self);
+            let mut held = state.lock();
             match held.get(&id) {
                 Some(lock) => Some(lock.clone()),
                 None => {
@@ -134,7 +141,7 @@ impl Store {
             });
         }
         let unhold = || {
-            held(self).remove(&id);
+            held(self).lock().remove(&id);
         };
         let file: Arc<dyn HeldLock> = match try_lock(self, id) {
             Ok(Some(f)) => Arc::from(f),
@@ -172,8 +179,8 @@ impl Store {
             unhold();
             return Err(e.into());
         }
-        held(self).insert(id, Some(Arc::clone(&file)));
-        cancel.claim_taken(self, id);
+        held(self).lock().insert(id, Some(Arc::clone(&file)));
+        cancel.claim_taken(self, id, release_status);
         let claim = Claim {
             store: self.clone(),
             id,
@@ -271,7 +278,7 @@ impl Claim {
 
     /// Forgets the claim in the store handle's and the token's bookkeeping.
     fn forget(&self) {
-        held(&self.store).remove(&self.id);
+        held(&self.store).lock().remove(&self.id);
         self.cancel.claim_released(&self.store, self.id);
     }
 }

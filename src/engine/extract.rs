@@ -9,7 +9,7 @@ use crate::hash::Hash;
 use crate::node::Value;
 use crate::workflow::Role;
 
-use super::state::Bounded;
+use crate::cache::Bounded;
 
 /// What a reply yields.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,64 +9,16 @@
 //! and simply cleared when full.
 
 use std::collections::HashMap;
-use std::hash::Hash as StdHash;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use crate::backend::HeldLock;
+use crate::cache::Bounded;
 use crate::hash::Hash;
+use crate::store::Store;
 use crate::thread::ThreadId;
-use crate::workflow::Workflow;
 use crate::workflow::template::Templates;
 
 use super::extract::Validators;
-
-/// A map that is cleared when it reaches its capacity: the working set of a
-/// store (its workflows, their roles) is small, so a rare refill is cheaper
-/// than tracking recency.
-#[derive(Debug)]
-pub(crate) struct Bounded<K, V> {
-    map: Mutex<HashMap<K, V>>,
-    capacity: usize,
-}
-
-impl<K: Eq + StdHash, V: Clone> Bounded<K, V> {
-    /// An empty cache holding at most `capacity` entries.
-    pub(crate) fn new(capacity: usize) -> Self {
-        Bounded {
-            map: Mutex::new(HashMap::new()),
-            capacity,
-        }
-    }
-
-    /// The map itself (a poisoned lock is taken over: a cache holds no
-    /// invariant a panic could break).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<K, V>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Most entries kept.
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// The cached value for `key`.
-    pub(crate) fn get<Q>(&self, key: &Q) -> Option<V>
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: Eq + StdHash + ?Sized,
-    {
-        self.lock().get(key).cloned()
-    }
-
-    /// Caches `value`, first clearing the cache when it is full.
-    pub(crate) fn insert(&self, key: K, value: V) {
-        let mut map = self.lock();
-        if map.len() >= self.capacity {
-            map.clear();
-        }
-        map.insert(key, value);
-    }
-}
 
 /// A thread's task prompt and `max_rounds`, from its (immutable) start node.
 pub(crate) type Task = (Arc<str>, u32);
@@ -80,15 +32,14 @@ pub(crate) struct ClaimState {
     pub(crate) held: Mutex<HashMap<ThreadId, Option<Arc<dyn HeldLock>>>>,
 }
 
-/// The engine's per-store state, owned by the store handle.
+/// The engine's per-store state, kept in the store's layer slots
+/// ([`Store::layer_state`]): the store does not name this type.
 #[derive(Debug)]
 pub(crate) struct EngineState {
     /// Task prompts by start-node hash.
     pub(crate) tasks: Bounded<Hash, Task>,
     /// Role prompt headers by workflow hash, then role name.
     pub(crate) headers: Bounded<Hash, HashMap<String, Arc<str>>>,
-    /// Decoded workflows by blob hash.
-    pub(crate) workflows: Bounded<Hash, Arc<Workflow>>,
     /// Compiled frontmatter schemas.
     pub(crate) validators: Validators,
     /// Compiled edge-prompt templates.
@@ -102,11 +53,18 @@ impl Default for EngineState {
         EngineState {
             tasks: Bounded::new(65_536),
             headers: Bounded::new(4096),
-            workflows: Bounded::new(4096),
             validators: Validators::default(),
             templates: Templates::default(),
             claims: ClaimState::default(),
         }
+    }
+}
+
+impl Store {
+    /// The engine's state for this store (caches, claims), shared by every
+    /// handle of it.
+    pub(crate) fn engine_state(&self) -> Arc<EngineState> {
+        self.layer_state::<EngineState>()
     }
 }
 
@@ -115,23 +73,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_cache_starts_over() {
-        let cache: Bounded<u32, u32> = Bounded::new(2);
-        cache.insert(1, 10);
-        cache.insert(2, 20);
-        assert_eq!((cache.get(&1), cache.get(&2)), (Some(10), Some(20)));
-        cache.insert(3, 30);
-        assert_eq!((cache.get(&1), cache.get(&2)), (None, None));
-        assert_eq!(cache.get(&3), Some(30));
-    }
-
-    #[test]
     fn two_stores_share_no_state() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let open =
             |p: &std::path::Path| crate::Store::open(p, crate::StoreOptions::default()).unwrap();
         let (sa, sb, sa2) = (open(a.path()), open(b.path()), open(a.path()));
-        let state = |s: &crate::Store| std::ptr::from_ref(s.engine_state());
+        let state = |s: &crate::Store| Arc::as_ptr(&s.engine_state());
         assert_ne!(state(&sa), state(&sb));
         // Two handles of one directory share one engine state.
         assert_eq!(state(&sa), state(&sa2));

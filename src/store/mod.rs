@@ -45,11 +45,8 @@ pub use record::{BlobRecord, RecordError};
 pub use stats::Stats;
 pub use txn::{ReadTxn, StoredBlob, WriteTxn};
 
-/// The on-disk format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
-
-/// Key of the format version in the `meta` table.
-pub const FORMAT_VERSION_KEY: &str = "format_version";
+pub(crate) use crate::backend::format::parse_format;
+pub use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY};
 
 /// Key of a running garbage collection's epoch (u64 BE ms) in `meta`.
 pub const GC_EPOCH_KEY: &str = "gc_epoch";
@@ -82,8 +79,19 @@ fn begin_with_retries<T>(
 
 pub(crate) struct StoreInner {
     pub(crate) backend: Box<dyn Backend>,
-    /// The engine's caches and claim bookkeeping for this store.
-    pub(crate) engine: crate::engine::state::EngineState,
+    /// What the layers above keep per open store (the engine's caches and
+    /// claim bookkeeping), one value per type, made on first use: the store
+    /// names none of their types ([`Store::layer_state`]).
+    pub(crate) layers: std::sync::Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
+}
+
+impl StoreInner {
+    pub(crate) fn new(backend: Box<dyn Backend>) -> StoreInner {
+        StoreInner {
+            backend,
+            layers: std::sync::Mutex::new(Vec::new()),
+        }
+    }
 }
 
 /// A handle to an open store: `Send + Sync`, cheap to clone.
@@ -266,9 +274,18 @@ impl Store {
         self.read(|r| r.tables().count(Table::Blobs))
     }
 
-    /// The engine's state for this store (caches, claims).
-    pub(crate) fn engine_state(&self) -> &crate::engine::state::EngineState {
-        &self.inner.engine
+    /// The `T` a layer above keeps for this store, shared by every handle
+    /// of it: made with `T::default()` on first use.
+    pub(crate) fn layer_state<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut layers = self.inner.layers.lock().unwrap_or_else(|p| p.into_inner());
+        for state in layers.iter() {
+            if let Ok(found) = Arc::clone(state).downcast::<T>() {
+                return found;
+            }
+        }
+        let made = Arc::new(T::default());
+        layers.push(made.clone());
+        made
     }
 
     /// Scans one table in key order, 4,096 entries per read transaction
@@ -309,11 +326,6 @@ impl Store {
 /// Parses a stored `gc_epoch` value (8 bytes, big-endian ms).
 pub(crate) fn parse_gc_epoch(value: &[u8]) -> Option<u64> {
     <[u8; 8]>::try_from(value).ok().map(u64::from_be_bytes)
-}
-
-/// Parses a stored format version value (4 bytes, big-endian).
-pub(crate) fn parse_format(value: &[u8]) -> Option<u32> {
-    <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes)
 }
 
 /// Reads the format version in a transaction.

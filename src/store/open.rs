@@ -113,10 +113,7 @@ impl Store {
         }
 
         let backend = LmdbBackend::open(&canonical, requested, purpose)?;
-        let inner = Arc::new(StoreInner {
-            backend: Box::new(backend),
-            engine: crate::engine::state::EngineState::default(),
-        });
+        let inner = Arc::new(StoreInner::new(Box::new(backend)));
         open.insert(canonical, Arc::downgrade(&inner));
         Ok(Store { inner, group: None })
     }
@@ -155,10 +152,7 @@ impl Store {
     /// state; the backend should not be shared with another handle.
     pub fn from_backend(backend: impl Backend + 'static) -> Store {
         Store {
-            inner: Arc::new(StoreInner {
-                backend: Box::new(backend),
-                engine: crate::engine::state::EngineState::default(),
-            }),
+            inner: Arc::new(StoreInner::new(Box::new(backend))),
             group: None,
         }
     }

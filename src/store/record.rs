@@ -22,7 +22,7 @@ use crate::node::{EncodedBlob, Kind};
 pub const RECORD_VERSION: u8 = 1;
 
 /// Size of the fixed part of the header.
-pub const HEADER_LEN: usize = 22;
+pub const HEADER_LEN: usize = crate::backend::format::BLOB_HEADER_LEN;
 
 /// A parsed record, borrowing the stored value.
 #[derive(Debug, Clone, Copy)]

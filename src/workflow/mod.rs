@@ -316,9 +316,9 @@ impl Store {
     /// A stored workflow by hash.
     ///
     /// Workflows are content-addressed and immutable, so decoded ones are
-    /// cached per hash in this store's engine state.
+    /// cached per hash for this store ([`Decoded`]).
     pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
-        let cache = &self.engine_state().workflows;
+        let cache = &self.layer_state::<Decoded>().0;
         if let Some(wf) = cache.get(&hash) {
             return Ok(wf);
         }
@@ -345,5 +345,14 @@ impl Store {
             }
             Ok::<_, StoreError>(out)
         })?)
+    }
+}
+
+/// Decoded workflows by blob hash, kept per store in its layer slots.
+pub(crate) struct Decoded(crate::cache::Bounded<Hash, Arc<Workflow>>);
+
+impl Default for Decoded {
+    fn default() -> Self {
+        Decoded(crate::cache::Bounded::new(4096))
     }
 }

@@ -18,18 +18,17 @@ use std::path::Path;
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 
-use crate::backend::HeldLock;
+use crate::backend::{ClaimKey, HeldLock};
 use crate::store::StoreError;
-use crate::thread::ThreadId;
 
 /// The byte a thread's claim locks.
-pub(super) fn claim_offset(id: ThreadId) -> i64 {
-    let folded = u128::from_be_bytes(id.to_bytes()) % (1u128 << 62);
+pub(super) fn claim_offset(id: ClaimKey) -> i64 {
+    let folded = u128::from_be_bytes(id) % (1u128 << 62);
     // < 2^62, so it always fits.
     i64::try_from(folded).unwrap_or(0)
 }
 
-fn lock_range(id: ThreadId, kind: libc::c_short) -> libc::flock {
+fn lock_range(id: ClaimKey, kind: libc::c_short) -> libc::flock {
     libc::flock {
         l_type: kind,
         l_whence: libc::SEEK_SET as libc::c_short,
@@ -43,7 +42,7 @@ fn lock_range(id: ThreadId, kind: libc::c_short) -> libc::flock {
 #[derive(Debug)]
 struct ClaimLock {
     file: File,
-    id: ThreadId,
+    id: ClaimKey,
 }
 
 impl HeldLock for ClaimLock {}
@@ -70,7 +69,7 @@ fn io_error(op: &'static str, dir: &Path, e: nix::errno::Errno) -> StoreError {
 pub(super) fn try_lock_claim(
     file: &File,
     dir: &Path,
-    id: ThreadId,
+    id: ClaimKey,
 ) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
     let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
     match fcntl(file, FcntlArg::F_OFD_SETLK(&lock)) {
@@ -87,7 +86,7 @@ pub(super) fn try_lock_claim(
     }
 }
 
-pub(super) fn claim_locked(file: &File, dir: &Path, id: ThreadId) -> Result<bool, StoreError> {
+pub(super) fn claim_locked(file: &File, dir: &Path, id: ClaimKey) -> Result<bool, StoreError> {
     // F_OFD_GETLK reports a conflicting lock of another open file
     // description; our own locks (one description) never conflict, so the
     // engine checks its own claims first.

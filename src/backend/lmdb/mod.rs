@@ -22,8 +22,9 @@ use super::{
     Backend, Direction, Entries, HeldLock, KeyRange, ReadTables, StorageStats, Table, Visitor,
     WriteTables,
 };
-use crate::store::{Durability, FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError, parse_format};
-use crate::thread::ThreadId;
+use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY, parse_format};
+use crate::backend::{ClaimKey, Durability};
+use crate::store::StoreError;
 
 /// Virtual map reserved when no maximum is configured: 1 TiB. LMDB files grow
 /// only as pages are used, so this costs address space, not disk.
@@ -504,12 +505,12 @@ impl Backend for LmdbBackend {
         self.options.durability
     }
 
-    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
         self.refuse_if_read_only("claim a thread")?;
         locks::try_lock_claim(self.claims_file()?, &self.path, id)
     }
 
-    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError> {
         if self.read_only.is_some() {
             // Read-only: look at the claims without creating the file (no
             // file, no claims) and without tightening its mode.

@@ -36,8 +36,8 @@ use std::path::Path;
 
 use super::Table;
 use super::sum;
-use crate::store::FORMAT_VERSION_KEY;
-use crate::store::record::HEADER_LEN;
+use crate::backend::format::BLOB_HEADER_LEN as HEADER_LEN;
+use crate::backend::format::FORMAT_VERSION_KEY;
 
 const PAGE_HEADER: usize = 16;
 const NODE_HEADER: usize = 8;

@@ -19,7 +19,7 @@
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::Table;
-use crate::store::record::HEADER_LEN;
+use crate::backend::format::BLOB_HEADER_LEN as HEADER_LEN;
 
 /// Bytes of the trailer.
 pub(super) const SUM_LEN: usize = 4;

@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use postgres::Client;
 
 use super::PostgresBackend;
+use crate::backend::ClaimKey;
 use crate::backend::HeldLock;
 use crate::store::StoreError;
-use crate::thread::ThreadId;
 
 /// Idle seconds before the server probes a lock holder's connection.
 pub const KEEPALIVE_IDLE_S: u32 = 10;
@@ -44,8 +44,8 @@ const LOCK_POOL_SIZE: usize = 16;
 
 /// A claim's advisory lock key: the thread id's 16 bytes folded into 63
 /// bits (the two halves XORed, sign bit cleared).
-pub(crate) fn claim_key(id: ThreadId) -> i64 {
-    let v = u128::from_be_bytes(id.to_bytes());
+pub(crate) fn claim_key(id: ClaimKey) -> i64 {
+    let v = u128::from_be_bytes(id);
     let folded = ((v >> 64) as u64) ^ (v as u64);
     i64::try_from(folded >> 1).unwrap_or(0)
 }

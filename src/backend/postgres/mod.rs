@@ -56,8 +56,8 @@ use super::{
     Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, Refresh, StorageStats,
     Table, WriteTables,
 };
-use crate::store::{Durability, StoreError};
-use crate::thread::ThreadId;
+use crate::backend::{ClaimKey, Durability};
+use crate::store::StoreError;
 
 /// The advisory lock every write transaction takes (an arbitrary constant:
 /// `'uwfwrite'` in ASCII).
@@ -1127,11 +1127,11 @@ impl Backend for PostgresBackend {
         self.durability
     }
 
-    fn try_lock_claim(&self, id: ThreadId) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
         self.try_advisory(claim_key(id))
     }
 
-    fn claim_locked(&self, id: ThreadId) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError> {
         // Held by any session, this backend's own included.
         let mut client = self.client()?;
         let rows = client
@@ -1147,7 +1147,7 @@ impl Backend for PostgresBackend {
         Ok(n > 0)
     }
 
-    fn claims_locked(&self, ids: &[ThreadId]) -> Result<Vec<bool>, StoreError> {
+    fn claims_locked(&self, ids: &[ClaimKey]) -> Result<Vec<bool>, StoreError> {
         if ids.len() < 2 {
             return ids.iter().map(|&id| self.claim_locked(id)).collect();
         }

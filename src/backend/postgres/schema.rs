@@ -14,7 +14,8 @@ use postgres::types::{ToSql, Type};
 use super::columns::{self, ThreadColumns};
 use super::{PostgresBackend, WRITER_LOCK, column, sql_table};
 use crate::backend::Table;
-use crate::store::{FORMAT_VERSION, FORMAT_VERSION_KEY, StoreError};
+use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY};
+use crate::store::StoreError;
 
 /// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i32 = 3;

@@ -174,7 +174,7 @@ pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
         ),
         ("workflows", s.workflows.to_string()),
         ("pins", s.pins.to_string()),
-        ("usage", crate::thread::usage_text(&usage)),
+        ("usage", crate::render::usage_text(&usage)),
         (
             if server { "blob table" } else { "blob pages" },
             output::human_size(s.blob_bytes),
@@ -403,7 +403,7 @@ pub fn prune(
         if !p.labels.is_empty() {
             parts.push(format!(
                 "labelled {}",
-                crate::thread::labels_text(&p.labels)
+                crate::render::labels_text(&p.labels)
             ));
         }
         parts.join(", ")

@@ -287,7 +287,7 @@ pub fn run(
                     report.groups, report.average_group
                 ),
             ),
-            ("usage", crate::thread::usage_text(&report.usage)),
+            ("usage", crate::render::usage_text(&report.usage)),
             (
                 "durability",
                 if cli.durability_none() {

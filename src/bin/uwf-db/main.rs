@@ -15,6 +15,7 @@ mod cas;
 mod drive;
 mod fault;
 mod output;
+mod render;
 mod salvage;
 mod thread;
 mod watch;

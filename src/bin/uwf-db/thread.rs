@@ -8,9 +8,10 @@ use uwf_db::engine::{Cancel, CancelOptions, ForkAt, StartOptions};
 use uwf_db::thread::{
     IdPrefix, Labels, LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus, ThreadTree,
 };
-use uwf_db::{Blob, Hash, HashPrefix, Store, StoreError};
+use uwf_db::{HashPrefix, Store};
 
 use crate::output::{self, Output};
+use crate::render::{entry_line, labels_text, usage_text};
 use crate::{Cli, CliError, parse_prefix};
 
 /// Parses a thread id or unique prefix (bad input exits 2).
@@ -447,15 +448,6 @@ fn role_of(r: &ThreadRecord) -> &str {
     }
 }
 
-/// `KEY=VALUE` pairs separated by spaces, or `-`.
-pub fn labels_text(labels: &Labels) -> String {
-    if labels.is_empty() {
-        return "-".into();
-    }
-    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    pairs.join(" ")
-}
-
 fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
     if out.json {
         let all: Vec<api::ThreadSummary> = records.iter().map(api::ThreadSummary::from).collect();
@@ -611,64 +603,6 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
     }
     out.table(&rows)?;
     Ok(())
-}
-
-fn text_of(store: &Store, hash: &Hash) -> Result<String, CliError> {
-    match store.get(hash)? {
-        Some(Blob::Content(c)) => Ok(c.text),
-        Some(other) => Err(CliError::Failed(format!(
-            "blob {hash} is a {} blob, not content",
-            other.kind()
-        ))),
-        None => Err(StoreError::UnknownHash {
-            prefix: hash.to_string(),
-        }
-        .into()),
-    }
-}
-
-/// Usage totals as people read them.
-pub fn usage_text(u: &uwf_db::usage::UsageTotals) -> String {
-    let mut text = format!(
-        "{} agent call{}, {:.1} s",
-        u.calls,
-        if u.calls == 1 { "" } else { "s" },
-        u.wall_ms as f64 / 1000.0
-    );
-    if u.input_tokens > 0 || u.output_tokens > 0 {
-        text.push_str(&format!(
-            ", {} tokens in, {} out",
-            u.input_tokens, u.output_tokens
-        ));
-    }
-    if u.cost_usd > 0.0 {
-        text.push_str(&format!(", ${:.4}", u.cost_usd));
-    }
-    text
-}
-
-/// One `thread log` text line (also a line of `thread watch`).
-pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
-    let n = &e.node;
-    let status = match n.meta.get("$status") {
-        Some(uwf_db::Value::Str(s)) => s.clone(),
-        _ if n.role == uwf_db::thread::END_ROLE => match n.meta.get("return_code") {
-            Some(uwf_db::Value::UInt(c)) => format!("return code {c}"),
-            _ => "end".into(),
-        },
-        _ => "_".into(),
-    };
-    let content = text_of(store, &n.content)?;
-    let first = content.lines().next().unwrap_or("");
-    Ok(format!(
-        "{}  #{:<5} {:<14} {:<16} {}  {}",
-        e.hash.short(10),
-        n.seq,
-        n.role,
-        status,
-        output::timestamp(n.timestamp),
-        first
-    ))
 }
 
 fn log(store: &Store, entries: &[LogEntry], out: &mut Output) -> Result<(), CliError> {

@@ -10,7 +10,7 @@ use uwf_db::engine::watch::WatchEnd;
 use uwf_db::thread::ThreadQuery;
 
 use crate::output::{self, Output};
-use crate::thread::{entry_line, labels_text};
+use crate::render::{entry_line, labels_text};
 use crate::{Cli, CliError};
 
 /// The library's callbacks return engine errors; a failed write to stdout

@@ -1,0 +1,74 @@
+//! Text for people: the lines and fields several commands print.
+
+use uwf_db::thread::{Labels, LogEntry};
+use uwf_db::{Blob, Hash, Store, StoreError};
+
+use crate::CliError;
+use crate::output;
+
+/// `KEY=VALUE` pairs separated by spaces, or `-`.
+pub fn labels_text(labels: &Labels) -> String {
+    if labels.is_empty() {
+        return "-".into();
+    }
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.join(" ")
+}
+
+pub fn text_of(store: &Store, hash: &Hash) -> Result<String, CliError> {
+    match store.get(hash)? {
+        Some(Blob::Content(c)) => Ok(c.text),
+        Some(other) => Err(CliError::Failed(format!(
+            "blob {hash} is a {} blob, not content",
+            other.kind()
+        ))),
+        None => Err(StoreError::UnknownHash {
+            prefix: hash.to_string(),
+        }
+        .into()),
+    }
+}
+
+/// Usage totals as people read them.
+pub fn usage_text(u: &uwf_db::usage::UsageTotals) -> String {
+    let mut text = format!(
+        "{} agent call{}, {:.1} s",
+        u.calls,
+        if u.calls == 1 { "" } else { "s" },
+        u.wall_ms as f64 / 1000.0
+    );
+    if u.input_tokens > 0 || u.output_tokens > 0 {
+        text.push_str(&format!(
+            ", {} tokens in, {} out",
+            u.input_tokens, u.output_tokens
+        ));
+    }
+    if u.cost_usd > 0.0 {
+        text.push_str(&format!(", ${:.4}", u.cost_usd));
+    }
+    text
+}
+
+/// One `thread log` text line (also a line of `thread watch`).
+pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
+    let n = &e.node;
+    let status = match n.meta.get("$status") {
+        Some(uwf_db::Value::Str(s)) => s.clone(),
+        _ if n.role == uwf_db::thread::END_ROLE => match n.meta.get("return_code") {
+            Some(uwf_db::Value::UInt(c)) => format!("return code {c}"),
+            _ => "end".into(),
+        },
+        _ => "_".into(),
+    };
+    let content = text_of(store, &n.content)?;
+    let first = content.lines().next().unwrap_or("");
+    Ok(format!(
+        "{}  #{:<5} {:<14} {:<16} {}  {}",
+        e.hash.short(10),
+        n.seq,
+        n.role,
+        status,
+        output::timestamp(n.timestamp),
+        first
+    ))
+}
