@@ -40,6 +40,7 @@ use common::{Comparison, raw_env, report, scale, scratch_dir, time};
 use heed::types::Bytes;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
+use uwf_db::backend::BackendError;
 use uwf_db::backend::memory::MemoryBackend;
 use uwf_db::backend::postgres::PostgresBackend;
 use uwf_db::backend::{
@@ -416,7 +417,7 @@ struct CountedRange<'t> {
 }
 
 impl<'t> Iterator for CountedRange<'t> {
-    type Item = Result<Entry<'t>, StoreError>;
+    type Item = Result<Entry<'t>, BackendError>;
     fn next(&mut self) -> Option<Self::Item> {
         let item = self.inner.next();
         if item.is_some() {
@@ -440,7 +441,7 @@ fn counted_get<'t>(
     trace: Option<&RefCell<Vec<Write>>>,
     table: Table,
     key: &[u8],
-) -> Result<Option<Cow<'t, [u8]>>, StoreError> {
+) -> Result<Option<Cow<'t, [u8]>>, BackendError> {
     let mut log = log.lock().unwrap();
     log.counts.gets += 1;
     if let Some(trace) = trace.filter(|_| log.capture) {
@@ -462,7 +463,7 @@ fn counted_range<'t>(
     table: Table,
     range: KeyRange<'_>,
     direction: Direction,
-) -> Result<Entries<'t>, StoreError> {
+) -> Result<Entries<'t>, BackendError> {
     log.lock().unwrap().counts.ranges += 1;
     Ok(Box::new(CountedRange {
         inner: t.range(table, range, direction)?,
@@ -471,16 +472,16 @@ fn counted_range<'t>(
     }))
 }
 
-fn counted_count(t: &dyn ReadTables, log: &Mutex<Log>, table: Table) -> Result<u64, StoreError> {
+fn counted_count(t: &dyn ReadTables, log: &Mutex<Log>, table: Table) -> Result<u64, BackendError> {
     log.lock().unwrap().counts.counts += 1;
     t.count(table)
 }
 
 impl ReadTables for CountedRead<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         counted_get(&*self.t, self.log, None, table, key)
     }
-    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), BackendError> {
         self.t.prefetch(keys)
     }
     fn prefers_batches(&self) -> bool {
@@ -490,7 +491,7 @@ impl ReadTables for CountedRead<'_> {
         &self,
         table: Table,
         keys: &[&[u8]],
-    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, BackendError> {
         self.log.lock().unwrap().counts.gets += 1;
         self.t.get_many(table, keys)
     }
@@ -499,19 +500,19 @@ impl ReadTables for CountedRead<'_> {
         table: Table,
         range: KeyRange<'_>,
         direction: Direction,
-    ) -> Result<Entries<'_>, StoreError> {
+    ) -> Result<Entries<'_>, BackendError> {
         counted_range(&*self.t, self.log, table, range, direction)
     }
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
+    fn count(&self, table: Table) -> Result<u64, BackendError> {
         counted_count(&*self.t, self.log, table)
     }
 }
 
 impl ReadTables for CountedWrite<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         counted_get(&*self.t, self.log, Some(&self.writes), table, key)
     }
-    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), BackendError> {
         self.t.prefetch(keys)
     }
     fn prefers_batches(&self) -> bool {
@@ -521,7 +522,7 @@ impl ReadTables for CountedWrite<'_> {
         &self,
         table: Table,
         keys: &[&[u8]],
-    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, BackendError> {
         if self.log.lock().unwrap().capture {
             // Captured key by key, for the replays.
             return keys
@@ -537,10 +538,10 @@ impl ReadTables for CountedWrite<'_> {
         table: Table,
         range: KeyRange<'_>,
         direction: Direction,
-    ) -> Result<Entries<'_>, StoreError> {
+    ) -> Result<Entries<'_>, BackendError> {
         counted_range(&*self.t, self.log, table, range, direction)
     }
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
+    fn count(&self, table: Table) -> Result<u64, BackendError> {
         counted_count(&*self.t, self.log, table)
     }
 }
@@ -562,12 +563,12 @@ impl CountedWrite<'_> {
 }
 
 impl WriteTables for CountedWrite<'_> {
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
         self.t.put(table, key, value)?;
         self.record(Op::Put, table, key, value);
         Ok(())
     }
-    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
         let wrote = self.t.insert(table, key, value)?;
         if wrote {
             self.record(Op::Insert, table, key, value);
@@ -576,7 +577,7 @@ impl WriteTables for CountedWrite<'_> {
         }
         Ok(wrote)
     }
-    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, BackendError> {
         let deleted = self.t.delete(table, key)?;
         if deleted {
             self.record(Op::Delete, table, key, &[]);
@@ -585,7 +586,7 @@ impl WriteTables for CountedWrite<'_> {
         }
         Ok(deleted)
     }
-    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), BackendError> {
         if self.log.lock().unwrap().capture {
             return self.delete(table, key).map(|_| ());
         }
@@ -598,7 +599,7 @@ impl WriteTables for CountedWrite<'_> {
         key: &[u8],
         value: &[u8],
         refresh: Refresh,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), BackendError> {
         if self.log.lock().unwrap().capture {
             // The boundary's default, through the counted operations, so
             // the replays see an insert (or a get and a put).
@@ -607,7 +608,7 @@ impl WriteTables for CountedWrite<'_> {
         self.log.lock().unwrap().counts.writes += 1;
         self.t.insert_or_refresh(table, key, value, refresh)
     }
-    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+    fn commit(self: Box<Self>) -> Result<(), BackendError> {
         let me = *self;
         me.t.commit()?;
         let mut log = me.log.lock().unwrap();
@@ -619,14 +620,14 @@ impl WriteTables for CountedWrite<'_> {
 }
 
 impl Backend for Counted {
-    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
         self.log.lock().unwrap().counts.read_txns += 1;
         Ok(Box::new(CountedRead {
             t: self.inner.begin_read()?,
             log: &self.log,
         }))
     }
-    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         self.log.lock().unwrap().counts.write_txns += 1;
         Ok(Box::new(CountedWrite {
             t: self.inner.begin_write()?,
@@ -646,16 +647,16 @@ impl Backend for Counted {
     fn try_lock_claim(
         &self,
         id: uwf_db::backend::ClaimKey,
-    ) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    ) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         self.inner.try_lock_claim(id)
     }
-    fn claim_locked(&self, id: uwf_db::backend::ClaimKey) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: uwf_db::backend::ClaimKey) -> Result<bool, BackendError> {
         self.inner.claim_locked(id)
     }
-    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         self.inner.try_lock_gc()
     }
-    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+    fn storage_stats(&self) -> Result<StorageStats, BackendError> {
         self.inner.storage_stats()
     }
     fn as_any(&self) -> &dyn std::any::Any {

@@ -252,6 +252,12 @@ pub enum BundleError {
     },
 }
 
+impl From<crate::backend::BackendError> for BundleError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        BundleError::Store(e.into())
+    }
+}
+
 /// What an import wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ImportReport {

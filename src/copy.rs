@@ -34,7 +34,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Direction, KeyRange, ReadTables, Table};
+use crate::backend::{BackendError, Direction, KeyRange, ReadTables, Table};
 use crate::engine::Cancel;
 use crate::store::{
     COPY_MARKER_KEY, FORMAT_VERSION_KEY, GC_EPOCH_KEY, Store, StoreError, UnfinishedCopy, now_ms,
@@ -225,11 +225,12 @@ pub fn check_destination_dir(dir: &std::path::Path) -> Result<(), CopyError> {
         Err(source) => {
             return Err(CopyError::OpenDestination {
                 location: location.clone(),
-                source: StoreError::Io {
+                source: BackendError::Io {
                     op: "list",
                     path: dir.to_path_buf(),
                     source,
-                },
+                }
+                .into(),
             });
         }
     };
@@ -523,7 +524,7 @@ impl Store {
             location: from.clone(),
             source,
         };
-        let dest_err = |source| CopyError::Destination {
+        let dest_err = |source: StoreError| CopyError::Destination {
             location: to.clone(),
             source,
         };
@@ -537,7 +538,7 @@ impl Store {
         let _lock = dst
             .backend()
             .try_lock_gc()
-            .map_err(dest_err)?
+            .map_err(|e| dest_err(e.into()))?
             .ok_or_else(|| CopyError::Busy {
                 location: to.clone(),
             })?;
@@ -681,7 +682,7 @@ impl Copy<'_> {
             total += match table {
                 // A few keys, some of which are not copied.
                 Table::Meta => moved_meta_keys(src),
-                _ => src.count(table),
+                _ => src.count(table).map_err(StoreError::from),
             }
             .map_err(|e| self.source_err(e))?;
         }
@@ -750,7 +751,7 @@ impl Copy<'_> {
     ) -> Result<TableCopy, CopyError> {
         let mut rows = src
             .range(table, KeyRange::ALL, Direction::Forward)
-            .map_err(|e| self.source_err(e))?;
+            .map_err(|e| self.source_err(e.into()))?;
         let mut source_done = false;
         // Source rows read and not yet committed; `buffered` their bytes.
         let mut pending: VecDeque<Row> = VecDeque::new();
@@ -768,7 +769,7 @@ impl Copy<'_> {
             while !source_done && pending.len() < self.chunk.rows && buffered < self.chunk.bytes {
                 match rows.next() {
                     Some(entry) => {
-                        let (key, value) = entry.map_err(|e| self.source_err(e))?;
+                        let (key, value) = entry.map_err(|e| self.source_err(e.into()))?;
                         if copied(table, &key) {
                             buffered += key.len() + value.len();
                             pending.push_back((key.into_owned(), value.into_owned()));
@@ -1000,7 +1001,8 @@ mod tests {
                 r.tables()
                     .range(table, KeyRange::ALL, Direction::Forward)?
                     .map(|e| e.map(|(k, v)| (k.into_owned(), v.into_owned())))
-                    .collect::<Result<Vec<_>, StoreError>>()
+                    .collect::<Result<Vec<_>, BackendError>>()
+                    .map_err(StoreError::from)
             })
             .unwrap()
     }

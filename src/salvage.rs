@@ -308,6 +308,12 @@ pub enum SalvageError {
     },
 }
 
+impl From<crate::backend::BackendError> for SalvageError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        SalvageError::Store(e.into())
+    }
+}
+
 /// Copies everything readable from `source` into `dst`, which must be
 /// empty, and reports what was kept and what was lost; `progress` is
 /// called with each table's name as it starts.

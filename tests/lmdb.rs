@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use common::{append_n, new_thread};
 use heed::types::Bytes;
+use uwf_db::backend::BackendError;
 use uwf_db::gc::{GcError, GcOptions};
 use uwf_db::store::{FORMAT_VERSION, FORMAT_VERSION_KEY};
 use uwf_db::thread::EndSpec;
@@ -142,7 +143,10 @@ fn reading_a_missing_store_asks_for_init() {
         },
     )
     .unwrap_err();
-    assert!(matches!(err, StoreError::NotInitialized { .. }));
+    assert!(matches!(
+        err,
+        StoreError::Backend(BackendError::NotInitialized { .. })
+    ));
     assert!(err.to_string().contains("uwf-db init"));
     assert!(!dir.path().join("nope").exists(), "a read creates nothing");
 }
@@ -167,7 +171,7 @@ fn map_full_is_distinct_keeps_committed_data_and_a_larger_maximum_continues() {
             assert!(i < 10_000, "a 1 MiB map must fill up");
         };
         assert!(
-            matches!(err, StoreError::MapFull { map_size, .. } if map_size == 1 << 20),
+            matches!(err, StoreError::Backend(BackendError::MapFull { map_size, .. }) if map_size == 1 << 20),
             "{err}"
         );
         assert!(err.to_string().contains("--max-map-size"));
@@ -219,7 +223,7 @@ fn unknown_format_versions_are_refused() {
     }
     let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
     assert!(
-        matches!(err, StoreError::UnsupportedFormat { found, .. } if found == FORMAT_VERSION + 1),
+        matches!(err, StoreError::Backend(BackendError::UnsupportedFormat { found, .. }) if found == FORMAT_VERSION + 1),
         "{err}"
     );
 }
@@ -434,7 +438,10 @@ fn a_full_map_fails_its_request_and_the_store_stays_usable() {
     let ((), _) = store.group_commit(0, |g| {
         let big = Blob::content("x".repeat(4 << 20), []);
         let err = g.write_op(move |w| w.put_blob(&big)).unwrap_err();
-        assert!(matches!(err, StoreError::MapFull { .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::Backend(BackendError::MapFull { .. })),
+            "{err}"
+        );
         g.write_op(|w| w.put_blob(&Blob::content("after", [])))
             .unwrap();
     });

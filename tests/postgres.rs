@@ -66,6 +66,7 @@ fn a_page_of_thread_list_is_an_index_scan() {
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{append_n, new_thread, next, step, workflow};
+use uwf_db::backend::BackendError;
 use uwf_db::thread::{EndSpec, NewThread, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
 use uwf_db::workflow::parse_workflow;
 use uwf_db::{Store, StoreError, StoreOptions};
@@ -464,7 +465,7 @@ fn a_version_1_store_is_migrated_on_first_use() {
     .unwrap();
     let err = Store::open_location(&url, reader_options()).unwrap_err();
     assert!(
-        matches!(&err, StoreError::UndecodableRecord { thread, table: "uwf_threads", .. } if *thread == bad.to_string()),
+        matches!(&err, StoreError::Backend(BackendError::UndecodableRecord { thread, table: "uwf_threads", .. }) if *thread == bad.to_string()),
         "{err}"
     );
     assert!(err.to_string().contains(&bad.to_string()), "{err}");
@@ -608,11 +609,11 @@ fn a_newer_schema_is_refused() {
         assert!(
             matches!(
                 err,
-                StoreError::UnsupportedSchema {
+                StoreError::Backend(BackendError::UnsupportedSchema {
                     found: 4,
                     supported: 3,
                     ..
-                }
+                })
             ),
             "{err}"
         );

@@ -11,6 +11,7 @@ mod common;
 
 use common::backend::TestBackend;
 use common::{next, step};
+use uwf_db::backend::BackendError;
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
 use uwf_db::engine::{Cancel, DriveOptions, EngineError, StartOptions};
 use uwf_db::thread::{ThreadError, ThreadStatus};
@@ -99,7 +100,9 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
     assert!(
         matches!(
             report.error,
-            Some(EngineError::Store(StoreError::LockLost { .. }))
+            Some(EngineError::Store(StoreError::Backend(
+                BackendError::LockLost { .. }
+            )))
         ),
         "{:?}",
         report.error

@@ -134,6 +134,7 @@ pub mod model {
     use std::sync::atomic::{AtomicI64, Ordering};
     use std::time::Duration;
 
+    use uwf_db::backend::BackendError;
     use uwf_db::backend::memory::MemoryBackend;
     use uwf_db::backend::{
         Backend, Direction, Entries, HeldLock, KeyRange, ReadTables, StorageStats, Table,
@@ -141,7 +142,7 @@ pub mod model {
     };
     use uwf_db::gc::GcOptions;
     use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadId, ThreadStatus};
-    use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
+    use uwf_db::{Blob, Durability, Hash, Store, StoreOptions, Value, WorkflowNode};
 
     /// A memory backend whose writes fail once a countdown reaches zero
     /// (an injected I/O failure or full store, at any write of any
@@ -206,19 +207,19 @@ pub mod model {
     }
 
     impl FaultyWrite<'_> {
-        fn tick(&self) -> Result<(), StoreError> {
+        fn tick(&self) -> Result<(), BackendError> {
             if self.countdown.load(Ordering::SeqCst) < 0 {
                 return Ok(());
             }
             if self.countdown.fetch_sub(1, Ordering::SeqCst) == 0 {
                 self.injected.fetch_add(1, Ordering::SeqCst);
                 return Err(if self.full {
-                    StoreError::MapFull {
+                    BackendError::MapFull {
                         path: "fuzz".into(),
                         map_size: 0,
                     }
                 } else {
-                    StoreError::Io {
+                    BackendError::Io {
                         op: "write",
                         path: "fuzz".into(),
                         source: std::io::Error::other("injected I/O failure"),
@@ -230,7 +231,7 @@ pub mod model {
     }
 
     impl ReadTables for FaultyWrite<'_> {
-        fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
             self.inner.get(table, key)
         }
         fn range(
@@ -238,38 +239,38 @@ pub mod model {
             table: Table,
             range: KeyRange<'_>,
             direction: Direction,
-        ) -> Result<Entries<'_>, StoreError> {
+        ) -> Result<Entries<'_>, BackendError> {
             self.inner.range(table, range, direction)
         }
-        fn count(&self, table: Table) -> Result<u64, StoreError> {
+        fn count(&self, table: Table) -> Result<u64, BackendError> {
             self.inner.count(table)
         }
     }
 
     impl WriteTables for FaultyWrite<'_> {
-        fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
             self.tick()?;
             self.inner.put(table, key, value)
         }
-        fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+        fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
             self.tick()?;
             self.inner.insert(table, key, value)
         }
-        fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+        fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, BackendError> {
             self.tick()?;
             self.inner.delete(table, key)
         }
-        fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        fn commit(self: Box<Self>) -> Result<(), BackendError> {
             self.tick()?;
             self.inner.commit()
         }
     }
 
     impl Backend for Faulty {
-        fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+        fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
             self.inner.begin_read()
         }
-        fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+        fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
             Ok(Box::new(FaultyWrite {
                 inner: self.inner.begin_write()?,
                 countdown: &self.countdown,
@@ -289,16 +290,16 @@ pub mod model {
         fn try_lock_claim(
             &self,
             id: uwf_db::backend::ClaimKey,
-        ) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        ) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
             self.inner.try_lock_claim(id)
         }
-        fn claim_locked(&self, id: uwf_db::backend::ClaimKey) -> Result<bool, StoreError> {
+        fn claim_locked(&self, id: uwf_db::backend::ClaimKey) -> Result<bool, BackendError> {
             self.inner.claim_locked(id)
         }
-        fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+        fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
             self.inner.try_lock_gc()
         }
-        fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+        fn storage_stats(&self) -> Result<StorageStats, BackendError> {
             self.inner.storage_stats()
         }
         fn as_any(&self) -> &dyn std::any::Any {

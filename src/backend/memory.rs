@@ -25,9 +25,9 @@ use super::{
     Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, StorageStats, Table,
     WriteTables,
 };
+use crate::backend::BackendError;
 use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY};
 use crate::backend::{ClaimKey, Durability};
-use crate::store::StoreError;
 
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -125,7 +125,7 @@ fn nonempty(range: KeyRange<'_>) -> Option<OwnedRange> {
 
 /// Entries in `direction`.
 fn ordered<'t>(
-    entries: impl DoubleEndedIterator<Item = Result<Entry<'t>, StoreError>> + 't,
+    entries: impl DoubleEndedIterator<Item = Result<Entry<'t>, BackendError>> + 't,
     direction: Direction,
 ) -> Entries<'t> {
     match direction {
@@ -134,7 +134,7 @@ fn ordered<'t>(
     }
 }
 
-fn owned(k: &[u8], v: &[u8]) -> Result<Entry<'static>, StoreError> {
+fn owned(k: &[u8], v: &[u8]) -> Result<Entry<'static>, BackendError> {
     Ok((Cow::Owned(k.to_vec()), Cow::Owned(v.to_vec())))
 }
 
@@ -143,7 +143,7 @@ struct MemoryRead {
 }
 
 impl ReadTables for MemoryRead {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         Ok(self
             .snapshot
             .get(table)
@@ -156,7 +156,7 @@ impl ReadTables for MemoryRead {
         table: Table,
         range: KeyRange<'_>,
         direction: Direction,
-    ) -> Result<Entries<'_>, StoreError> {
+    ) -> Result<Entries<'_>, BackendError> {
         let Some(range) = nonempty(range) else {
             return Ok(Box::new(std::iter::empty()));
         };
@@ -164,7 +164,7 @@ impl ReadTables for MemoryRead {
         Ok(ordered(entries.map(|(k, v)| owned(k, v)), direction))
     }
 
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
+    fn count(&self, table: Table) -> Result<u64, BackendError> {
         Ok(self.snapshot.get(table).len() as u64)
     }
 }
@@ -189,7 +189,7 @@ impl MemoryWrite<'_> {
 }
 
 impl ReadTables for MemoryWrite<'_> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         Ok(self.current(table, key).map(|v| Cow::Owned(v.to_vec())))
     }
 
@@ -198,7 +198,7 @@ impl ReadTables for MemoryWrite<'_> {
         table: Table,
         range: KeyRange<'_>,
         direction: Direction,
-    ) -> Result<Entries<'_>, StoreError> {
+    ) -> Result<Entries<'_>, BackendError> {
         let Some(range) = nonempty(range) else {
             return Ok(Box::new(std::iter::empty()));
         };
@@ -224,7 +224,7 @@ impl ReadTables for MemoryWrite<'_> {
         Ok(ordered(entries, direction))
     }
 
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
+    fn count(&self, table: Table) -> Result<u64, BackendError> {
         let base = self.base.get(table);
         let mut n = base.len() as i64;
         for ((t, k), v) in &self.overlay {
@@ -242,13 +242,13 @@ impl ReadTables for MemoryWrite<'_> {
 }
 
 impl WriteTables for MemoryWrite<'_> {
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
         self.overlay
             .insert((table, key.to_vec()), Some(value.to_vec()));
         Ok(())
     }
 
-    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
         if self.current(table, key).is_some() {
             return Ok(false);
         }
@@ -256,13 +256,13 @@ impl WriteTables for MemoryWrite<'_> {
         Ok(true)
     }
 
-    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, BackendError> {
         let existed = self.current(table, key).is_some();
         self.overlay.insert((table, key.to_vec()), None);
         Ok(existed)
     }
 
-    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+    fn commit(self: Box<Self>) -> Result<(), BackendError> {
         let MemoryWrite {
             backend,
             _writer,
@@ -314,13 +314,13 @@ impl Drop for MemoryGcLock {
 }
 
 impl Backend for MemoryBackend {
-    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
         Ok(Box::new(MemoryRead {
             snapshot: self.snapshot(),
         }))
     }
 
-    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         Ok(Box::new(MemoryWrite {
             backend: self,
@@ -342,7 +342,7 @@ impl Backend for MemoryBackend {
         Durability::None
     }
 
-    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
         if !claims.insert(id) {
             return Ok(None);
@@ -353,7 +353,7 @@ impl Backend for MemoryBackend {
         })))
     }
 
-    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, BackendError> {
         Ok(self
             .claims
             .lock()
@@ -361,14 +361,14 @@ impl Backend for MemoryBackend {
             .contains(&id))
     }
 
-    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         if self.gc.swap(true, Ordering::SeqCst) {
             return Ok(None);
         }
         Ok(Some(Box::new(MemoryGcLock(Arc::clone(&self.gc)))))
     }
 
-    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+    fn storage_stats(&self) -> Result<StorageStats, BackendError> {
         let tables = self.snapshot();
         let blob_bytes = tables
             .get(Table::Blobs)

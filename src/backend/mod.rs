@@ -32,7 +32,7 @@
 //!   of a record and the write that depends on it never interleave with
 //!   another writer: this is what makes every head move a compare-and-swap.
 //!   A backend that detects conflicts optimistically instead (PostgreSQL's
-//!   `SERIALIZABLE`) reports them as [`StoreError::Serialization`], and the
+//!   `SERIALIZABLE`) reports them as [`BackendError::Serialization`], and the
 //!   caller re-runs the whole transaction closure ([`crate::Store::write`]
 //!   does), so closures given to a write must have no effect outside the
 //!   transaction.
@@ -48,6 +48,7 @@
 //!   beyond retryable serialization failures.
 
 mod durability;
+mod error;
 pub mod format;
 pub mod lmdb;
 pub mod memory;
@@ -65,8 +66,7 @@ use std::fmt;
 use std::ops::Bound;
 
 pub use durability::Durability;
-
-use crate::store::StoreError;
+pub use error::BackendError;
 
 /// A named table of a store (`docs/design.md` §4 gives every key and value
 /// layout).
@@ -151,11 +151,11 @@ pub enum Direction {
 pub type Entry<'t> = (Cow<'t, [u8]>, Cow<'t, [u8]>);
 
 /// The entries of a range scan, in key order (or reverse key order).
-pub type Entries<'t> = Box<dyn Iterator<Item = Result<Entry<'t>, StoreError>> + 't>;
+pub type Entries<'t> = Box<dyn Iterator<Item = Result<Entry<'t>, BackendError>> + 't>;
 
 /// The callback of [`ReadTables::visit_range`]: gets each key and value,
 /// returns whether to go on.
-pub type Visitor<'v> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError> + 'v;
+pub type Visitor<'v> = dyn FnMut(&[u8], &[u8]) -> Result<bool, BackendError> + 'v;
 
 /// Key bounds of a range scan (inclusive, exclusive or open on each side).
 #[derive(Debug, Clone, Copy)]
@@ -201,7 +201,7 @@ impl<'k> KeyRange<'k> {
 /// Reads of one transaction (a consistent snapshot).
 pub trait ReadTables {
     /// The value under `key`, if any.
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError>;
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError>;
 
     /// The entries whose keys are in `range`, in `direction`. Backends may
     /// fetch lazily (a client–server backend in pages), so a caller that
@@ -211,10 +211,10 @@ pub trait ReadTables {
         table: Table,
         range: KeyRange<'_>,
         direction: Direction,
-    ) -> Result<Entries<'_>, StoreError>;
+    ) -> Result<Entries<'_>, BackendError>;
 
     /// Number of entries in `table`.
-    fn count(&self, table: Table) -> Result<u64, StoreError>;
+    fn count(&self, table: Table) -> Result<u64, BackendError>;
 
     /// A hint: this transaction is about to read these keys. A
     /// client–server backend may fetch them with its first statement
@@ -222,7 +222,7 @@ pub trait ReadTables {
     /// answer the `get`s from what it fetched; it may also ignore the
     /// hint (once a transaction has sent anything, PostgreSQL does). The
     /// default does nothing: an embedded engine's reads are cheap.
-    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+    fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), BackendError> {
         let _ = keys;
         Ok(())
     }
@@ -250,7 +250,7 @@ pub trait ReadTables {
         &self,
         table: Table,
         keys: &[&[u8]],
-    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+    ) -> Result<Vec<Option<Cow<'_, [u8]>>>, BackendError> {
         keys.iter().map(|key| self.get(table, key)).collect()
     }
 
@@ -264,7 +264,7 @@ pub trait ReadTables {
         table: Table,
         range: KeyRange<'_>,
         visit: &mut Visitor<'_>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), BackendError> {
         for entry in self.range(table, range, Direction::Forward)? {
             let (key, value) = entry?;
             if !visit(&key, &value)? {
@@ -279,19 +279,19 @@ pub trait ReadTables {
 /// [`WriteTables::commit`] discards every write.
 pub trait WriteTables: ReadTables {
     /// Sets `key` to `value`, replacing any value.
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError>;
 
     /// Sets `key` to `value` only if `key` is absent. Returns whether it
     /// wrote (`false`: the key exists, nothing was written).
-    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError>;
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError>;
 
     /// Deletes `key`; returns whether it was there.
-    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError>;
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, BackendError>;
 
     /// Deletes `key` if it is there, without saying whether it was: a
     /// client–server backend may hold it back and send it with the
     /// commit. The default calls [`WriteTables::delete`].
-    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), BackendError> {
         self.delete(table, key).map(|_| ())
     }
 
@@ -308,12 +308,12 @@ pub trait WriteTables: ReadTables {
         key: &[u8],
         value: &[u8],
         refresh: Refresh,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), BackendError> {
         insert_then_refresh(self, table, key, value, refresh)
     }
 
     /// Commits every write of the transaction, or none of them.
-    fn commit(self: Box<Self>) -> Result<(), StoreError>;
+    fn commit(self: Box<Self>) -> Result<(), BackendError>;
 }
 
 /// [`WriteTables::insert_or_refresh`] made of the plain operations: an
@@ -326,7 +326,7 @@ pub fn insert_then_refresh<T: WriteTables + ?Sized>(
     key: &[u8],
     value: &[u8],
     refresh: Refresh,
-) -> Result<(), StoreError> {
+) -> Result<(), BackendError> {
     if t.insert(table, key, value)? {
         return Ok(());
     }
@@ -376,9 +376,9 @@ pub type ClaimKey = [u8; 16];
 pub trait HeldLock: Send + Sync + fmt::Debug {
     /// Whether the lock is still held: a lock that lives in a server
     /// connection (PostgreSQL) is lost with that connection, and its
-    /// holder must stop ([`StoreError::LockLost`]). A lock of this
+    /// holder must stop ([`BackendError::LockLost`]). A lock of this
     /// process's own (a file lock) cannot be lost while held.
-    fn check(&self) -> Result<(), StoreError> {
+    fn check(&self) -> Result<(), BackendError> {
         Ok(())
     }
 }
@@ -408,10 +408,10 @@ pub struct StorageStats {
 /// A storage engine holding one store.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// Starts a read transaction (a consistent snapshot). Keep it short.
-    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError>;
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError>;
 
     /// Starts a write transaction.
-    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError>;
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError>;
 
     /// Where the store lives, for messages and for agents (`UWF_STORE`).
     fn location(&self) -> &str;
@@ -425,25 +425,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Takes the claim lock of thread `id` for this process: `None` when a
     /// live holder elsewhere has it. Holding it twice in one process is the
     /// caller's business (the engine tracks its own claims).
-    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError>;
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, BackendError>;
 
     /// Whether a live holder somewhere (this process included) has the
     /// claim lock of thread `id`.
-    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError>;
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, BackendError>;
 
     /// [`Backend::claim_locked`] for many threads at once, in their order:
     /// a listing probes every thread it returns, so a server backend
     /// answers with one query, not one per thread.
-    fn claims_locked(&self, ids: &[ClaimKey]) -> Result<Vec<bool>, StoreError> {
+    fn claims_locked(&self, ids: &[ClaimKey]) -> Result<Vec<bool>, BackendError> {
         ids.iter().map(|&id| self.claim_locked(id)).collect()
     }
 
     /// Takes the garbage collector's lock: `None` when another collection
     /// holds it.
-    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError>;
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, BackendError>;
 
     /// Backend-specific statistics.
-    fn storage_stats(&self) -> Result<StorageStats, StoreError>;
+    fn storage_stats(&self) -> Result<StorageStats, BackendError>;
 
     /// The concrete backend, for checks that only make sense for one
     /// (reopening an LMDB directory with other options).

@@ -176,6 +176,12 @@ pub enum EngineError {
     },
 }
 
+impl From<crate::backend::BackendError> for EngineError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        EngineError::Store(e.into())
+    }
+}
+
 impl EngineError {
     /// Whether the store has no room left ([`StoreError::is_full`]): a
     /// batch starts no new thread after this error.

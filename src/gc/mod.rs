@@ -81,6 +81,12 @@ pub enum GcError {
     },
 }
 
+impl From<crate::backend::BackendError> for GcError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        GcError::Store(e.into())
+    }
+}
+
 /// How to collect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GcOptions {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::FORMAT_VERSION;
+pub use crate::backend::BackendError;
 use crate::codec::CodecError;
 use crate::hash::Hash;
 use crate::store::record::RecordError;
@@ -24,30 +24,6 @@ pub enum Damage {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// Reading a store that does not exist.
-    #[error("no uwf-db store at {path}: run `uwf-db init` to create one")]
-    NotInitialized {
-        /// The directory that was given.
-        path: PathBuf,
-    },
-    /// The store was written by a format this build does not read.
-    #[error(
-        "the store at {path} has format version {found}; this build reads version {FORMAT_VERSION} only"
-    )]
-    UnsupportedFormat {
-        /// The store directory.
-        path: PathBuf,
-        /// The version found.
-        found: u32,
-    },
-    /// The store has data but no format version.
-    #[error("the store at {path} has no valid format version: {detail}")]
-    MissingFormat {
-        /// The store directory.
-        path: PathBuf,
-        /// What was found.
-        detail: String,
-    },
     /// The store is open in this process with different options.
     #[error(
         "the store at {path} is already open in this process with {existing}; requested {requested}"
@@ -59,56 +35,6 @@ pub enum StoreError {
         existing: String,
         /// The options requested.
         requested: String,
-    },
-    /// The configured maximum map size was reached.
-    #[error(
-        "the store at {path} is full: it reached its maximum size of {map_size} bytes; nothing of \
-         this write was stored. Raise the limit (--max-map-size or UWF_MAX_MAP_SIZE) and retry"
-    )]
-    MapFull {
-        /// The store directory.
-        path: PathBuf,
-        /// The map size in force.
-        map_size: u64,
-    },
-    /// The maximum map size asked for cannot be mapped on this platform.
-    #[error(
-        "cannot reserve {requested} bytes of address space for the store at {path}: the largest \
-         maximum accepted is {max} bytes, and the system may grant less. Lower the limit \
-         (--max-map-size or UWF_MAX_MAP_SIZE)"
-    )]
-    MapTooLarge {
-        /// The store directory.
-        path: PathBuf,
-        /// The maximum size asked for.
-        requested: u64,
-        /// The largest maximum this build accepts ([`crate::store::MAX_MAP_SIZE`]).
-        max: u64,
-    },
-    /// The disk is full (or a quota was reached).
-    #[error(
-        "no space left on the disk holding {path}: the write was not committed and the store is \
-         unchanged; free space and retry"
-    )]
-    DiskFull {
-        /// The store directory.
-        path: PathBuf,
-    },
-    /// Another process grew the map past this process's map size.
-    #[error(
-        "another process grew the store at {path} beyond this process's map size; reopen the store"
-    )]
-    MapResized {
-        /// The store directory.
-        path: PathBuf,
-    },
-    /// All reader slots are taken.
-    #[error("all {max} reader slots of the store at {path} are in use")]
-    ReadersFull {
-        /// The store directory.
-        path: PathBuf,
-        /// The reader limit.
-        max: u32,
     },
     /// A blob refers to a blob that is not stored.
     #[error("blob {blob} refers to {missing}, which is not in the store; nothing was written")]
@@ -136,59 +62,6 @@ pub enum StoreError {
         /// Whether more matched than are listed.
         truncated: bool,
     },
-    /// The LMDB data file is damaged in a way that opening it would turn
-    /// into a crash (a file shorter than its own meta page says, say):
-    /// refused before it is mapped.
-    #[error(
-        "the data file {path} is damaged: {detail}; nothing was read or changed. `uwf-db salvage` copies what can still be read into a new store; or restore the store from a backup or an `uwf-db copy` of it"
-    )]
-    DamagedDataFile {
-        /// The data file.
-        path: PathBuf,
-        /// What is wrong with it.
-        detail: String,
-    },
-    /// A write to a store opened read-only: its file system is read-only,
-    /// or this user may read its files but not write them. Reads work.
-    #[error(
-        "cannot {op}: the store {path} is open read-only ({reason}); reading commands work, writing ones need a store this user may write"
-    )]
-    ReadOnly {
-        /// The store.
-        path: PathBuf,
-        /// What was refused.
-        op: String,
-        /// Why the store is read-only here.
-        reason: String,
-    },
-    /// A file of the store that is not what the store itself would have
-    /// made: a symbolic link, not a regular file, or another user's.
-    /// Opening it would let whoever planted it choose what the store
-    /// reads, or which file LMDB overwrites.
-    #[error(
-        "refusing to open the store: {}; a store's files are never followed through links, and are regular files of the user who opens the store. Remove what you did not put there",
-        files.join("; ")
-    )]
-    PlantedFile {
-        /// Each file found, as its path and what it is ("… is a symbolic
-        /// link to …").
-        files: Vec<String>,
-    },
-    /// LMDB found a page of the data file it cannot use (`MDB_CORRUPTED`,
-    /// `MDB_PAGE_NOTFOUND`), or returned a value longer than the whole
-    /// map: the file was damaged on disk. LMDB keeps no page checksums,
-    /// so damage is found only where it breaks the tree's structure.
-    #[error(
-        "the data file {path} is damaged: {detail} while {op}; nothing was changed. `uwf-db verify` lists what can still be read; `uwf-db salvage` copies it into a new store"
-    )]
-    DamagedPage {
-        /// The data file.
-        path: PathBuf,
-        /// What was being done.
-        op: String,
-        /// What LMDB said, or what was wrong.
-        detail: String,
-    },
     /// A stored blob is damaged.
     #[error("blob {hash} is corrupt: {source}; run `uwf-db verify`")]
     Corrupt {
@@ -200,16 +73,6 @@ pub enum StoreError {
     /// A blob could not be encoded.
     #[error(transparent)]
     Codec(#[from] CodecError),
-    /// Creating the store directory failed.
-    #[error("cannot {op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
     /// The group-commit writer is gone (its handle outlived
     /// [`Store::group_commit`](crate::Store::group_commit)).
     #[error("the group-commit writer has stopped; nothing was written")]
@@ -220,89 +83,6 @@ pub enum StoreError {
         /// The failure, shared by every request of the group.
         source: Arc<StoreError>,
     },
-    /// The backend could not serialize this transaction with a concurrent
-    /// one; nothing of it was applied. [`crate::Store::write`] retries a
-    /// few times before reporting it.
-    #[error(
-        "the store could not serialize a transaction with a concurrent one (nothing was applied): {detail}"
-    )]
-    Serialization {
-        /// The backend's message.
-        detail: String,
-    },
-    /// A PostgreSQL statement or connection failed; the transaction in
-    /// flight was not applied.
-    #[cfg(feature = "postgres")]
-    #[error("PostgreSQL error while {op} in {location}: {detail}")]
-    Postgres {
-        /// What was being done.
-        op: String,
-        /// The store (its URL, password hidden).
-        location: String,
-        /// What the server said (severity, SQLSTATE, message, detail and
-        /// hint), or that the connection was lost or could not be made, and
-        /// what became of the transaction in flight.
-        detail: String,
-        /// The cause.
-        source: postgres::Error,
-    },
-    /// A transaction's connection was already given up (after an error).
-    #[error(
-        "the connection of this transaction to {location} was lost while {op}; nothing of it was applied"
-    )]
-    ConnectionLost {
-        /// The store.
-        location: String,
-        /// What was being done.
-        op: String,
-    },
-    /// A lock this process held in a server connection (a driver's claim,
-    /// the GC lock) was lost with that connection: another runner may
-    /// hold it now, so the holder must stop.
-    #[error(
-        "the lock held in {location} was lost with its connection ({detail}); another runner may have taken over"
-    )]
-    LockLost {
-        /// The store.
-        location: String,
-        /// Why the connection is gone.
-        detail: String,
-    },
-    /// The database holds a schema newer than this build reads.
-    #[error(
-        "the store at {location} has schema version {found}; this build reads version {supported} or older: open it with a newer uwf-db"
-    )]
-    UnsupportedSchema {
-        /// The store.
-        location: String,
-        /// The version found.
-        found: i32,
-        /// The newest version this build reads.
-        supported: i32,
-    },
-    /// A table of a server backend does not have the columns this build
-    /// expects (it was changed by hand).
-    #[error("the table {table} does not have the expected columns: {detail}")]
-    BadSchema {
-        /// The table.
-        table: &'static str,
-        /// What did not match.
-        detail: String,
-    },
-    /// A thread record written to (or, by a schema migration, read from) a
-    /// PostgreSQL thread table does not decode, so the backend cannot fill
-    /// the table's typed columns; nothing of the transaction is applied.
-    #[error(
-        "the thread record of {thread} in {table} does not decode, so its typed columns cannot be filled: {detail}"
-    )]
-    UndecodableRecord {
-        /// The table (`uwf_threads` or `uwf_history`).
-        table: &'static str,
-        /// The thread its key names (or the key in hex).
-        thread: String,
-        /// What is wrong with the record.
-        detail: String,
-    },
     /// A `postgres://` store was named but this build has no PostgreSQL
     /// support (the `postgres` cargo feature is off).
     #[error(
@@ -312,16 +92,9 @@ pub enum StoreError {
         /// The URL given.
         location: String,
     },
-    /// Any other LMDB failure.
-    #[error("LMDB error while {op} in {path}: {source}")]
-    Lmdb {
-        /// What was being done.
-        op: String,
-        /// The store directory.
-        path: PathBuf,
-        /// The cause.
-        source: heed::Error,
-    },
+    /// The backend failed (an open, a page, the disk, the server).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
 }
 
 impl StoreError {
@@ -330,24 +103,13 @@ impl StoreError {
     /// flight is over, and the same operation on a new connection may
     /// succeed.
     pub fn is_connection_lost(&self) -> bool {
-        match self {
-            #[cfg(feature = "postgres")]
-            StoreError::Postgres { source, .. } => {
-                crate::backend::postgres::connection_lost(source)
-            }
-            StoreError::ConnectionLost { .. } => true,
-            _ => false,
-        }
+        matches!(self, StoreError::Backend(b) if b.is_connection_lost())
     }
 
     /// Whether the error says the store's data file is damaged
-    /// ([`StoreError::DamagedDataFile`] or [`StoreError::DamagedPage`]):
-    /// the CLI exits 3 for these.
+    /// ([`BackendError::is_damage`]): the CLI exits 3 for these.
     pub fn is_damage(&self) -> bool {
-        matches!(
-            self,
-            StoreError::DamagedDataFile { .. } | StoreError::DamagedPage { .. }
-        )
+        matches!(self, StoreError::Backend(b) if b.is_damage())
     }
 
     /// Whether the store has no room left (its maximum map size or its
@@ -357,15 +119,13 @@ impl StoreError {
     /// ```
     /// use std::path::PathBuf;
     /// use uwf_db::StoreError;
-    /// let full = StoreError::MapFull { path: PathBuf::from("s"), map_size: 1 << 20 };
+    /// use uwf_db::backend::BackendError;
+    /// let full = StoreError::from(BackendError::MapFull { path: PathBuf::from("s"), map_size: 1 << 20 });
     /// assert!(full.is_full());
-    /// assert!(!StoreError::NotInitialized { path: PathBuf::from("s") }.is_full());
+    /// assert!(!StoreError::from(BackendError::NotInitialized { path: PathBuf::from("s") }).is_full());
     /// ```
     pub fn is_full(&self) -> bool {
-        matches!(
-            self,
-            StoreError::MapFull { .. } | StoreError::DiskFull { .. }
-        )
+        matches!(self, StoreError::Backend(b) if b.is_full())
     }
 
     /// The error again, for each request of a failed group: the kinds a
@@ -373,12 +133,19 @@ impl StoreError {
     /// [`StoreError::GroupCommit`] sharing the error as their source.
     pub(crate) fn for_each_request(self: &Arc<Self>) -> StoreError {
         match &**self {
-            StoreError::DiskFull { path } => StoreError::DiskFull { path: path.clone() },
-            StoreError::MapFull { path, map_size } => StoreError::MapFull {
-                path: path.clone(),
-                map_size: *map_size,
-            },
-            StoreError::MapResized { path } => StoreError::MapResized { path: path.clone() },
+            StoreError::Backend(BackendError::DiskFull { path }) => {
+                BackendError::DiskFull { path: path.clone() }.into()
+            }
+            StoreError::Backend(BackendError::MapFull { path, map_size }) => {
+                BackendError::MapFull {
+                    path: path.clone(),
+                    map_size: *map_size,
+                }
+                .into()
+            }
+            StoreError::Backend(BackendError::MapResized { path }) => {
+                BackendError::MapResized { path: path.clone() }.into()
+            }
             StoreError::GroupStopped => StoreError::GroupStopped,
             _ => StoreError::GroupCommit {
                 source: Arc::clone(self),

@@ -32,7 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::backend::{Backend, Direction, KeyRange, ReadTables, Table};
+use crate::backend::{Backend, BackendError, Direction, KeyRange, ReadTables, Table};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::Blob;
 
@@ -192,7 +192,8 @@ impl Store {
             };
             match txn.commit() {
                 Ok(()) => return Ok(out),
-                Err(StoreError::Serialization { .. }) if attempt < SERIALIZATION_RETRIES => {}
+                Err(StoreError::Backend(BackendError::Serialization { .. }))
+                    if attempt < SERIALIZATION_RETRIES => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -271,7 +272,7 @@ impl Store {
 
     /// Number of stored blobs.
     pub fn blob_count(&self) -> Result<u64, StoreError> {
-        self.read(|r| r.tables().count(Table::Blobs))
+        self.read(|r| Ok(r.tables().count(Table::Blobs)?))
     }
 
     /// The `T` a layer above keeps for this store, shared by every handle
@@ -306,9 +307,12 @@ impl Store {
                     None => KeyRange::ALL,
                 };
                 let mut last = None;
-                let entries = r.tables().range(table, range, Direction::Forward)?;
+                let entries = r
+                    .tables()
+                    .range(table, range, Direction::Forward)
+                    .map_err(StoreError::from)?;
                 for entry in entries.take(BATCH) {
-                    let (key, value) = entry?;
+                    let (key, value) = entry.map_err(StoreError::from)?;
                     count += 1;
                     visit(r, &key, &value)?;
                     last = Some(key.into_owned());
@@ -337,9 +341,12 @@ pub(crate) fn read_format_version(
         .get(Table::Meta, FORMAT_VERSION_KEY.as_bytes())?
         .as_deref()
         .and_then(parse_format)
-        .ok_or_else(|| StoreError::MissingFormat {
-            path: location.into(),
-            detail: "the version key is absent or malformed".into(),
+        .ok_or_else(|| {
+            BackendError::MissingFormat {
+                path: location.into(),
+                detail: "the version key is absent or malformed".into(),
+            }
+            .into()
         })
 }
 

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use super::{Durability, Store, StoreError, StoreInner, StoreOptions};
-use crate::backend::Backend;
 use crate::backend::lmdb::{LmdbBackend, LmdbOptions, OpenFor};
 use crate::backend::memory::MemoryBackend;
+use crate::backend::{Backend, BackendError};
 
 /// LMDB stores open in this process, by canonical path. This is the one
 /// piece of process-wide state the crate keeps, and LMDB is why: it is the
@@ -50,7 +50,7 @@ impl Store {
     fn open_for(path: &Path, options: StoreOptions, purpose: OpenFor) -> Result<Store, StoreError> {
         let io = |op| {
             let path = path.to_path_buf();
-            move |source| StoreError::Io { op, path, source }
+            move |source| StoreError::from(BackendError::Io { op, path, source })
         };
         // Only a data file that is not there means "no store": one that
         // cannot be looked at (permission denied, say) is reported as such.
@@ -59,18 +59,20 @@ impl Store {
             Ok(meta) => meta.is_file(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(source) => {
-                return Err(StoreError::Io {
+                return Err(BackendError::Io {
                     op: "read",
                     path: data,
                     source,
-                });
+                }
+                .into());
             }
         };
         if !exists {
             if !options.create {
-                return Err(StoreError::NotInitialized {
+                return Err(BackendError::NotInitialized {
                     path: path.to_path_buf(),
-                });
+                }
+                .into());
             }
             let existed = path.exists();
             std::fs::create_dir_all(path).map_err(io("create directory"))?;

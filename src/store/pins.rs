@@ -14,14 +14,14 @@ impl Store {
                     prefix: hash.to_string(),
                 });
             }
-            w.tables_mut().insert(Table::Pins, hash.as_bytes(), &[])
+            Ok(w.tables_mut().insert(Table::Pins, hash.as_bytes(), &[])?)
         })
     }
 
     /// Unpins a blob; returns whether it was pinned. The next collection may
     /// delete it if nothing else reaches it.
     pub fn unpin(&self, hash: &Hash) -> Result<bool, StoreError> {
-        self.write(|w| w.tables_mut().delete(Table::Pins, hash.as_bytes()))
+        self.write(|w| Ok(w.tables_mut().delete(Table::Pins, hash.as_bytes())?))
     }
 
     /// The pinned hashes, in order.

@@ -441,6 +441,6 @@ impl<'s> WriteTxn<'s> {
 
     /// Commits: durable on return when the store's durability is `sync`.
     pub fn commit(self) -> Result<(), StoreError> {
-        self.txn.commit()
+        Ok(self.txn.commit()?)
     }
 }

@@ -157,6 +157,12 @@ pub enum ThreadError {
     BadRetention(String),
 }
 
+impl From<crate::backend::BackendError> for ThreadError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        ThreadError::Store(e.into())
+    }
+}
+
 impl From<CodecError> for ThreadError {
     fn from(e: CodecError) -> Self {
         ThreadError::Store(StoreError::Codec(e))

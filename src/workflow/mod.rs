@@ -71,6 +71,12 @@ pub enum WorkflowError {
     },
 }
 
+impl From<crate::backend::BackendError> for WorkflowError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        WorkflowError::Store(e.into())
+    }
+}
+
 /// The status a step's frontmatter selects: `$status`, or `_` when absent.
 pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
     match meta.get("$status") {

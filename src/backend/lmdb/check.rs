@@ -14,7 +14,7 @@
 use std::io::Read;
 use std::path::Path;
 
-use crate::store::StoreError;
+use crate::backend::BackendError;
 
 /// `MDB_MAGIC`.
 const MAGIC: u32 = 0xBEEF_C0DE;
@@ -62,7 +62,7 @@ pub(crate) const STORE_FILES: [&str; 4] = ["data.mdb", "lock.mdb", "claims.lock"
 /// What this cannot close: a file swapped in between this check and
 /// LMDB's open. Doing that needs write access to the store directory,
 /// which is the owner's alone (0700) in a store this crate created.
-pub(super) fn store_files(dir: &Path, writing: bool) -> Result<(), StoreError> {
+pub(super) fn store_files(dir: &Path, writing: bool) -> Result<(), BackendError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let me = nix::unistd::geteuid().as_raw();
     let mut found = Vec::new();
@@ -72,7 +72,7 @@ pub(super) fn store_files(dir: &Path, writing: bool) -> Result<(), StoreError> {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(source) => {
-                return Err(StoreError::Io {
+                return Err(BackendError::Io {
                     op: "inspect",
                     path,
                     source,
@@ -110,7 +110,7 @@ pub(super) fn store_files(dir: &Path, writing: bool) -> Result<(), StoreError> {
     if found.is_empty() {
         Ok(())
     } else {
-        Err(StoreError::PlantedFile { files: found })
+        Err(BackendError::PlantedFile { files: found })
     }
 }
 
@@ -147,18 +147,18 @@ pub(super) fn read_only(dir: &Path) -> Option<(super::env::ReadOnly, String)> {
 /// Refuses a data file (`<dir>/data.mdb`) that LMDB would map past its
 /// end: empty, shorter than two pages, without a valid meta page, or
 /// shorter than its current meta page's last page. A missing file is left
-/// to the caller (a new store, or [`StoreError::NotInitialized`]).
+/// to the caller (a new store, or [`BackendError::NotInitialized`]).
 ///
 /// A file that is empty or has no valid meta page yet may be one another
 /// process is creating this very moment (LMDB writes the meta pages just
 /// after creating the file, under its own lock, which this check does not
 /// take): such a file is looked at again a few times, 50 ms apart, before
 /// it is called damaged.
-pub(super) fn data_file(dir: &Path) -> Result<(), StoreError> {
+pub(super) fn data_file(dir: &Path) -> Result<(), BackendError> {
     let mut tries = 0;
     loop {
         match data_file_once(dir) {
-            Err(StoreError::DamagedDataFile { detail, .. })
+            Err(BackendError::DamagedDataFile { detail, .. })
                 if tries < 4 && (detail.contains("empty") || detail.contains("meta pages")) =>
             {
                 tries += 1;
@@ -169,9 +169,9 @@ pub(super) fn data_file(dir: &Path) -> Result<(), StoreError> {
     }
 }
 
-fn data_file_once(dir: &Path) -> Result<(), StoreError> {
+fn data_file_once(dir: &Path) -> Result<(), BackendError> {
     let path = dir.join("data.mdb");
-    let damaged = |detail: String| StoreError::DamagedDataFile {
+    let damaged = |detail: String| BackendError::DamagedDataFile {
         path: path.clone(),
         detail,
     };
@@ -179,7 +179,7 @@ fn data_file_once(dir: &Path) -> Result<(), StoreError> {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => {
-            return Err(StoreError::Io {
+            return Err(BackendError::Io {
                 op: "open the data file",
                 path,
                 source,
@@ -188,7 +188,7 @@ fn data_file_once(dir: &Path) -> Result<(), StoreError> {
     };
     let size = file
         .metadata()
-        .map_err(|source| StoreError::Io {
+        .map_err(|source| BackendError::Io {
             op: "inspect the data file",
             path: path.clone(),
             source,

@@ -18,8 +18,8 @@ use std::path::Path;
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::libc;
 
+use crate::backend::BackendError;
 use crate::backend::{ClaimKey, HeldLock};
-use crate::store::StoreError;
 
 /// The byte a thread's claim locks.
 pub(super) fn claim_offset(id: ClaimKey) -> i64 {
@@ -58,8 +58,8 @@ impl Drop for ClaimLock {
     }
 }
 
-fn io_error(op: &'static str, dir: &Path, e: nix::errno::Errno) -> StoreError {
-    StoreError::Io {
+fn io_error(op: &'static str, dir: &Path, e: nix::errno::Errno) -> BackendError {
+    BackendError::Io {
         op,
         path: dir.join("claims.lock"),
         source: std::io::Error::from(e),
@@ -70,11 +70,11 @@ pub(super) fn try_lock_claim(
     file: &File,
     dir: &Path,
     id: ClaimKey,
-) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
     let lock = lock_range(id, libc::F_WRLCK as libc::c_short);
     match fcntl(file, FcntlArg::F_OFD_SETLK(&lock)) {
         Ok(_) => {
-            let file = file.try_clone().map_err(|source| StoreError::Io {
+            let file = file.try_clone().map_err(|source| BackendError::Io {
                 op: "share the claim lock file",
                 path: dir.join("claims.lock"),
                 source,
@@ -86,7 +86,7 @@ pub(super) fn try_lock_claim(
     }
 }
 
-pub(super) fn claim_locked(file: &File, dir: &Path, id: ClaimKey) -> Result<bool, StoreError> {
+pub(super) fn claim_locked(file: &File, dir: &Path, id: ClaimKey) -> Result<bool, BackendError> {
     // F_OFD_GETLK reports a conflicting lock of another open file
     // description; our own locks (one description) never conflict, so the
     // engine checks its own claims first.
@@ -106,11 +106,11 @@ pub(super) fn open_lock_file(
     path: &Path,
     read: bool,
     op: &'static str,
-) -> Result<File, StoreError> {
+) -> Result<File, BackendError> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let io = |op: &'static str| {
         let path = path.to_path_buf();
-        move |source| StoreError::Io { op, path, source }
+        move |source| BackendError::Io { op, path, source }
     };
     let file = File::options()
         .create(true)
@@ -122,7 +122,7 @@ pub(super) fn open_lock_file(
         .open(path)
         .map_err(|source| {
             if source.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32) {
-                StoreError::Io {
+                BackendError::Io {
                     op: "open a lock file, which is a symbolic link (refused: a store's lock files are never followed)",
                     path: path.to_path_buf(),
                     source,
@@ -134,7 +134,7 @@ pub(super) fn open_lock_file(
     let meta = file.metadata().map_err(io("inspect the lock file"))?;
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
-        return Err(StoreError::Io {
+        return Err(BackendError::Io {
             op: "use a lock file that another user owns (refused)",
             path: path.to_path_buf(),
             source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
@@ -149,7 +149,7 @@ pub(super) fn open_lock_file(
 
 /// `claims.lock` opened for reading only, never through a link (`None`:
 /// there is none, so nothing holds a claim), for a store open read-only.
-pub(super) fn open_claims_read_only(dir: &Path) -> Result<Option<File>, StoreError> {
+pub(super) fn open_claims_read_only(dir: &Path) -> Result<Option<File>, BackendError> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("claims.lock");
     match File::options()
@@ -159,7 +159,7 @@ pub(super) fn open_claims_read_only(dir: &Path) -> Result<Option<File>, StoreErr
     {
         Ok(f) => Ok(Some(f)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(StoreError::Io {
+        Err(source) => Err(BackendError::Io {
             op: "open the claim lock file",
             path,
             source,
@@ -175,13 +175,13 @@ struct GcLock {
 
 impl HeldLock for GcLock {}
 
-pub(super) fn try_lock_gc(dir: &Path) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+pub(super) fn try_lock_gc(dir: &Path) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
     let path = dir.join("gc.lock");
     let file = open_lock_file(&path, false, "open the GC lock file")?;
     match file.try_lock() {
         Ok(()) => Ok(Some(Box::new(GcLock { _file: file }))),
         Err(TryLockError::WouldBlock) => Ok(None),
-        Err(TryLockError::Error(source)) => Err(StoreError::Io {
+        Err(TryLockError::Error(source)) => Err(BackendError::Io {
             op: "lock",
             path,
             source,

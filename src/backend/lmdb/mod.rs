@@ -22,9 +22,9 @@ use super::{
     Backend, Direction, Entries, HeldLock, KeyRange, ReadTables, StorageStats, Table, Visitor,
     WriteTables,
 };
+use crate::backend::BackendError;
 use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY, parse_format};
 use crate::backend::{ClaimKey, Durability};
-use crate::store::StoreError;
 
 /// Virtual map reserved when no maximum is configured: 1 TiB. LMDB files grow
 /// only as pages are used, so this costs address space, not disk.
@@ -84,7 +84,7 @@ impl LmdbBackend {
         path: &Path,
         options: LmdbOptions,
         purpose: OpenFor,
-    ) -> Result<LmdbBackend, StoreError> {
+    ) -> Result<LmdbBackend, BackendError> {
         // A store this user may not write (a read-only file system, or
         // files of another user that they may read) opens read-only; so
         // does a damaged store opened to be salvaged.
@@ -101,7 +101,7 @@ impl LmdbBackend {
         check::store_files(path, read_only.is_none())?;
         check::data_file(path)?;
         let requested = options.max_map_size.unwrap_or(DEFAULT_MAP_SIZE);
-        let too_large = || StoreError::MapTooLarge {
+        let too_large = || BackendError::MapTooLarge {
             path: path.to_path_buf(),
             requested,
             max: MAX_MAP_SIZE,
@@ -130,8 +130,8 @@ impl LmdbBackend {
         let (dbs, checksums) = open_databases(&env, path, purpose, read_only.is_some(), &fail)
             .map_err(|e| match (&read_only, e) {
                 // A store with no databases yet needs a write to create them.
-                (Some((_, reason)), StoreError::Lmdb { op, .. }) if op == "creating" => {
-                    StoreError::ReadOnly {
+                (Some((_, reason)), BackendError::Lmdb { op, .. }) if op == "creating" => {
+                    BackendError::ReadOnly {
                         path: path.to_path_buf(),
                         op: "create the store's databases".into(),
                         reason: reason.clone(),
@@ -161,14 +161,14 @@ impl LmdbBackend {
 
     /// Why the store is open read-only here, if it is: its file system is
     /// read-only, or this user may not write its files. Reads work; every
-    /// write, claim and GC lock fails with [`StoreError::ReadOnly`].
+    /// write, claim and GC lock fails with [`BackendError::ReadOnly`].
     pub fn read_only(&self) -> Option<&str> {
         self.read_only.as_deref()
     }
 
-    fn refuse_if_read_only(&self, op: &str) -> Result<(), StoreError> {
+    fn refuse_if_read_only(&self, op: &str) -> Result<(), BackendError> {
         match &self.read_only {
-            Some(reason) => Err(StoreError::ReadOnly {
+            Some(reason) => Err(BackendError::ReadOnly {
                 path: self.path.clone(),
                 op: op.to_owned(),
                 reason: reason.clone(),
@@ -189,8 +189,8 @@ impl LmdbBackend {
     }
 
     /// The table's database, to write it.
-    fn db_to_write(&self, table: Table) -> Result<Database<Bytes, Bytes>, StoreError> {
-        self.db(table).ok_or_else(|| StoreError::ReadOnly {
+    fn db_to_write(&self, table: Table) -> Result<Database<Bytes, Bytes>, BackendError> {
+        self.db(table).ok_or_else(|| BackendError::ReadOnly {
             path: self.path.clone(),
             op: format!("write {table}"),
             reason: self
@@ -200,7 +200,7 @@ impl LmdbBackend {
         })
     }
 
-    fn error(&self, op: String, e: heed::Error) -> StoreError {
+    fn error(&self, op: String, e: heed::Error) -> BackendError {
         map_error(&self.path, self.map_size, self.env.max_readers(), op, e)
     }
 }
@@ -212,29 +212,29 @@ fn map_error(
     max_readers: u32,
     op: String,
     e: heed::Error,
-) -> StoreError {
+) -> BackendError {
     let path = path.to_path_buf();
     match e {
-        heed::Error::Mdb(MdbError::MapFull) => StoreError::MapFull { path, map_size },
-        heed::Error::Mdb(MdbError::MapResized) => StoreError::MapResized { path },
-        heed::Error::Mdb(MdbError::ReadersFull) => StoreError::ReadersFull {
+        heed::Error::Mdb(MdbError::MapFull) => BackendError::MapFull { path, map_size },
+        heed::Error::Mdb(MdbError::MapResized) => BackendError::MapResized { path },
+        heed::Error::Mdb(MdbError::ReadersFull) => BackendError::ReadersFull {
             path,
             max: max_readers,
         },
         heed::Error::Io(io) if io.raw_os_error() == Some(28) || io.raw_os_error() == Some(122) => {
             // ENOSPC and EDQUOT on Linux.
-            StoreError::DiskFull { path }
+            BackendError::DiskFull { path }
         }
         // LMDB turns a short write (what a full disk gives a `pwrite`
         // that wrote part of its pages) into EIO: a full file system is
         // the likely reason, and says so when it has no room left.
         heed::Error::Io(io) if io.raw_os_error() == Some(5) && disk_is_full(&path) => {
-            StoreError::DiskFull { path }
+            BackendError::DiskFull { path }
         }
         heed::Error::Mdb(
             e
             @ (MdbError::Corrupted | MdbError::PageNotFound | MdbError::Panic | MdbError::Invalid),
-        ) => StoreError::DamagedPage {
+        ) => BackendError::DamagedPage {
             path: path.join("data.mdb"),
             op,
             detail: format!("LMDB: {e}"),
@@ -242,12 +242,12 @@ fn map_error(
         // LMDB marks a transaction failed after such an error; every later
         // use of it says BAD_TXN. Errors end a write transaction at once
         // here, so in practice that is a read after a damaged page.
-        heed::Error::Mdb(e @ MdbError::BadTxn) => StoreError::DamagedPage {
+        heed::Error::Mdb(e @ MdbError::BadTxn) => BackendError::DamagedPage {
             path: path.join("data.mdb"),
             op,
             detail: format!("LMDB: {e} (after a damaged page in the same transaction)"),
         },
-        source => StoreError::Lmdb { op, path, source },
+        source => BackendError::Lmdb { op, path, source },
     }
 }
 
@@ -267,9 +267,9 @@ fn sane<'t>(
     table: Table,
     key: &[u8],
     v: &'t [u8],
-) -> Result<&'t [u8], StoreError> {
+) -> Result<&'t [u8], BackendError> {
     if v.len() as u64 > backend.map_size {
-        return Err(StoreError::DamagedPage {
+        return Err(BackendError::DamagedPage {
             path: backend.path.join("data.mdb"),
             op: format!("reading {table}"),
             detail: format!(
@@ -282,7 +282,7 @@ fn sane<'t>(
     if !backend.checksums {
         return Ok(v);
     }
-    sum::strip(table, key, v).ok_or_else(|| StoreError::DamagedPage {
+    sum::strip(table, key, v).ok_or_else(|| BackendError::DamagedPage {
         path: backend.path.join("data.mdb"),
         op: format!("reading {table}"),
         detail: format!(
@@ -298,7 +298,7 @@ fn get<'t>(
     txn: &'t RoTxn<'_, WithoutTls>,
     table: Table,
     key: &[u8],
-) -> Result<Option<Cow<'t, [u8]>>, StoreError> {
+) -> Result<Option<Cow<'t, [u8]>>, BackendError> {
     let Some(db) = backend.db(table) else {
         return Ok(None);
     };
@@ -314,7 +314,7 @@ fn range<'t>(
     table: Table,
     range: KeyRange<'_>,
     direction: Direction,
-) -> Result<Entries<'t>, StoreError> {
+) -> Result<Entries<'t>, BackendError> {
     let bounds = (range.lower, range.upper);
     let Some(db) = backend.db(table) else {
         return Ok(Box::new(std::iter::empty()));
@@ -348,7 +348,7 @@ fn visit_range(
     table: Table,
     range: KeyRange<'_>,
     visit: &mut Visitor<'_>,
-) -> Result<(), StoreError> {
+) -> Result<(), BackendError> {
     let bounds = (range.lower, range.upper);
     let op = || format!("scanning {table}");
     let Some(db) = backend.db(table) else {
@@ -368,7 +368,7 @@ fn count(
     backend: &LmdbBackend,
     txn: &RoTxn<'_, WithoutTls>,
     table: Table,
-) -> Result<u64, StoreError> {
+) -> Result<u64, BackendError> {
     let Some(db) = backend.db(table) else {
         return Ok(0);
     };
@@ -391,7 +391,7 @@ struct LmdbWrite<'e> {
 macro_rules! lmdb_reads {
     ($txn:ident) => {
         impl ReadTables for $txn<'_> {
-            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
                 get(self.backend, &self.txn, table, key)
             }
 
@@ -400,11 +400,11 @@ macro_rules! lmdb_reads {
                 table: Table,
                 r: KeyRange<'_>,
                 direction: Direction,
-            ) -> Result<Entries<'_>, StoreError> {
+            ) -> Result<Entries<'_>, BackendError> {
                 range(self.backend, &self.txn, table, r, direction)
             }
 
-            fn count(&self, table: Table) -> Result<u64, StoreError> {
+            fn count(&self, table: Table) -> Result<u64, BackendError> {
                 count(self.backend, &self.txn, table)
             }
 
@@ -413,7 +413,7 @@ macro_rules! lmdb_reads {
                 table: Table,
                 r: KeyRange<'_>,
                 visit: &mut Visitor<'_>,
-            ) -> Result<(), StoreError> {
+            ) -> Result<(), BackendError> {
                 visit_range(self.backend, &self.txn, table, r, visit)
             }
         }
@@ -424,7 +424,7 @@ lmdb_reads!(LmdbRead);
 lmdb_reads!(LmdbWrite);
 
 impl WriteTables for LmdbWrite<'_> {
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
         let db = self.backend.db_to_write(table)?;
         let written = if self.backend.checksums {
             // Written in place: LMDB reserves the room, no copy of the value.
@@ -440,7 +440,7 @@ impl WriteTables for LmdbWrite<'_> {
         written.map_err(|e| self.backend.error(format!("writing {table}"), e))
     }
 
-    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
         let stored;
         let value = if self.backend.checksums {
             stored = sum::with_sum(table, key, value);
@@ -460,14 +460,14 @@ impl WriteTables for LmdbWrite<'_> {
         }
     }
 
-    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, BackendError> {
         self.backend
             .db_to_write(table)?
             .delete(&mut self.txn, key)
             .map_err(|e| self.backend.error(format!("deleting from {table}"), e))
     }
 
-    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+    fn commit(self: Box<Self>) -> Result<(), BackendError> {
         let backend = self.backend;
         self.txn
             .commit()
@@ -476,7 +476,7 @@ impl WriteTables for LmdbWrite<'_> {
 }
 
 impl Backend for LmdbBackend {
-    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
         let txn = self
             .env
             .read_txn()
@@ -484,7 +484,7 @@ impl Backend for LmdbBackend {
         Ok(Box::new(LmdbRead { txn, backend: self }))
     }
 
-    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         self.refuse_if_read_only("write")?;
         let txn = self
             .env
@@ -505,12 +505,12 @@ impl Backend for LmdbBackend {
         self.options.durability
     }
 
-    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         self.refuse_if_read_only("claim a thread")?;
         locks::try_lock_claim(self.claims_file()?, &self.path, id)
     }
 
-    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, BackendError> {
         if self.read_only.is_some() {
             // Read-only: look at the claims without creating the file (no
             // file, no claims) and without tightening its mode.
@@ -522,7 +522,7 @@ impl Backend for LmdbBackend {
         locks::claim_locked(self.claims_file()?, &self.path, id)
     }
 
-    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         self.refuse_if_read_only("collect garbage")?;
         locks::try_lock_gc(&self.path)
     }
@@ -531,7 +531,7 @@ impl Backend for LmdbBackend {
         self
     }
 
-    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+    fn storage_stats(&self) -> Result<StorageStats, BackendError> {
         let txn = self
             .env
             .read_txn()
@@ -548,7 +548,7 @@ impl Backend for LmdbBackend {
         let page = u64::from(stat.as_ref().map_or(4096, |s| s.page_size));
         let file_size = std::fs::metadata(self.path.join("data.mdb"))
             .map(|m| m.len())
-            .map_err(|source| StoreError::Io {
+            .map_err(|source| BackendError::Io {
                 op: "read the size of",
                 path: self.path.join("data.mdb"),
                 source,
@@ -569,7 +569,7 @@ impl Backend for LmdbBackend {
 }
 
 impl LmdbBackend {
-    fn claims_file(&self) -> Result<&std::fs::File, StoreError> {
+    fn claims_file(&self) -> Result<&std::fs::File, BackendError> {
         if let Some(f) = self.claims.get() {
             return Ok(f);
         }
@@ -616,8 +616,8 @@ fn open_databases(
     path: &Path,
     purpose: OpenFor,
     read_only: bool,
-    fail: &dyn Fn(&str, heed::Error) -> StoreError,
-) -> Result<(TableDbs, bool), StoreError> {
+    fail: &dyn Fn(&str, heed::Error) -> BackendError,
+) -> Result<(TableDbs, bool), BackendError> {
     // Fast path: an existing store needs only a read transaction, so opening
     // it never waits for another process's write transaction.
     let rtxn = env.read_txn().map_err(|e| fail("opening", e))?;
@@ -634,7 +634,7 @@ fn open_databases(
     let has_meta = found.get(Table::Meta.index()).is_some_and(Option::is_some);
     if complete || (read_only && has_meta) {
         let dbs = TableDbs(<[_; Table::ALL.len()]>::try_from(found).map_err(|_| {
-            StoreError::MissingFormat {
+            BackendError::MissingFormat {
                 path: path.to_path_buf(),
                 detail: "could not open every database".into(),
             }
@@ -658,7 +658,7 @@ fn open_databases(
             (Ok(checksums), _) => Ok((dbs, checksums)),
             // A newer format, told by a version whose checksum matches,
             // is not damage: salvage would misread it.
-            (Err(e @ StoreError::UnsupportedFormat { .. }), _) | (Err(e), OpenFor::Use) => Err(e),
+            (Err(e @ BackendError::UnsupportedFormat { .. }), _) | (Err(e), OpenFor::Use) => Err(e),
             (Err(_), OpenFor::Salvage) => {
                 let checksums = guess_checksums(env, &dbs);
                 Ok((dbs, checksums))
@@ -676,10 +676,12 @@ fn open_databases(
         );
     }
     let dbs: [Database<Bytes, Bytes>; Table::ALL.len()] =
-        created.try_into().map_err(|_| StoreError::MissingFormat {
-            path: path.to_path_buf(),
-            detail: "could not create every database".into(),
-        })?;
+        created
+            .try_into()
+            .map_err(|_| BackendError::MissingFormat {
+                path: path.to_path_buf(),
+                detail: "could not create every database".into(),
+            })?;
     let [meta, blobs] = [Table::Meta, Table::Blobs].map(|t| {
         #[allow(clippy::indexing_slicing)] // `Table::index` is below `Table::ALL.len()`
         dbs[t.index()]
@@ -700,7 +702,7 @@ fn open_databases(
                 .is_empty(&wtxn)
                 .map_err(|e| fail("reading the blobs database", e))?;
             if has_data {
-                return Err(StoreError::MissingFormat {
+                return Err(BackendError::MissingFormat {
                     path: path.to_path_buf(),
                     detail: "blobs are stored but the version key is absent".into(),
                 });
@@ -766,12 +768,12 @@ fn guess_checksums(env: &Env<WithoutTls>, dbs: &TableDbs) -> bool {
 fn layout<'v>(
     path: &Path,
     stored: Option<&'v [u8]>,
-) -> Result<(Option<&'v [u8]>, bool), StoreError> {
+) -> Result<(Option<&'v [u8]>, bool), BackendError> {
     match stored {
         Some(v) if v.len() == 4 + sum::SUM_LEN => {
             match sum::strip(Table::Meta, FORMAT_VERSION_KEY.as_bytes(), v) {
                 Some(version) => Ok((Some(version), true)),
-                None => Err(StoreError::DamagedPage {
+                None => Err(BackendError::DamagedPage {
                     path: path.join("data.mdb"),
                     op: "reading the format version".into(),
                     detail: "the format version does not match its checksum".into(),
@@ -782,15 +784,15 @@ fn layout<'v>(
     }
 }
 
-fn check_format(path: &Path, stored: Option<&[u8]>) -> Result<(), StoreError> {
-    let missing = |detail: String| StoreError::MissingFormat {
+fn check_format(path: &Path, stored: Option<&[u8]>) -> Result<(), BackendError> {
+    let missing = |detail: String| BackendError::MissingFormat {
         path: path.to_path_buf(),
         detail,
     };
     let value = stored.ok_or_else(|| missing("the version key is absent".into()))?;
     match parse_format(value) {
         Some(FORMAT_VERSION) => Ok(()),
-        Some(found) => Err(StoreError::UnsupportedFormat {
+        Some(found) => Err(BackendError::UnsupportedFormat {
             path: path.to_path_buf(),
             found,
         }),

@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use postgres::types::{ToSql, Type};
 
 use super::sql_table;
+use crate::backend::BackendError;
 use crate::backend::Table;
-use crate::store::StoreError;
 use crate::thread::{ThreadId, ThreadRecord};
 
 /// A typed column of the thread tables.
@@ -107,9 +107,9 @@ const LATEST_MS: u64 = 253_402_300_799_999;
 impl ThreadColumns {
     /// Decodes the record `value` stored under `key` in `table` (`threads`
     /// or `history`). A value that does not decode, or whose times cannot
-    /// be stored, is [`StoreError::UndecodableRecord`].
-    pub fn of(table: Table, key: &[u8], value: &[u8]) -> Result<ThreadColumns, StoreError> {
-        let bad = |detail: String| StoreError::UndecodableRecord {
+    /// be stored, is [`BackendError::UndecodableRecord`].
+    pub fn of(table: Table, key: &[u8], value: &[u8]) -> Result<ThreadColumns, BackendError> {
+        let bad = |detail: String| BackendError::UndecodableRecord {
             table: sql_table(table),
             thread: thread_of_key(key),
             detail,
@@ -276,7 +276,7 @@ mod tests {
         let id = ThreadId::generate();
         let err = ThreadColumns::of(Table::Threads, &id.to_bytes(), b"\x01garbage").unwrap_err();
         assert!(
-            matches!(&err, StoreError::UndecodableRecord { thread, table: "uwf_threads", .. } if *thread == id.to_string()),
+            matches!(&err, BackendError::UndecodableRecord { thread, table: "uwf_threads", .. } if *thread == id.to_string()),
             "{err}"
         );
         let err = ThreadColumns::of(Table::History, b"\x00\x01", b"").unwrap_err();

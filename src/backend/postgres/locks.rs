@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use postgres::Client;
 
 use super::PostgresBackend;
+use crate::backend::BackendError;
 use crate::backend::ClaimKey;
 use crate::backend::HeldLock;
-use crate::store::StoreError;
 
 /// Idle seconds before the server probes a lock holder's connection.
 pub const KEEPALIVE_IDLE_S: u32 = 10;
@@ -72,7 +72,7 @@ impl fmt::Debug for AdvisoryLock {
 }
 
 impl HeldLock for AdvisoryLock {
-    fn check(&self) -> Result<(), StoreError> {
+    fn check(&self) -> Result<(), BackendError> {
         let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
         let alive = match slot.as_mut() {
             Some(client) => client
@@ -84,7 +84,7 @@ impl HeldLock for AdvisoryLock {
             // The server ended the transaction with the connection: the
             // lock is gone; this connection is never reused.
             slot.take();
-            StoreError::LockLost {
+            BackendError::LockLost {
                 location: self.location.clone(),
                 detail,
             }
@@ -118,7 +118,7 @@ fn give_back(pool: &LockPool, client: Client) {
 impl PostgresBackend {
     /// Takes advisory lock `key` in a transaction of its own connection:
     /// `None` when another transaction (anywhere) holds it.
-    pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         let reused = self
             .lock_pool
             .lock()

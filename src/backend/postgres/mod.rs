@@ -26,7 +26,7 @@
 //! queries, so the backend works behind a transaction-mode pooler.
 //!
 //! **Failures.** A serialization failure or deadlock is
-//! [`StoreError::Serialization`] (the store re-runs the transaction); any
+//! [`BackendError::Serialization`] (the store re-runs the transaction); any
 //! other error, a lost connection included, fails the transaction in
 //! flight with nothing applied, and that connection is dropped rather than
 //! returned to the pool.
@@ -56,8 +56,8 @@ use super::{
     Backend, Direction, Entries, Entry, HeldLock, KeyRange, ReadTables, Refresh, StorageStats,
     Table, WriteTables,
 };
+use crate::backend::BackendError;
 use crate::backend::{ClaimKey, Durability};
-use crate::store::StoreError;
 
 /// The advisory lock every write transaction takes (an arbitrary constant:
 /// `'uwfwrite'` in ASCII).
@@ -128,21 +128,21 @@ fn redact(url: &str) -> String {
     }
 }
 
-pub(super) fn pg_error(location: &str, op: String, e: postgres::Error) -> StoreError {
+pub(super) fn pg_error(location: &str, op: String, e: postgres::Error) -> BackendError {
     use postgres::error::SqlState;
     match e.code() {
         Some(c)
             if *c == SqlState::T_R_SERIALIZATION_FAILURE
                 || *c == SqlState::T_R_DEADLOCK_DETECTED =>
         {
-            StoreError::Serialization {
+            BackendError::Serialization {
                 detail: e.to_string(),
             }
         }
-        Some(c) if *c == SqlState::DISK_FULL => StoreError::DiskFull {
+        Some(c) if *c == SqlState::DISK_FULL => BackendError::DiskFull {
             path: location.into(),
         },
-        _ => StoreError::Postgres {
+        _ => BackendError::Postgres {
             detail: describe(&op, &e),
             op,
             location: location.to_owned(),
@@ -273,12 +273,12 @@ fn client_config(url: &str) -> Result<postgres::Config, postgres::Error> {
 impl PostgresBackend {
     /// Connects to the database at `url`, creating the schema on first use
     /// when `create` (else a database without it is
-    /// [`StoreError::NotInitialized`]) and refusing a newer one.
+    /// [`BackendError::NotInitialized`]) and refusing a newer one.
     pub fn connect(
         url: &str,
         durability: Durability,
         create: bool,
-    ) -> Result<PostgresBackend, StoreError> {
+    ) -> Result<PostgresBackend, BackendError> {
         let location = redact(url);
         let config =
             client_config(url).map_err(|e| pg_error(&location, "reading the URL".into(), e))?;
@@ -298,7 +298,7 @@ impl PostgresBackend {
     /// plus TCP keepalives and a connect timeout unless the URL sets its
     /// own (so a connection to a vanished server fails within
     /// [`locks::TAKEOVER_BOUND_S`] seconds instead of hanging).
-    pub(super) fn connect_client(&self) -> Result<Client, StoreError> {
+    pub(super) fn connect_client(&self) -> Result<Client, BackendError> {
         self.config
             .connect(NoTls)
             .map_err(|e| self.error("connecting".into(), e))
@@ -317,12 +317,12 @@ impl PostgresBackend {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub(super) fn error(&self, op: String, e: postgres::Error) -> StoreError {
+    pub(super) fn error(&self, op: String, e: postgres::Error) -> BackendError {
         pg_error(&self.location, op, e)
     }
 
     /// A connection from the pool, or a new one.
-    pub(super) fn client(&self) -> Result<Client, StoreError> {
+    pub(super) fn client(&self) -> Result<Client, BackendError> {
         let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match reused {
             Some(c) if !c.is_closed() => Ok(c),
@@ -348,8 +348,8 @@ pub(super) fn column<'r, T: postgres::types::FromSql<'r>>(
     row: &'r postgres::Row,
     i: usize,
     table: Table,
-) -> Result<T, StoreError> {
-    row.try_get(i).map_err(|e| StoreError::BadSchema {
+) -> Result<T, BackendError> {
+    row.try_get(i).map_err(|e| BackendError::BadSchema {
         table: sql_table(table),
         detail: e.to_string(),
     })
@@ -437,8 +437,8 @@ fn from_hex(text: &str) -> Option<Vec<u8>> {
 }
 
 impl Txn<'_> {
-    fn lost(&self, op: String) -> StoreError {
-        StoreError::ConnectionLost {
+    fn lost(&self, op: String) -> BackendError {
+        BackendError::ConnectionLost {
             location: self.backend.location.clone(),
             op,
         }
@@ -458,7 +458,7 @@ impl Txn<'_> {
         &self,
         op: impl Fn() -> String,
         f: impl FnOnce(&mut Client) -> Result<R, postgres::Error>,
-    ) -> Result<R, StoreError> {
+    ) -> Result<R, BackendError> {
         let mut state = self.state.borrow_mut();
         self.start(&mut state, None)?;
         let Some(client) = state.client.as_mut() else {
@@ -474,7 +474,7 @@ impl Txn<'_> {
         &self,
         state: &mut TxnState,
         also: Option<(Table, &[&[u8]])>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), BackendError> {
         if state.started {
             return Ok(());
         }
@@ -518,7 +518,7 @@ impl Txn<'_> {
             if row.len() != 2 {
                 continue;
             }
-            let bad = || StoreError::BadSchema {
+            let bad = || BackendError::BadSchema {
                 table: "a prefetch",
                 detail: "a row that is not an index and hex bytes".into(),
             };
@@ -535,7 +535,7 @@ impl Txn<'_> {
 
     /// Sends the held writes (and `then`, say `COMMIT`) as one simple
     /// query; they become cached values.
-    fn send_held(&self, state: &mut TxnState, then: &str) -> Result<(), StoreError> {
+    fn send_held(&self, state: &mut TxnState, then: &str) -> Result<(), BackendError> {
         let mut sql = String::with_capacity(state.held_sql + then.len() + 200);
         if !state.started {
             sql.push_str(&self.begin);
@@ -587,7 +587,7 @@ impl Txn<'_> {
         state: &mut TxnState,
         table: Table,
         key: Option<&[u8]>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), BackendError> {
         let needed = match key {
             Some(key) => matches!(
                 state.held.get(&(table, key.to_vec())),
@@ -614,7 +614,7 @@ impl Txn<'_> {
         state.cache.get(&k).cloned()
     }
 
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'static, [u8]>>, StoreError> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'static, [u8]>>, BackendError> {
         {
             let mut state = self.state.borrow_mut();
             self.send_held_for(&mut state, table, Some(key))?;
@@ -642,7 +642,7 @@ impl Txn<'_> {
         &self,
         table: Table,
         keys: &[&[u8]],
-    ) -> Result<Vec<Option<Cow<'static, [u8]>>>, StoreError> {
+    ) -> Result<Vec<Option<Cow<'static, [u8]>>>, BackendError> {
         let mut state = self.state.borrow_mut();
         for key in keys {
             self.send_held_for(&mut state, table, Some(key))?;
@@ -684,7 +684,7 @@ impl Txn<'_> {
         lower: &Bound<Vec<u8>>,
         upper: &Bound<Vec<u8>>,
         direction: Direction,
-    ) -> Result<Vec<Row>, StoreError> {
+    ) -> Result<Vec<Row>, BackendError> {
         self.send_held_for(&mut self.state.borrow_mut(), table, None)?;
         let mut sql = format!("SELECT k, v FROM {} WHERE true", sql_table(table));
         let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::new();
@@ -711,7 +711,7 @@ impl Txn<'_> {
             .collect()
     }
 
-    fn count(&self, table: Table) -> Result<u64, StoreError> {
+    fn count(&self, table: Table) -> Result<u64, BackendError> {
         self.send_held_for(&mut self.state.borrow_mut(), table, None)?;
         let sql = format!("SELECT count(*) FROM {}", sql_table(table));
         let rows = self.with(|| format!("counting {table}"), |c| c.query_typed(&sql, &[]))?;
@@ -722,7 +722,7 @@ impl Txn<'_> {
     /// Ends the transaction: `end` (`COMMIT`) after the held writes, in
     /// one round trip; nothing at all when nothing was sent or held. The
     /// connection goes back to the pool when it ended cleanly.
-    fn finish(&self, end: &str) -> Result<(), StoreError> {
+    fn finish(&self, end: &str) -> Result<(), BackendError> {
         let mut state = self.state.borrow_mut();
         let outcome = if !state.started && state.held.is_empty() {
             Ok(())
@@ -769,7 +769,7 @@ struct Pages<'t> {
 }
 
 impl<'t> Iterator for Pages<'t> {
-    type Item = Result<Entry<'t>, StoreError>;
+    type Item = Result<Entry<'t>, BackendError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if let Some((k, v)) = self.buffered.next() {
@@ -820,7 +820,7 @@ macro_rules! pg_reads {
                 self.0.connection_lost()
             }
 
-            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
                 self.0.get(table, key)
             }
 
@@ -829,7 +829,7 @@ macro_rules! pg_reads {
                 table: Table,
                 range: KeyRange<'_>,
                 direction: Direction,
-            ) -> Result<Entries<'_>, StoreError> {
+            ) -> Result<Entries<'_>, BackendError> {
                 Ok(Box::new(Pages {
                     txn: &self.0,
                     table,
@@ -841,11 +841,11 @@ macro_rules! pg_reads {
                 }))
             }
 
-            fn count(&self, table: Table) -> Result<u64, StoreError> {
+            fn count(&self, table: Table) -> Result<u64, BackendError> {
                 self.0.count(table)
             }
 
-            fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+            fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), BackendError> {
                 let mut state = self.0.state.borrow_mut();
                 if !state.started {
                     state
@@ -863,7 +863,7 @@ macro_rules! pg_reads {
                 &self,
                 table: Table,
                 keys: &[&[u8]],
-            ) -> Result<Vec<Option<Cow<'_, [u8]>>>, StoreError> {
+            ) -> Result<Vec<Option<Cow<'_, [u8]>>>, BackendError> {
                 self.0.get_many(table, keys)
             }
         }
@@ -885,7 +885,7 @@ impl PgWrite<'_> {
         table: Table,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<usize, StoreError> {
+    ) -> Result<usize, BackendError> {
         self.0
             .with(|| format!("{op} {table}"), |c| c.query_typed(sql, params))
             .map(|rows| rows.len())
@@ -900,7 +900,7 @@ impl PgWrite<'_> {
         key: &[u8],
         value: &[u8],
         replace: bool,
-    ) -> Result<String, StoreError> {
+    ) -> Result<String, BackendError> {
         let mut names = String::new();
         let mut values = String::new();
         let mut updates = String::new();
@@ -929,7 +929,7 @@ impl PgWrite<'_> {
 
     /// Holds a write back until the commit (sending the held writes first
     /// when they pass [`HELD_SQL_LIMIT`]).
-    fn hold(&mut self, table: Table, key: &[u8], held: Held) -> Result<(), StoreError> {
+    fn hold(&mut self, table: Table, key: &[u8], held: Held) -> Result<(), BackendError> {
         let state = self.0.state.get_mut();
         let added = held.sql().len();
         if let Some(old) = state.held.insert((table, key.to_vec()), held) {
@@ -944,7 +944,7 @@ impl PgWrite<'_> {
         Ok(())
     }
 
-    fn hold_put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+    fn hold_put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
         let sql = Self::literal_write(table, key, value, true)?;
         self.hold(
             table,
@@ -958,7 +958,7 @@ impl PgWrite<'_> {
 
     /// What the transaction knows of `key` (held or cached), after sending
     /// a held refresh of it.
-    fn known(&mut self, table: Table, key: &[u8]) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+    fn known(&mut self, table: Table, key: &[u8]) -> Result<Option<Option<Vec<u8>>>, BackendError> {
         let mut state = self.0.state.borrow_mut();
         self.0.send_held_for(&mut state, table, Some(key))?;
         Ok(Txn::known(&state, table, key))
@@ -970,11 +970,11 @@ impl PgWrite<'_> {
 }
 
 impl WriteTables for PgWrite<'_> {
-    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+    fn put(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<(), BackendError> {
         self.hold_put(table, key, value)
     }
 
-    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, StoreError> {
+    fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
         match self.known(table, key)? {
             Some(Some(_)) => return Ok(false),
             // Known absent: the writer lock keeps it so until the commit.
@@ -1006,7 +1006,7 @@ impl WriteTables for PgWrite<'_> {
         Ok(wrote)
     }
 
-    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, StoreError> {
+    fn delete(&mut self, table: Table, key: &[u8]) -> Result<bool, BackendError> {
         match self.known(table, key)? {
             Some(Some(_)) => {
                 self.remove(table, key)?;
@@ -1025,7 +1025,7 @@ impl WriteTables for PgWrite<'_> {
         Ok(deleted)
     }
 
-    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), StoreError> {
+    fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), BackendError> {
         let sql = format!(
             "DELETE FROM {} WHERE k = {}",
             sql_table(table),
@@ -1040,7 +1040,7 @@ impl WriteTables for PgWrite<'_> {
         key: &[u8],
         value: &[u8],
         refresh: Refresh,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), BackendError> {
         match self.known(table, key)? {
             // Known absent: an insert.
             Some(None) => return self.hold_put(table, key, value),
@@ -1071,7 +1071,7 @@ impl WriteTables for PgWrite<'_> {
         self.hold(table, key, Held::Refresh { sql })
     }
 
-    fn commit(self: Box<Self>) -> Result<(), StoreError> {
+    fn commit(self: Box<Self>) -> Result<(), BackendError> {
         self.0.finish("COMMIT")
     }
 }
@@ -1084,7 +1084,7 @@ impl fmt::Debug for Txn<'_> {
 
 impl PostgresBackend {
     /// A transaction that sends `begin` with its first statement.
-    fn begin(&self, begin: String) -> Result<Txn<'_>, StoreError> {
+    fn begin(&self, begin: String) -> Result<Txn<'_>, BackendError> {
         Ok(Txn {
             backend: self,
             begin,
@@ -1097,13 +1097,13 @@ impl PostgresBackend {
 }
 
 impl Backend for PostgresBackend {
-    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, StoreError> {
+    fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
         Ok(Box::new(PgRead(self.begin(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY".into(),
         )?)))
     }
 
-    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, StoreError> {
+    fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         // `SET LOCAL`, not a session setting, so nothing leaks to other
         // clients of a pooled server connection.
         let relaxed = match self.durability {
@@ -1127,11 +1127,11 @@ impl Backend for PostgresBackend {
         self.durability
     }
 
-    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_claim(&self, id: ClaimKey) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         self.try_advisory(claim_key(id))
     }
 
-    fn claim_locked(&self, id: ClaimKey) -> Result<bool, StoreError> {
+    fn claim_locked(&self, id: ClaimKey) -> Result<bool, BackendError> {
         // Held by any session, this backend's own included.
         let mut client = self.client()?;
         let rows = client
@@ -1147,7 +1147,7 @@ impl Backend for PostgresBackend {
         Ok(n > 0)
     }
 
-    fn claims_locked(&self, ids: &[ClaimKey]) -> Result<Vec<bool>, StoreError> {
+    fn claims_locked(&self, ids: &[ClaimKey]) -> Result<Vec<bool>, BackendError> {
         if ids.len() < 2 {
             return ids.iter().map(|&id| self.claim_locked(id)).collect();
         }
@@ -1172,11 +1172,11 @@ impl Backend for PostgresBackend {
             .collect())
     }
 
-    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, StoreError> {
+    fn try_lock_gc(&self) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
         self.try_advisory(GC_LOCK)
     }
 
-    fn storage_stats(&self) -> Result<StorageStats, StoreError> {
+    fn storage_stats(&self) -> Result<StorageStats, BackendError> {
         let mut client = self.client()?;
         let rows = client
             .query_typed("SELECT pg_total_relation_size('uwf_blobs')", &[])

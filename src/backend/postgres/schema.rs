@@ -13,9 +13,9 @@ use postgres::types::{ToSql, Type};
 
 use super::columns::{self, ThreadColumns};
 use super::{PostgresBackend, WRITER_LOCK, column, sql_table};
+use crate::backend::BackendError;
 use crate::backend::Table;
 use crate::backend::format::{FORMAT_VERSION, FORMAT_VERSION_KEY};
-use crate::store::StoreError;
 
 /// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i32 = 3;
@@ -77,12 +77,12 @@ impl PostgresBackend {
     /// tables opens it too); else, in one transaction holding the writer
     /// lock (two processes opening at once do not race), creates the schema
     /// (when `create`; else a database without one is
-    /// [`StoreError::NotInitialized`]) or migrates an older one. A newer
-    /// version is [`StoreError::UnsupportedSchema`].
+    /// [`BackendError::NotInitialized`]) or migrates an older one. A newer
+    /// version is [`BackendError::UnsupportedSchema`].
     ///
     /// An older schema is migrated whatever `create` says: migrations are
     /// applied on first use, and this build writes only the new layout.
-    pub(super) fn migrate(&self, create: bool) -> Result<(), StoreError> {
+    pub(super) fn migrate(&self, create: bool) -> Result<(), BackendError> {
         let mut client = self.client()?;
         let found = self.stored_version(&mut client)?;
         match found {
@@ -93,7 +93,7 @@ impl PostgresBackend {
             Some(v) if v > SCHEMA_VERSION => return Err(self.too_new(v)),
             None if !create => {
                 self.release(client);
-                return Err(StoreError::NotInitialized {
+                return Err(BackendError::NotInitialized {
                     path: self.location.clone().into(),
                 });
             }
@@ -126,7 +126,7 @@ impl PostgresBackend {
     }
 
     /// The version in `uwf_schema`, or `None` when there is no schema.
-    fn stored_version(&self, client: &mut Client) -> Result<Option<i32>, StoreError> {
+    fn stored_version(&self, client: &mut Client) -> Result<Option<i32>, BackendError> {
         let exists = client
             .query_typed("SELECT to_regclass('uwf_schema') IS NOT NULL", &[])
             .map_err(|e| self.error("looking for the schema".into(), e))?;
@@ -142,14 +142,14 @@ impl PostgresBackend {
     }
 
     /// `max(version)` of `uwf_schema` (which exists).
-    fn read_version(&self, client: &mut Client) -> Result<Option<i32>, StoreError> {
+    fn read_version(&self, client: &mut Client) -> Result<Option<i32>, BackendError> {
         let rows = client
             .query_typed("SELECT max(version) FROM uwf_schema", &[])
             .map_err(|e| self.error("reading the schema version".into(), e))?;
         rows.first()
             .map(|r| {
                 r.try_get::<_, Option<i32>>(0)
-                    .map_err(|e| StoreError::BadSchema {
+                    .map_err(|e| BackendError::BadSchema {
                         table: "uwf_schema",
                         detail: e.to_string(),
                     })
@@ -158,8 +158,8 @@ impl PostgresBackend {
             .map(Option::flatten)
     }
 
-    fn too_new(&self, found: i32) -> StoreError {
-        StoreError::UnsupportedSchema {
+    fn too_new(&self, found: i32) -> BackendError {
+        BackendError::UnsupportedSchema {
             location: self.location.clone(),
             found,
             supported: SCHEMA_VERSION,
@@ -169,7 +169,7 @@ impl PostgresBackend {
     /// Inside the schema transaction, with the writer lock held: reads the
     /// version again (another process may have just created or migrated
     /// the schema) and does what is left.
-    fn create_or_upgrade(&self, client: &mut Client) -> Result<(), StoreError> {
+    fn create_or_upgrade(&self, client: &mut Client) -> Result<(), BackendError> {
         match self.read_version(client)? {
             None => self.create_schema(client),
             Some(1) => {
@@ -183,7 +183,7 @@ impl PostgresBackend {
             }
             Some(SCHEMA_VERSION) => Ok(()),
             Some(v) if v > SCHEMA_VERSION => Err(self.too_new(v)),
-            Some(v) => Err(StoreError::BadSchema {
+            Some(v) => Err(BackendError::BadSchema {
                 table: "uwf_schema",
                 detail: format!("unknown schema version {v}"),
             }),
@@ -192,7 +192,7 @@ impl PostgresBackend {
 
     /// A new store: every table at the current version, its indexes and
     /// views, the version and the store's format version.
-    fn create_schema(&self, client: &mut Client) -> Result<(), StoreError> {
+    fn create_schema(&self, client: &mut Client) -> Result<(), BackendError> {
         let mut ddl = String::new();
         for table in Table::ALL {
             let mut columns = String::from("k bytea PRIMARY KEY, v bytea NOT NULL");
@@ -234,7 +234,7 @@ impl PostgresBackend {
     /// records it) — all in the
     /// caller's transaction, so a failure (a record that does not decode, a
     /// lost connection) leaves version 1 as it was.
-    fn migrate_from_1(&self, client: &mut Client) -> Result<(), StoreError> {
+    fn migrate_from_1(&self, client: &mut Client) -> Result<(), BackendError> {
         let op = || "migrating the schema from version 1 to 2".to_owned();
         for table in [Table::Threads, Table::History] {
             let name = sql_table(table);
@@ -261,7 +261,7 @@ impl PostgresBackend {
 
     /// Version 2 → 3: the label index table (empty: no record written
     /// before it has labels).
-    fn migrate_from_2(&self, client: &mut Client) -> Result<(), StoreError> {
+    fn migrate_from_2(&self, client: &mut Client) -> Result<(), BackendError> {
         client
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {} (k bytea PRIMARY KEY, v bytea NOT NULL);",
@@ -271,7 +271,7 @@ impl PostgresBackend {
     }
 
     /// Records [`SCHEMA_VERSION`] at the end of a migration.
-    fn set_version(&self, client: &mut Client) -> Result<(), StoreError> {
+    fn set_version(&self, client: &mut Client) -> Result<(), BackendError> {
         client
             .query_typed(
                 "UPDATE uwf_schema SET version = $1",
@@ -283,7 +283,7 @@ impl PostgresBackend {
 
     /// Fills the typed columns of every row of `table` from its record, in
     /// key order, [`BACKFILL_BATCH`] rows per round trip each way.
-    fn backfill(&self, client: &mut Client, table: Table) -> Result<(), StoreError> {
+    fn backfill(&self, client: &mut Client, table: Table) -> Result<(), BackendError> {
         let name = sql_table(table);
         let op = || format!("filling the typed columns of {name}");
         let first = format!("SELECT k, v FROM {name} ORDER BY k LIMIT {BACKFILL_BATCH}");

@@ -242,9 +242,11 @@ pub fn copy(
 ) -> Result<(), CliError> {
     let name = |p: &Path| p.display().to_string();
     let src = cli.open_at(source, false).map_err(|e| match e {
-        StoreError::NotInitialized { .. } => CopyError::SourceMissing {
-            location: name(source),
-        },
+        StoreError::Backend(uwf_db::backend::BackendError::NotInitialized { .. }) => {
+            CopyError::SourceMissing {
+                location: name(source),
+            }
+        }
         e => CopyError::OpenSource {
             location: name(source),
             source: e,
