@@ -48,7 +48,7 @@ use uwf_db::backend::{
     Table, WriteTables,
 };
 use uwf_db::thread::{NewThread, Next, StepWrite, ThreadId, ThreadQuery, ThreadRecord};
-use uwf_db::{Blob, Durability, Hash, Store, StoreError, StoreOptions, Value, WorkflowNode};
+use uwf_db::{Blob, Durability, Hash, Store, StoreOptions, Value, WorkflowNode};
 
 const DEFAULT_POSTGRES: &str = "postgres://root@127.0.0.1:5432/postgres";
 
