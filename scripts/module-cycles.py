@@ -7,7 +7,7 @@ import os, re, sys
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', 'src')
 TOP = {'api', 'backend', 'bundle', 'cache', 'codec', 'copy', 'engine', 'gc', 'hash', 'input',
-       'node', 'salvage', 'store', 'thread', 'usage', 'verify', 'workflow', 'yaml'}
+       'node', 'record', 'salvage', 'store', 'thread', 'usage', 'verify', 'workflow', 'yaml'}
 
 def module_of(path):
     rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)

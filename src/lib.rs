@@ -60,6 +60,7 @@ pub mod gc;
 pub mod hash;
 pub mod input;
 pub mod node;
+mod record;
 pub mod salvage;
 pub mod store;
 pub mod thread;

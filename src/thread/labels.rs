@@ -9,12 +9,9 @@
 //! every write of the record. Keys and values contain no 0 byte, so the
 //! prefix of one label never is the prefix of another.
 
-use std::collections::BTreeMap;
-
 use super::ThreadId;
 
-/// A thread's labels, in key order.
-pub type Labels = BTreeMap<String, String>;
+pub use crate::record::Labels;
 
 /// Most labels on one thread.
 pub const MAX_LABELS: usize = 32;

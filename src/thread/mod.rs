@@ -8,16 +8,15 @@
 
 mod check;
 mod fork;
-mod id;
 pub(crate) mod index;
 pub(crate) mod labels;
 mod prune;
 mod read;
-pub(crate) mod record;
 mod write;
 
+pub use crate::record::id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
+pub(crate) use crate::record::thread as record;
 pub(crate) use check::check_against_chain;
-pub use id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
 pub use labels::{
     LabelError, Labels, MAX_LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS, check_key, check_label,
     check_labels, parse_label,

@@ -18,7 +18,8 @@ use postgres::types::{ToSql, Type};
 use super::sql_table;
 use crate::backend::BackendError;
 use crate::backend::Table;
-use crate::thread::{ThreadId, ThreadRecord};
+use crate::record::id::ThreadId;
+use crate::record::thread::ThreadRecord;
 
 /// A typed column of the thread tables.
 pub(super) struct Column {

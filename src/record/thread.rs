@@ -7,8 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::ThreadId;
-use super::labels::Labels;
+use super::Labels;
+use super::id::ThreadId;
 use crate::codec::{self, CodecError};
 use crate::hash::Hash;
 use crate::node::Kind;
