@@ -71,7 +71,13 @@ fn a_driver_killed_with_kill_9_leaves_a_thread_the_next_driver_takes_over(b: Tes
     assert_eq!(env.show(&id)["status"], "running");
     victim.kill().unwrap(); // SIGKILL
     victim.wait().unwrap();
-    // The record still says running, but the lock died with the process.
+    // The record still says running, but the lock died with the process
+    // (on PostgreSQL once the server has seen the connection close, which
+    // happens after the kill returns: a bounded wait).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while env.show(&id)["driver_alive"] != false && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_eq!(env.show(&id)["driver_alive"], false);
     let fast = env.file("fast.yaml", &review_scenario(&[("developer", DEV)]));
     let r = env.json(&["thread", "step", &id, "--agent", &format!("script:{fast}")]);

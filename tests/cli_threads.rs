@@ -168,8 +168,37 @@ fn ids_errors_and_rm(b: TestBackend) {
     );
 }
 
+/// `thread rm` refuses a thread a live driver holds (the library's
+/// `remove_undriven_thread`), and removes it once the driver is done.
+fn rm_refuses_a_driven_thread(b: TestBackend) {
+    let cli = Cli::new(b);
+    let started = cli.json(&["thread", "start", "examples/review.yaml", "-p", "task"]);
+    let id = started["thread"].as_str().unwrap().to_owned();
+    let mut driver = cli.spawn(&["thread", "step", &id, "--agent", "cmd:sleep 3"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cli.show(&id)["status"] != "running" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the driver never claimed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = cli.uwf(&["thread", "rm", &id]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is being driven by another process; stop that driver first"),
+        "{}",
+        stderr(&o)
+    );
+    driver.wait().unwrap();
+    assert_ne!(cli.show(&id)["status"], "running");
+    let o = cli.json(&["thread", "rm", &id]);
+    assert_eq!(o["removed"], true);
+}
+
 process_conformance!(
     list_filters_and_shapes,
     show_log_and_tree,
     ids_errors_and_rm,
+    rm_refuses_a_driven_thread,
 );

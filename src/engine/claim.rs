@@ -19,7 +19,7 @@ use super::EngineError;
 use super::cancel::Cancel;
 use crate::backend::HeldLock;
 use crate::store::Store;
-use crate::thread::{ThreadError, ThreadId, ThreadStatus};
+use crate::thread::{ThreadError, ThreadId, ThreadRecord, ThreadStatus};
 
 /// A held claim; dropping it releases the thread (status back from
 /// `running` to what the drive left) and the lock. [`Claim::release`] does
@@ -97,6 +97,30 @@ pub fn are_held(store: &Store, ids: &[ThreadId]) -> Result<Vec<bool>, EngineErro
 }
 
 impl Store {
+    /// Unlinks a thread ([`Store::remove_thread`]) unless a live driver
+    /// holds it ([`EngineError::RemoveDriven`]): what `thread rm` does.
+    /// Its blobs stay until garbage collection frees them.
+    ///
+    /// ```
+    /// use uwf_db::Store;
+    /// use uwf_db::engine::StartOptions;
+    /// # let store = Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let thread = store.start_workflow(hash, "task", &StartOptions::default())?;
+    /// let removed = store.remove_undriven_thread(thread.id)?;
+    /// assert_eq!(removed.id, thread.id);
+    /// assert!(store.thread(thread.id)?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove_undriven_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
+        if is_held(self, id)? {
+            return Err(EngineError::RemoveDriven { thread: id });
+        }
+        Ok(self.remove_thread(id)?)
+    }
+
     /// Takes the driver's lock for a thread that does not exist yet (see
     /// [`LowLevel::start_thread_as`](crate::thread::LowLevel::start_thread_as)); dropping the claim releases it.
     pub fn claim_new(&self, id: ThreadId, cancel: &Cancel) -> Result<Claim, EngineError> {

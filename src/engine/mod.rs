@@ -34,6 +34,7 @@ mod compact;
 mod drive;
 pub mod extract;
 pub mod prompt;
+pub mod prompt_file;
 pub(crate) mod state;
 pub mod watch;
 
@@ -158,6 +159,12 @@ pub enum EngineError {
         "thread {thread} is being driven by another process; wait for it, or stop that driver (a driver that died is taken over automatically)"
     )]
     Claimed {
+        /// The thread.
+        thread: ThreadId,
+    },
+    /// `thread rm` of a thread a live driver holds.
+    #[error("thread {thread} is being driven by another process; stop that driver first")]
+    RemoveDriven {
         /// The thread.
         thread: ThreadId,
     },

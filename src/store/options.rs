@@ -9,10 +9,10 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// Largest size the data file may reach, in bytes. `None` reserves
     /// [`DEFAULT_MAP_SIZE`](crate::store::DEFAULT_MAP_SIZE). A write that would pass it fails with
-    /// [`StoreError::MapFull`](crate::StoreError::MapFull) and changes nothing.
+    /// [`BackendError::MapFull`](crate::backend::BackendError::MapFull) and changes nothing.
     pub max_map_size: Option<u64>,
     /// Create the store when it does not exist (else fail with
-    /// [`StoreError::NotInitialized`](crate::StoreError::NotInitialized)).
+    /// [`BackendError::NotInitialized`](crate::backend::BackendError::NotInitialized)).
     pub create: bool,
 }
 

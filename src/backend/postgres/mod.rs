@@ -318,6 +318,12 @@ impl PostgresBackend {
     }
 
     pub(super) fn error(&self, op: String, e: postgres::Error) -> BackendError {
+        if connection_lost(&e) {
+            // What cut one connection (an administrator's terminate, a
+            // server restart or failover) has most likely cut the idle
+            // ones too: new connections, not a retry per dead one.
+            self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
         pg_error(&self.location, op, e)
     }
 

@@ -22,29 +22,6 @@ enum Work {
     Continue(usize),
 }
 
-/// The labels of a `.jsonl` prompt object (`"labels": {"K": "V", …}`):
-/// absent is none; anything but an object of strings, or a bad label, is
-/// an error naming the line.
-fn line_labels(value: &serde_json::Value, at: &dyn Fn() -> String) -> Result<Labels, CliError> {
-    let Some(labels) = value.get("labels") else {
-        return Ok(Labels::new());
-    };
-    let bad = |why: String| CliError::Failed(format!("{}: {why}", at()));
-    let object = labels
-        .as_object()
-        .ok_or_else(|| bad("\"labels\" must be an object of strings".into()))?;
-    let mut out = Labels::new();
-    for (k, v) in object {
-        let v = v
-            .as_str()
-            .ok_or_else(|| bad(format!("label '{k}' must be a string")))?;
-        uwf_db::thread::check_label(k, v).map_err(|e| bad(e.to_string()))?;
-        out.insert(k.clone(), v.to_owned());
-    }
-    uwf_db::thread::check_labels(&out).map_err(|e| bad(e.to_string()))?;
-    Ok(out)
-}
-
 /// The prompts: one per non-empty line of `file` (in a `.jsonl` file each
 /// line is a JSON string or an object with a `prompt` string and optional
 /// `labels`, so prompts may span lines), or `count` copies of `prompt`.
@@ -54,63 +31,9 @@ fn prompts(
     prompt: Option<&str>,
 ) -> Result<Work, CliError> {
     match (file, count, prompt) {
-        (Some(file), _, _) => {
-            let text =
-                uwf_db::input::read_text_capped(file, uwf_db::input::MAX_PROMPTS, "prompts file")
-                    .map_err(|e| CliError::Failed(e.to_string()))?;
-            let too_long = |n: usize, len: usize| {
-                CliError::Failed(format!(
-                    "{}:{}: a prompt of {len} bytes; a prompt may be at most {} bytes",
-                    file.display(),
-                    n + 1,
-                    uwf_db::input::MAX_PROMPT
-                ))
-            };
-            let json = file.extension().is_some_and(|e| e == "jsonl");
-            let mut prompts = Vec::new();
-            for (n, line) in text.lines().enumerate() {
-                let line = line.trim();
-                if line.is_empty() {
-                    continue;
-                }
-                if line.len() > uwf_db::input::MAX_PROMPT && !json {
-                    return Err(too_long(n, line.len()));
-                }
-                if !json {
-                    prompts.push(BatchPrompt::from(line.to_owned()));
-                    continue;
-                }
-                let value: serde_json::Value = serde_json::from_str(line).map_err(|e| {
-                    CliError::Failed(format!("{}:{}: not JSON: {e}", file.display(), n + 1))
-                })?;
-                match value.as_str().or_else(|| value["prompt"].as_str()) {
-                    Some(p) if p.len() > uwf_db::input::MAX_PROMPT => {
-                        return Err(too_long(n, p.len()));
-                    }
-                    Some(p) => {
-                        let at = || format!("{}:{}", file.display(), n + 1);
-                        prompts.push(BatchPrompt {
-                            prompt: p.to_owned(),
-                            labels: line_labels(&value, &at)?,
-                        });
-                    }
-                    None => {
-                        return Err(CliError::Failed(format!(
-                            "{}:{}: expected a JSON string or an object with a \"prompt\" string",
-                            file.display(),
-                            n + 1
-                        )));
-                    }
-                }
-            }
-            if prompts.is_empty() {
-                return Err(CliError::Failed(format!(
-                    "{} holds no prompts (one per non-empty line; JSON Lines for .jsonl)",
-                    file.display()
-                )));
-            }
-            Ok(Work::Start(prompts))
-        }
+        (Some(file), _, _) => Ok(Work::Start(uwf_db::engine::prompt_file::read_prompts(
+            file,
+        )?)),
         (None, Some(n), Some(p)) => Ok(Work::Repeat(BatchPrompt::from(p.to_owned()), n)),
         _ => Err(CliError::Failed(
             "batch needs --prompts FILE, -n N with -p TEXT, or --continue".into(),

@@ -284,6 +284,8 @@ enum CliError {
     Copy(#[from] uwf_db::copy::CopyError),
     #[error(transparent)]
     Bundle(#[from] uwf_db::bundle::BundleError),
+    #[error(transparent)]
+    PromptFile(#[from] uwf_db::engine::prompt_file::PromptFileError),
     #[error("{0}")]
     Failed(String),
     /// The command already reported what it found; exit 1 quietly.
@@ -459,7 +461,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
 /// Whether `cause`'s own text says nothing worth a line: the PostgreSQL
 /// driver's error, whose text for a server error is a bare "db error"
 /// (the server's words are in its source, printed next, and in the
-/// `StoreError::Postgres` message above).
+/// `BackendError::Postgres` message above).
 fn says_nothing(cause: &(dyn std::error::Error + 'static)) -> bool {
     #[cfg(feature = "postgres")]
     if cause.is::<postgres::Error>() {

@@ -419,12 +419,7 @@ pub fn run(
         ThreadCommand::Rm { id } => {
             let store = cli.open(false)?;
             let id = store.resolve_thread(id)?;
-            if uwf_db::engine::claim::is_held(&store, id)? {
-                return Err(CliError::Failed(format!(
-                    "thread {id} is being driven by another process; stop that driver first"
-                )));
-            }
-            let removed = store.remove_thread(id)?;
+            let removed = store.remove_undriven_thread(id)?;
             if out.json {
                 out.json_value(&api::ThreadRemoved {
                     head: removed.head,
