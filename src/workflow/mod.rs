@@ -322,7 +322,7 @@ impl Store {
     /// A stored workflow by hash.
     ///
     /// Workflows are content-addressed and immutable, so decoded ones are
-    /// cached per hash for this store ([`Decoded`]).
+    /// cached per hash for this store (in its layer slots).
     pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
         let cache = &self.layer_state::<Decoded>().0;
         if let Some(wf) = cache.get(&hash) {
