@@ -82,14 +82,7 @@ fn every_json_answer_matches_its_committed_schema() {
     let fork_id = fork["thread"].as_str().unwrap().to_owned();
     // `thread stop` needs a driver: one whose agent sleeps.
     let mut driver = env.spawn(&["thread", "step", &fork_id, "--agent", "cmd:sleep 3"]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while env.show(&fork_id)["status"] != "running" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the driver never claimed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    env.wait_until_running(&fork_id);
     c.run(&["thread", "stop", &fork_id]);
     driver.wait().unwrap();
     c.run(&["thread", "cancel", &fork_id]);

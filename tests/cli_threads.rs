@@ -175,14 +175,7 @@ fn rm_refuses_a_driven_thread(b: TestBackend) {
     let started = cli.json(&["thread", "start", "examples/review.yaml", "-p", "task"]);
     let id = started["thread"].as_str().unwrap().to_owned();
     let mut driver = cli.spawn(&["thread", "step", &id, "--agent", "cmd:sleep 3"]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while cli.show(&id)["status"] != "running" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the driver never claimed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    cli.wait_until_running(&id);
     let o = cli.uwf(&["thread", "rm", &id]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(

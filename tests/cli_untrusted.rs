@@ -581,14 +581,7 @@ fn a_busy_runner_takes_over_a_dead_runners_thread_before_its_queue(b: TestBacken
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while env.show(&victim_thread)["status"] != "running" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the victim never claimed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    env.wait_until_running(&victim_thread);
     victim.kill().unwrap();
     victim.wait().unwrap();
     let killed = std::time::Instant::now();

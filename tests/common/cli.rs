@@ -135,6 +135,19 @@ impl Cli {
         self.json(&["thread", "show", id])
     }
 
+    /// Waits (at most 20 s, else panics) until `thread show ID` says
+    /// `running`: a driver started in the background holds the thread.
+    pub fn wait_until_running(&self, id: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while self.show(id)["status"] != "running" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no driver claimed thread {id}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// The whole `thread log ID` (up to 1000 entries), newest first.
     pub fn log(&self, id: &str) -> Vec<serde_json::Value> {
         self.json(&["thread", "log", id, "--limit", "1000"])
