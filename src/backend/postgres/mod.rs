@@ -471,7 +471,19 @@ impl Txn<'_> {
             return Err(self.lost(op()));
         };
         self.backend.round_trip();
-        f(client).map_err(|e| self.backend.error(op(), e))
+        let out = f(client);
+        out.map_err(|e| self.fail(&mut state, op(), e))
+    }
+
+    /// The error of a statement; a connection it says is lost is given up
+    /// at once, so [`ReadTables::connection_lost`] says so even before the
+    /// driver has seen the socket close (a terminated backend's `FATAL`
+    /// arrives first), and the write reruns on another connection.
+    fn fail(&self, state: &mut TxnState, op: String, e: postgres::Error) -> BackendError {
+        if connection_lost(&e) {
+            state.client = None;
+        }
+        self.backend.error(op, e)
     }
 
     /// Sends `BEGIN` unless it was sent, with the prefetched keys and
@@ -511,9 +523,8 @@ impl Txn<'_> {
             return Err(self.lost("starting a transaction".into()));
         };
         self.backend.round_trip();
-        let messages = client
-            .simple_query(&sql)
-            .map_err(|e| self.backend.error("starting a transaction".into(), e))?;
+        let sent = client.simple_query(&sql);
+        let messages = sent.map_err(|e| self.fail(state, "starting a transaction".into(), e))?;
         state.started = true;
         let mut found: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         for message in &messages {
@@ -559,9 +570,11 @@ impl Txn<'_> {
             return Err(self.lost("writing".into()));
         };
         self.backend.round_trip();
-        client
-            .batch_execute(&sql)
-            .map_err(|e| self.backend.error(Self::held_op(&state.held), e))?;
+        let sent = client.batch_execute(&sql);
+        sent.map_err(|e| {
+            let op = Self::held_op(&state.held);
+            self.fail(state, op, e)
+        })?;
         state.started = true;
         state.held_sql = 0;
         for (key, held) in std::mem::take(&mut state.held) {
@@ -667,9 +680,8 @@ impl Txn<'_> {
                 return Err(self.lost(format!("reading {table}")));
             };
             self.backend.round_trip();
-            let rows = client
-                .query_typed(&sql, &[(&missing, Type::BYTEA_ARRAY)])
-                .map_err(|e| self.backend.error(format!("reading {table}"), e))?;
+            let read = client.query_typed(&sql, &[(&missing, Type::BYTEA_ARRAY)]);
+            let rows = read.map_err(|e| self.fail(&mut state, format!("reading {table}"), e))?;
             for key in &missing {
                 state.cache.insert((table, key.to_vec()), None);
             }
