@@ -310,6 +310,21 @@ impl Store {
     /// Writes an unsigned bundle of the threads `ids`, their children and
     /// every blob they reach to `out` ([`Store::export_with`] with default
     /// options).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let mut bundle = Vec::new();
+    /// let report = store.export(&[started.id], &mut bundle)?;
+    /// assert_eq!(report.threads, vec![started.id]);
+    /// let other = uwf_db::Store::memory();
+    /// assert_eq!(other.import(&bundle, false)?.threads.len(), 1);
+    /// assert!(other.thread(started.id)?.is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn export(
         &self,
         ids: &[ThreadId],
@@ -446,6 +461,21 @@ impl Store {
     /// Imports an unsigned or signed bundle without checking a signature,
     /// keeping no agent ([`Store::import_with`] with `new_ids` and the
     /// other options at their defaults).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// # let mut bundle = Vec::new();
+    /// # store.export(&[started.id], &mut bundle)?;
+    /// // Into the store it came from: the id exists, so give it a new one.
+    /// assert!(store.import(&bundle, false).is_err());
+    /// let (old, new) = store.import(&bundle, true)?.threads[0];
+    /// assert!(old == started.id && new != old);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn import(&self, bundle: &[u8], new_ids: bool) -> Result<ImportReport, BundleError> {
         self.import_with(bundle, &ImportOptions::new_ids(new_ids))
     }

@@ -123,6 +123,18 @@ impl Store {
 
     /// Takes the driver's lock for a thread that does not exist yet (see
     /// [`LowLevel::start_thread_as`](crate::thread::LowLevel::start_thread_as)); dropping the claim releases it.
+    ///
+    /// ```
+    /// use uwf_db::engine::{Cancel, claim};
+    /// use uwf_db::thread::ThreadId;
+    /// let store = uwf_db::Store::memory();
+    /// let id = ThreadId::generate();
+    /// let held = store.claim_new(id, &Cancel::new())?;
+    /// assert!(claim::is_held(&store, id)?);
+    /// drop(held);
+    /// assert!(!claim::is_held(&store, id)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn claim_new(&self, id: ThreadId, cancel: &Cancel) -> Result<Claim, EngineError> {
         self.lock_claim(id, false, cancel)
     }
@@ -131,6 +143,22 @@ impl Store {
     /// the claim). Refused while another live driver holds it; a claim left
     /// by a dead driver is taken over. Claiming a thread this store handle
     /// already holds returns a claim that releases nothing.
+    ///
+    /// ```
+    /// use uwf_db::engine::{Cancel, claim};
+    /// use uwf_db::thread::ThreadStatus;
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let held = store.claim(started.id, &Cancel::new())?;
+    /// assert!(claim::is_held(&store, started.id)?);
+    /// assert_eq!(store.thread(started.id)?.ok_or("gone")?.status, ThreadStatus::Running);
+    /// drop(held);
+    /// assert!(!claim::is_held(&store, started.id)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn claim(&self, id: ThreadId, cancel: &Cancel) -> Result<Claim, EngineError> {
         self.lock_claim(id, true, cancel)
     }

@@ -313,6 +313,17 @@ impl Store {
     /// machines (the request is a field of the thread's record, which the
     /// driver reads back with every step it commits). Refused
     /// ([`EngineError::NotRunning`]) when no driver holds the thread.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// // Idle: no driver to ask.
+    /// assert!(store.request_stop(started.id).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn request_stop(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
         let record = self.need_thread(id)?;
         if record.status != ThreadStatus::Running || !super::claim::is_held(self, id)? {

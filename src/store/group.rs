@@ -110,6 +110,25 @@ impl Store {
     /// write through the handle returns only once its group is durable.
     /// Clones of the handle must not outlive `f`: the writer stops when the
     /// last one is dropped.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// let (hashes, _stats) = store.group_commit(0, |grouped| {
+    ///     std::thread::scope(|s| {
+    ///         let puts: Vec<_> = (0..4)
+    ///             .map(|i| {
+    ///                 let g = grouped.clone();
+    ///                 s.spawn(move || g.write_op(move |w| w.put_blob(&Blob::content(format!("{i}"), []))))
+    ///             })
+    ///             .collect();
+    ///         puts.into_iter().map(|p| p.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    ///     })
+    /// });
+    /// assert_eq!(hashes?.len(), 4);
+    /// assert_eq!(store.blob_count()?, 4);
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn group_commit<R>(
         &self,
         max_group: usize,
@@ -155,6 +174,15 @@ impl Store {
     /// durable), else as [`Store::write`]. `f` may run more than once: when
     /// another request of its group fails, the group runs again without that
     /// one. It must have no effects outside the transaction.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// // Outside a group commit it is a plain write transaction.
+    /// let hash = store.write_op(|w| w.put_blob(&Blob::content("x", [])))?;
+    /// assert!(store.contains(&hash)?);
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn write_op<R, E>(
         &self,
         mut f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,

@@ -129,22 +129,55 @@ pub fn now_ms() -> u64 {
 impl Store {
     /// The store directory (canonical). For a backend without a directory
     /// this is empty; [`Store::location`] names every store.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = uwf_db::Store::open(dir.path(), uwf_db::StoreOptions::default())?;
+    /// assert!(store.path().join("data.mdb").is_file());
+    /// assert_eq!(uwf_db::Store::memory().path(), std::path::Path::new(""));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn path(&self) -> &Path {
         self.inner.backend.dir().unwrap_or(Path::new(""))
     }
 
     /// Where the store lives: its directory, or its URL.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let store = uwf_db::Store::open(dir.path(), uwf_db::StoreOptions::default())?;
+    /// let name = dir.path().file_name().ok_or("no name")?.to_string_lossy();
+    /// assert!(store.location().ends_with(&*name));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn location(&self) -> &str {
         self.inner.backend.location()
     }
 
     /// This handle's commit durability.
+    ///
+    /// ```
+    /// use uwf_db::{Durability, Store, StoreOptions};
+    /// let dir = tempfile::tempdir()?;
+    /// let options = StoreOptions { durability: Durability::None, ..StoreOptions::default() };
+    /// assert_eq!(Store::open(dir.path(), options)?.durability(), Durability::None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn durability(&self) -> Durability {
         self.inner.backend.durability()
     }
 
     /// Whether two handles are handles of one open store (clones, or two
     /// opens of one LMDB directory in this process).
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let a = uwf_db::Store::open(dir.path(), uwf_db::StoreOptions::default())?;
+    /// let b = uwf_db::Store::open(dir.path(), uwf_db::StoreOptions::default())?;
+    /// assert!(a.same_store(&b) && a.same_store(&a.clone()));
+    /// assert!(!a.same_store(&uwf_db::Store::memory()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn same_store(&self, other: &Store) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -161,6 +194,16 @@ impl Store {
     /// short: a long read transaction stops LMDB from reusing pages. A
     /// read is not run again when its connection is lost under it: `f`
     /// may have given rows away (a log streamed out) already.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store, StoreError};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("hello", []))?;
+    /// // One snapshot for both lookups.
+    /// let (there, blob) = store.read(|r| Ok::<_, StoreError>((r.contains(&hash)?, r.get_blob(&hash)?)))?;
+    /// assert!(there && blob.is_some());
+    /// # Ok::<(), StoreError>(())
+    /// ```
     pub fn read<R, E: From<StoreError>>(
         &self,
         f: impl FnOnce(&ReadTxn<'_>) -> Result<R, E>,
@@ -177,6 +220,17 @@ impl Store {
     /// A PostgreSQL connection found lost as the transaction starts is
     /// replaced (a few times); one lost later fails the call, since the
     /// commit may or may not have been applied.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store, StoreError};
+    /// let store = Store::memory();
+    /// // Both blobs or neither.
+    /// let (a, b) = store.write(|w| {
+    ///     Ok::<_, StoreError>((w.put_blob(&Blob::content("a", []))?, w.put_blob(&Blob::content("b", []))?))
+    /// })?;
+    /// assert!(store.contains(&a)? && store.contains(&b)?);
+    /// # Ok::<(), StoreError>(())
+    /// ```
     pub fn write<R, E: From<StoreError>>(
         &self,
         mut f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
@@ -201,26 +255,73 @@ impl Store {
 
     /// Stores one blob in its own transaction and returns its hash.
     /// Putting a blob that exists already changes nothing.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Hash, Store};
+    /// let store = Store::memory();
+    /// let blob = Blob::content("hello", []);
+    /// let hash = store.put(&blob)?;
+    /// assert_eq!(hash, blob.encode()?.hash());
+    /// assert_eq!(store.put(&blob)?, hash); // stored once
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn put(&self, blob: &Blob) -> Result<Hash, StoreError> {
         self.write(|w| w.put_blob(blob))
     }
 
     /// Reads and decodes one blob.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Hash, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("hello", []))?;
+    /// assert!(matches!(store.get(&hash)?, Some(Blob::Content(c)) if c.text == "hello"));
+    /// assert!(store.get(&Hash::of(b"never stored"))?.is_none());
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn get(&self, hash: &Hash) -> Result<Option<Blob>, StoreError> {
         self.read(|r| r.get_blob(hash))
     }
 
     /// Reads one blob's record: header fields and canonical bytes.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Kind, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("hello", []))?;
+    /// let stored = store.get_stored(&hash)?.ok_or("missing")?;
+    /// assert_eq!((stored.kind, stored.hash), (Kind::Content, hash));
+    /// assert!(matches!(stored.decode()?, Blob::Content(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn get_stored(&self, hash: &Hash) -> Result<Option<StoredBlob>, StoreError> {
         self.read(|r| r.get_stored(hash))
     }
 
     /// Whether a blob is stored.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Hash, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("hello", []))?;
+    /// assert!(store.contains(&hash)?);
+    /// assert!(!store.contains(&Hash::of(b"other"))?);
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn contains(&self, hash: &Hash) -> Result<bool, StoreError> {
         self.read(|r| r.contains(hash))
     }
 
     /// Resolves a full hash or a unique prefix to a stored blob's hash.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, HashPrefix, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("hello", []))?;
+    /// let prefix: HashPrefix = hash.to_string()[..10].parse()?;
+    /// assert_eq!(store.resolve(&prefix)?, hash);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resolve(&self, prefix: &HashPrefix) -> Result<Hash, StoreError> {
         self.read(|r| r.resolve(prefix))
     }
@@ -228,6 +329,20 @@ impl Store {
     /// Everything reachable from `root` (itself included), breadth first,
     /// each blob once. Reads in batches, each in a short read transaction,
     /// and calls `visit` outside any transaction.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store, StoreError};
+    /// let store = Store::memory();
+    /// let leaf = store.put(&Blob::content("leaf", []))?;
+    /// let root = store.put(&Blob::content("root", [leaf]))?;
+    /// let mut seen = Vec::new();
+    /// let count = store.walk(&root, |b| {
+    ///     seen.push(b.hash);
+    ///     Ok::<(), StoreError>(())
+    /// })?;
+    /// assert_eq!((count, seen), (2, vec![root, leaf]));
+    /// # Ok::<(), StoreError>(())
+    /// ```
     pub fn walk<E: From<StoreError>>(
         &self,
         root: &Hash,
@@ -271,6 +386,15 @@ impl Store {
     }
 
     /// Number of stored blobs.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// store.put(&Blob::content("a", []))?;
+    /// store.put(&Blob::content("a", []))?;
+    /// assert_eq!(store.blob_count()?, 1);
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn blob_count(&self) -> Result<u64, StoreError> {
         self.read(|r| Ok(r.tables().count(Table::Blobs)?))
     }

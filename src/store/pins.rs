@@ -7,6 +7,17 @@ use crate::hash::Hash;
 impl Store {
     /// Pins a stored blob: it and everything it reaches become GC roots.
     /// Returns whether it was newly pinned.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Hash, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("keep me", []))?;
+    /// assert!(store.pin(&hash)?);
+    /// assert!(!store.pin(&hash)?); // already pinned
+    /// assert_eq!(store.pins()?, vec![hash]);
+    /// assert!(store.pin(&Hash::of(b"absent")).is_err());
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn pin(&self, hash: &Hash) -> Result<bool, StoreError> {
         self.write(|w| {
             if !w.touch(hash, true)? {
@@ -20,6 +31,17 @@ impl Store {
 
     /// Unpins a blob; returns whether it was pinned. The next collection may
     /// delete it if nothing else reaches it.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// let hash = store.put(&Blob::content("keep me", []))?;
+    /// store.pin(&hash)?;
+    /// assert!(store.unpin(&hash)?);
+    /// assert!(!store.unpin(&hash)?);
+    /// assert!(store.pins()?.is_empty());
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn unpin(&self, hash: &Hash) -> Result<bool, StoreError> {
         self.write(|w| Ok(w.tables_mut().delete(Table::Pins, hash.as_bytes())?))
     }

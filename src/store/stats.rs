@@ -74,6 +74,15 @@ impl serde::Serialize for Durability {
 
 impl Store {
     /// Counts, sizes and map usage.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Store};
+    /// let store = Store::memory();
+    /// store.put(&Blob::content("a", []))?;
+    /// let stats = store.stats()?;
+    /// assert_eq!((stats.blob_count, stats.active_threads), (1, 0));
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
     pub fn stats(&self) -> Result<Stats, StoreError> {
         let location = self.location().to_owned();
         let (counts, format_version, gc_epoch, unfinished_copy) = self.read(|r| {

@@ -102,6 +102,15 @@ impl Store {
     /// only says which. Their blobs stay until `gc` frees what nothing
     /// else reaches. Each thread is unlinked only if it is still ended
     /// with the head the scan saw.
+    ///
+    /// ```
+    /// use uwf_db::thread::RetentionPolicy;
+    /// let store = uwf_db::Store::memory();
+    /// let policy = RetentionPolicy { keep_latest: Some(1), ..RetentionPolicy::default() };
+    /// let report = store.prune(&policy, true)?;
+    /// assert!(report.pruned.is_empty()); // nothing has ended yet
+    /// # Ok::<(), uwf_db::thread::ThreadError>(())
+    /// ```
     pub fn prune(
         &self,
         policy: &RetentionPolicy,
@@ -223,6 +232,12 @@ impl Store {
 
     /// The retention policy stored in the store (`uwf-db prune --set`), if
     /// any: `gc` applies it before it collects.
+    ///
+    /// ```
+    /// let store = uwf_db::Store::memory();
+    /// assert_eq!(store.retention_policy()?, None); // until one is set
+    /// # Ok::<(), uwf_db::thread::ThreadError>(())
+    /// ```
     pub fn retention_policy(&self) -> Result<Option<RetentionPolicy>, ThreadError> {
         let stored = self.read(|r| {
             Ok::<_, StoreError>(
@@ -240,6 +255,17 @@ impl Store {
 
     /// Stores `policy` (checked like a prune's) for `gc` to apply first;
     /// `None` removes the stored policy.
+    ///
+    /// ```
+    /// use uwf_db::thread::RetentionPolicy;
+    /// let store = uwf_db::Store::memory();
+    /// let policy = RetentionPolicy { keep_latest: Some(100), ..RetentionPolicy::default() };
+    /// store.set_retention_policy(Some(&policy))?;
+    /// assert_eq!(store.retention_policy()?, Some(policy));
+    /// store.set_retention_policy(None)?;
+    /// assert_eq!(store.retention_policy()?, None);
+    /// # Ok::<(), uwf_db::thread::ThreadError>(())
+    /// ```
     pub fn set_retention_policy(
         &self,
         policy: Option<&RetentionPolicy>,

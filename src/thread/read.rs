@@ -266,17 +266,55 @@ fn need(r: &ReadTxn<'_>, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
 
 impl Store {
     /// A thread's record, active or ended: O(log n).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let record = store.thread(started.id)?.ok_or("gone")?;
+    /// assert_eq!((record.workflow.as_str(), record.seq), ("two", 0));
+    /// assert!(store.thread(uwf_db::thread::ThreadId::generate())?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn thread(&self, id: ThreadId) -> Result<Option<ThreadRecord>, ThreadError> {
         self.read(|r| Ok(find_in(r, id)?.map(|(rec, _)| rec)))
     }
 
     /// Resolves a full thread id or a unique prefix.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let prefix = started.id.to_string()[..20].parse()?;
+    /// assert_eq!(store.resolve_thread(&prefix)?, started.id);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resolve_thread(&self, prefix: &IdPrefix) -> Result<ThreadId, ThreadError> {
         self.read(|r| index::resolve(r.tables(), prefix))
     }
 
     /// Threads by last activity, newest first, filtered and paged. Filters
     /// read the `activity` index only; records are read for the page alone.
+    ///
+    /// ```
+    /// use uwf_db::thread::{ThreadQuery, ThreadStatus};
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let a = store.start_workflow(hash, "one", &Default::default())?;
+    /// store.start_workflow(hash, "two", &Default::default())?;
+    /// let idle = ThreadQuery { statuses: vec![ThreadStatus::Idle], ..ThreadQuery::default() };
+    /// let page = store.list_threads(&idle)?;
+    /// assert_eq!(page.len(), 2);
+    /// assert!(page.iter().any(|t| t.id == a.id));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn list_threads(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
         if !q.labels.is_empty() {
             return self.list_labelled(q);
@@ -447,6 +485,16 @@ impl Store {
 
     /// The chain's state nodes newest first (end nodes included, the start
     /// excluded), from the head or from just before `before`, at most `limit`.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// assert!(store.thread_log(started.id, 10, None)?.is_empty()); // no step yet
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn thread_log(
         &self,
         id: ThreadId,
@@ -463,6 +511,12 @@ impl Store {
     /// `stats` shows): one scan of `threads` and `history`, decoding each
     /// record, so its cost grows with the number of threads. Threads
     /// unlinked by `rm` or `prune` are no longer counted.
+    ///
+    /// ```
+    /// let store = uwf_db::Store::memory();
+    /// assert_eq!(store.usage_totals()?.calls, 0);
+    /// # Ok::<(), uwf_db::thread::ThreadError>(())
+    /// ```
     pub fn usage_totals(&self) -> Result<UsageTotals, ThreadError> {
         let mut totals = UsageTotals::default();
         for table in [Table::Threads, Table::History] {
@@ -478,6 +532,17 @@ impl Store {
 
     /// Usage totals of a thread and its children, recursively (what
     /// `thread show` shows), from a [`Store::thread_tree`].
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let tree = store.thread_tree(started.id)?;
+    /// assert_eq!(uwf_db::Store::tree_usage(&tree).calls, 0); // no agent call yet
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn tree_usage(tree: &ThreadTree) -> UsageTotals {
         let mut totals = tree.thread.usage.clone().unwrap_or_default();
         for child in &tree.children {
@@ -494,6 +559,18 @@ impl Store {
     /// with nothing missed or repeated. The chain back to the cursor is
     /// walked without decoding; only the nodes returned are decoded, so
     /// memory stays bounded by `limit` however far behind the cursor is.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let (record, steps) = store.steps_after(started.id, 0, 100)?;
+    /// assert_eq!(record.id, started.id);
+    /// assert!(steps.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn steps_after(
         &self,
         id: ThreadId,
@@ -620,6 +697,18 @@ impl Store {
     }
 
     /// A thread's parents (up) and children (down), as records.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let tree = store.thread_tree(started.id)?;
+    /// assert_eq!(tree.thread.id, started.id);
+    /// assert!(tree.parents.is_empty() && tree.children.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn thread_tree(&self, id: ThreadId) -> Result<ThreadTree, ThreadError> {
         self.read(|r| {
             let thread = need(r, id)?;

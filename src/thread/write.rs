@@ -531,6 +531,19 @@ impl Store {
     /// Stages a compaction summary covering everything up to the current
     /// head: context assembly uses it at once, and the next node appended
     /// records it as its `compact`.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let (summary, record) = store.stage_compact(started.id, started.head, "so far, so good")?;
+    /// assert_eq!(record.staged_compact, Some(summary));
+    /// // The head moved on since? Then nothing is staged.
+    /// assert!(store.stage_compact(started.id, summary, "stale").is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn stage_compact(
         &self,
         id: ThreadId,
@@ -572,6 +585,20 @@ impl Store {
     /// does not have is no error). Works on any thread, running or ended
     /// (labels are not state: the head, status and last activity stay, so
     /// a driver's next step is not disturbed). Returns the record.
+    ///
+    /// ```
+    /// use uwf_db::thread::Labels;
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let set = Labels::from([("team".to_owned(), "a".to_owned())]);
+    /// assert_eq!(store.set_labels(started.id, &set, &[])?.labels, set);
+    /// let record = store.set_labels(started.id, &Labels::new(), &["team".to_owned()])?;
+    /// assert!(record.labels.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set_labels(
         &self,
         id: ThreadId,
@@ -602,6 +629,18 @@ impl Store {
 
     /// Unlinks a thread from the index and history; its blobs stay until
     /// garbage collection frees what nothing else reaches.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.add_workflow(&wf)?;
+    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// let removed = store.remove_thread(started.id)?;
+    /// assert_eq!(removed.id, started.id);
+    /// assert!(store.thread(started.id)?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn remove_thread(&self, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
         self.write(|w| {
             let (record, location) =

@@ -288,6 +288,16 @@ fn render_in(
 impl Store {
     /// Stores a validated workflow and points its name at it. Returns the
     /// blob's hash and whether the name moved (identical content: no-op).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// let (hash, changed) = store.add_workflow(&wf)?;
+    /// assert!(changed);
+    /// assert_eq!(store.add_workflow(&wf)?, (hash, false)); // the same definition again
+    /// # Ok::<(), uwf_db::workflow::WorkflowError>(())
+    /// ```
     pub fn add_workflow(&self, wf: &Workflow) -> Result<(Hash, bool), WorkflowError> {
         let blob = wf.to_blob()?;
         let changed = self.write(|w| {
@@ -305,6 +315,17 @@ impl Store {
     }
 
     /// The registered workflow with this name.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// let (hash, _) = store.add_workflow(&wf)?;
+    /// let (found, loaded) = store.workflow_by_name("two")?.ok_or("not registered")?;
+    /// assert_eq!((found, loaded.name.as_str()), (hash, "two"));
+    /// assert!(store.workflow_by_name("three")?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn workflow_by_name(
         &self,
         name: &str,
@@ -323,6 +344,15 @@ impl Store {
     ///
     /// Workflows are content-addressed and immutable, so decoded ones are
     /// cached per hash for this store (in its layer slots).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// let (hash, _) = store.add_workflow(&wf)?;
+    /// assert_eq!(*store.load_workflow(hash)?, wf);
+    /// # Ok::<(), uwf_db::workflow::WorkflowError>(())
+    /// ```
     pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
         let cache = &self.layer_state::<Decoded>().0;
         if let Some(wf) = cache.get(&hash) {
@@ -337,6 +367,15 @@ impl Store {
     }
 
     /// Registered workflows: name and hash, by name.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// let (hash, _) = store.add_workflow(&wf)?;
+    /// assert_eq!(store.list_workflows()?, vec![("two".to_owned(), hash)]);
+    /// # Ok::<(), uwf_db::workflow::WorkflowError>(())
+    /// ```
     pub fn list_workflows(&self) -> Result<Vec<(String, Hash)>, WorkflowError> {
         Ok(self.read(|r| {
             let mut out = Vec::new();
