@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::hash::Hash;
-use crate::node::{Blob, StateNode};
+use crate::node::StateNode;
 use crate::store::Store;
 use crate::thread::{
     END_ROLE, ForkOrigin, Labels, ThreadError, ThreadId, ThreadRecord, ThreadStatus, ThreadTree,
@@ -183,9 +183,9 @@ impl LogEntry {
         let n = &entry.node;
         Ok(LogEntry {
             child_thread: n.child_thread,
-            content: text_of(store, &n.content)?,
+            content: store.content_text(&n.content)?,
             hash: entry.hash,
-            input: text_of(store, &n.input)?,
+            input: store.content_text(&n.input)?,
             meta: n
                 .meta
                 .iter()
@@ -202,17 +202,6 @@ impl LogEntry {
             timestamp: n.timestamp,
             usage: StepUsageEntry::of(n),
         })
-    }
-}
-
-fn text_of(store: &Store, hash: &Hash) -> Result<String, ThreadError> {
-    match store.get(hash)? {
-        Some(Blob::Content(c)) => Ok(c.text),
-        Some(_) => Err(ThreadError::WrongKind {
-            hash: *hash,
-            expected: "content",
-        }),
-        None => Err(ThreadError::MissingNode { hash: *hash }),
     }
 }
 

@@ -697,15 +697,7 @@ impl Store {
     /// The text of a content blob; a blob that is missing or not content
     /// is an error, never an empty text.
     pub(super) fn text(&self, h: &Hash) -> Result<String, EngineError> {
-        match self.get(h)? {
-            Some(Blob::Content(c)) => Ok(c.text),
-            Some(_) => Err(ThreadError::WrongKind {
-                hash: *h,
-                expected: "content",
-            }
-            .into()),
-            None => Err(ThreadError::MissingNode { hash: *h }.into()),
-        }
+        Ok(self.content_text(h)?)
     }
 
     /// Agent-answered role steps on the chain (steps of `workflow:` roles,

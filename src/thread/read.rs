@@ -102,6 +102,21 @@ pub struct ThreadTree {
     pub children: Vec<ThreadTree>,
 }
 
+impl Store {
+    /// The text of a content blob (a reply, a prompt); a blob that is
+    /// missing or not content is an error, never an empty text.
+    pub(crate) fn content_text(&self, hash: &Hash) -> Result<String, ThreadError> {
+        match self.get(hash)? {
+            Some(Blob::Content(c)) => Ok(c.text),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: *hash,
+                expected: "content",
+            }),
+            None => Err(ThreadError::MissingNode { hash: *hash }),
+        }
+    }
+}
+
 fn state_at(r: &ReadTxn<'_>, hash: &Hash) -> Result<StateNode, ThreadError> {
     match r.get_blob(hash)? {
         Some(Blob::State(s)) => Ok(s),
