@@ -88,6 +88,7 @@ fn group_commit_bench(per_writer: usize) -> Comparison {
                                     location: None,
                                 };
                                 head = g
+                                    .threads()
                                     .low_level()
                                     .append_step(t.id, head, step(w, i), next)
                                     .unwrap()
@@ -168,11 +169,12 @@ fn engine_bench(threads: usize) -> Comparison {
         || {
             let dir = scratch_dir("batch-engine");
             let store = open(dir.path());
-            let (hash, _) = store.add_workflow(&wf).unwrap();
+            let (hash, _) = store.workflows().add(&wf).unwrap();
             let prompts: Vec<String> = (0..threads).map(|i| format!("change {i}")).collect();
             let agents = (0..JOBS).map(|_| agent()).collect();
             time(|| {
                 let r = store
+                    .engine()
                     .run_batch(
                         hash,
                         &prompts,
@@ -187,11 +189,12 @@ fn engine_bench(threads: usize) -> Comparison {
         || {
             let dir = scratch_dir("batch-engine-seq");
             let store = open(dir.path());
-            let (hash, _) = store.add_workflow(&wf).unwrap();
+            let (hash, _) = store.workflows().add(&wf).unwrap();
             let mut a = agent();
             let d = time(|| {
                 for i in 0..sequential {
                     let (_, out) = store
+                        .engine()
                         .run_workflow(
                             hash,
                             &format!("change {i}"),

@@ -123,11 +123,12 @@ fn main() {
             || {
                 let dir = scratch_dir("engine");
                 let store = open(dir.path(), durability);
-                let (hash, _) = store.add_workflow(&wf).unwrap();
+                let (hash, _) = store.workflows().add(&wf).unwrap();
                 let mut agent = ScriptAgent::load(&scenario).unwrap();
                 time(|| {
                     for i in 0..threads {
                         let (_, out) = store
+                            .engine()
                             .run_workflow(
                                 hash,
                                 &format!("task {i}"),
@@ -143,10 +144,11 @@ fn main() {
             || {
                 let dir = scratch_dir("engine-append");
                 let store = open(dir.path(), durability);
-                let (hash, _) = store.add_workflow(&wf).unwrap();
+                let (hash, _) = store.workflows().add(&wf).unwrap();
                 time(|| {
                     for i in 0..threads {
                         let t = store
+                            .threads()
                             .low_level()
                             .start_thread(NewThread {
                                 workflow: "review".into(),
@@ -167,6 +169,7 @@ fn main() {
                         let mut head = t.head;
                         for (step, after) in &steps {
                             head = store
+                                .threads()
                                 .low_level()
                                 .append_step(t.id, head, step.clone(), after.clone())
                                 .unwrap()

@@ -47,6 +47,7 @@ fn build(store: &Store, threads: usize) -> Vec<ThreadId> {
                 location: None,
             };
             head = store
+                .threads()
                 .low_level()
                 .append_step(rec.id, head, step, next)
                 .unwrap()
@@ -143,7 +144,7 @@ fn main() {
 
     // Garbage: remove a tenth of the threads and collect once.
     for id in ids.iter().step_by(10) {
-        store.remove_thread(*id).unwrap();
+        store.threads().remove(*id).unwrap();
     }
     let (d, freed) = timed_gc(2);
     rows.push(Comparison {

@@ -712,6 +712,7 @@ fn new_thread(wf: Hash, name: &str, prompt: String) -> NewThread {
 fn start(store: &Store, name: &str) -> ThreadRecord {
     let wf = placeholder_workflow(store, name);
     store
+        .threads()
         .low_level()
         .start_thread(new_thread(
             wf,
@@ -752,6 +753,7 @@ fn grow(store: &Store, id: ThreadId, head: Hash, n: usize) -> Hash {
 fn grow_from(store: &Store, id: ThreadId, mut head: Hash, steps: std::ops::Range<usize>) -> Hash {
     for i in steps {
         head = store
+            .threads()
             .low_level()
             .append_step(id, head, step(i), next())
             .unwrap()
@@ -771,7 +773,8 @@ fn start_many(store: &Store, n: usize) {
                 s.spawn(move || {
                     for i in (w..n).step_by(writers) {
                         let name = if i % 2 == 0 { "review" } else { "plan" };
-                        g.low_level()
+                        g.threads()
+                            .low_level()
                             .start_thread(new_thread(wf, name, format!("task {i}")))
                             .unwrap();
                     }
@@ -804,6 +807,7 @@ fn capture_appends(n: usize) -> (Vec<Vec<Write>>, Vec<Vec<Write>>) {
     let mut head = t.head;
     for i in 0..n {
         let written = store
+            .threads()
             .low_level()
             .append_step(t.id, head, step(i), next())
             .unwrap();
@@ -1220,6 +1224,7 @@ fn fetch_log(store: &Store, id: ThreadId, fetches: u64) -> Duration {
     time(|| {
         for _ in 0..fetches {
             let n = store
+                .threads()
                 .visit_log(id, 50, None, |h, bytes| {
                     std::hint::black_box((h, bytes));
                     Ok::<_, uwf_db::thread::ThreadError>(())
@@ -1256,7 +1261,8 @@ fn log_bench(steps: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Co
     ));
     // The raw side: 50 SELECTs of the same keys in one read transaction.
     let keys: Vec<Vec<u8>> = store
-        .thread_log(long.id, 50, None)
+        .threads()
+        .log(long.id, 50, None)
         .unwrap()
         .iter()
         .map(|e| e.hash.as_bytes().to_vec())
@@ -1318,6 +1324,7 @@ fn log_bench(steps: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Co
     let (counted_store, log) = db.open_counted();
     let c = count_ops(&log, || {
         counted_store
+            .threads()
             .visit_log(long.id, 50, None, |_, _| {
                 Ok::<_, uwf_db::thread::ThreadError>(())
             })
@@ -1344,6 +1351,7 @@ fn log_bench(steps: usize, rows: &mut Vec<Comparison>, ops: &mut Vec<(String, Co
     let wf = placeholder_workflow(&counted_store, "counted");
     let c = count_ops(&log, || {
         counted_store
+            .threads()
             .low_level()
             .start_thread(new_thread(wf, "counted", "task".into()))
             .unwrap();
@@ -1377,7 +1385,7 @@ fn list_page(store: &Store, lists: u64) -> Duration {
     };
     time(|| {
         for _ in 0..lists {
-            let page = store.list_threads(&q).unwrap();
+            let page = store.threads().list(&q).unwrap();
             assert_eq!(page.len(), 50);
             std::hint::black_box(page);
         }

@@ -73,6 +73,7 @@ fn next() -> Next {
 fn grow(store: &Store, id: ThreadId, mut head: Hash, n: usize) -> Hash {
     for i in 0..n {
         head = store
+            .threads()
             .low_level()
             .append_step(id, head, step(i), next())
             .unwrap()
@@ -152,6 +153,7 @@ fn list_store(name: &str, n: usize, labelled: bool) -> (tempfile::TempDir, Store
             Default::default()
         };
         let r = store
+            .threads()
             .low_level()
             .start_thread(NewThread {
                 workflow: if i % 2 == 0 { "review" } else { "plan" }.into(),
@@ -186,7 +188,7 @@ fn main() {
     let store = open(dir.path(), Durability::None);
     let t = start(&store, "long");
     grow(&store, t.id, t.head, steps);
-    let page = store.thread_log(t.id, 50, None).unwrap();
+    let page = store.threads().log(t.id, 50, None).unwrap();
     let keys: Vec<Hash> = page.iter().map(|e| e.hash).collect();
     let rdir = scratch_dir("log-raw");
     let env = raw_env(rdir.path(), false);
@@ -218,7 +220,7 @@ fn main() {
         || {
             time(|| {
                 for _ in 0..fetches {
-                    std::hint::black_box(store.thread_log(t.id, 50, None).unwrap());
+                    std::hint::black_box(store.threads().log(t.id, 50, None).unwrap());
                 }
             })
         },
@@ -228,6 +230,7 @@ fn main() {
         time(|| {
             for _ in 0..fetches {
                 let n = store
+                    .threads()
                     .visit_log(t.id, 50, None, |h, bytes| {
                         std::hint::black_box((h, bytes));
                         Ok::<_, uwf_db::thread::ThreadError>(())
@@ -301,6 +304,7 @@ fn main() {
             time(|| {
                 for _ in 0..forks {
                     fstore
+                        .threads()
                         .low_level()
                         .fork_thread(long.id, long_head, fork_state())
                         .unwrap();
@@ -311,6 +315,7 @@ fn main() {
             time(|| {
                 for _ in 0..forks {
                     fstore
+                        .threads()
                         .low_level()
                         .fork_thread(short.id, short_head, fork_state())
                         .unwrap();
@@ -349,7 +354,7 @@ fn main() {
     let pages = |store: &Store, query: &ThreadQuery| {
         time(|| {
             for _ in 0..lists {
-                let page = store.list_threads(query).unwrap();
+                let page = store.threads().list(query).unwrap();
                 assert_eq!(page.len(), 50);
                 std::hint::black_box(page);
             }

@@ -4,7 +4,7 @@
 //! registers a YAML workflow from a string (a writer, and a reviewer that
 //! rejects each first draft and approves the second), implements `Agent` in
 //! Rust (a struct that answers with markdown frontmatter, as an LLM would),
-//! runs a batch of 20 prompts on 4 driver threads with `Store::run_batch`,
+//! runs a batch of 20 prompts on 4 driver threads with `Engine::run_batch`,
 //! prints the batch summary and one thread's log, and verifies the store.
 //! It checks its own results: a batch that leaves any thread unfinished
 //! makes it exit non-zero.
@@ -99,7 +99,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
             format!("the workflow is not valid:\n{}", lines.join("\n"))
         })?;
-    let (workflow_hash, _) = store.add_workflow(&workflow)?;
+    let (workflow_hash, _) = store.workflows().add(&workflow)?;
     println!("workflow: {} {workflow_hash}", workflow.name);
 
     // One thread per prompt; one driver thread per agent.
@@ -108,7 +108,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .map(|_| Box::new(RuleBasedAgent { calls: 0 }) as Box<dyn Agent>)
         .collect();
     let mut threads: Vec<(usize, ThreadId)> = Vec::new();
-    let report = store.run_batch(
+    let report = store.engine().run_batch(
         workflow_hash,
         &prompts,
         &BatchOptions::default(),
@@ -146,9 +146,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     // The first prompt's thread, step by step (the log is newest first).
     threads.sort();
     let (_, id) = *threads.first().ok_or("the batch reported no thread")?;
-    let record = store.thread(id)?.ok_or("the thread is gone")?;
+    let record = store.threads().get(id)?.ok_or("the thread is gone")?;
     println!("\nthread {id} ({}, {}):", record.workflow, record.status);
-    let mut log = store.thread_log(id, 100, None)?;
+    let mut log = store.threads().log(id, 100, None)?;
     log.reverse();
     for entry in &log {
         let status = match entry.node.meta.get("$status") {

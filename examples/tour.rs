@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             Value::Str("review".into()),
         )])),
     }))?;
-    let t = store.low_level().start_thread(NewThread {
+    let t = store.threads().low_level().start_thread(NewThread {
         workflow: "review".into(),
         workflow_hash: workflow,
         prompt: "Add a --json flag to the CLI".into(),
@@ -62,7 +62,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     })?;
     println!("started thread {} ({})", t.id, t.status);
 
-    let dev = store.low_level().append_step(
+    let dev = store.threads().low_level().append_step(
         t.id,
         t.head,
         step(
@@ -77,7 +77,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             location: None,
         },
     )?;
-    let rejected = store.low_level().append_step(
+    let rejected = store.threads().low_level().append_step(
         t.id,
         dev.record.head,
         step(
@@ -93,7 +93,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         },
     )?;
     // A stale head is refused: compare-and-swap.
-    let stale = store.low_level().append_step(
+    let stale = store.threads().low_level().append_step(
         t.id,
         dev.record.head,
         step("reviewer", "approved", "LGTM", "Review the change"),
@@ -110,7 +110,7 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     // Fork at the developer's step: the reviewer runs again on the fork, and
     // this time the fork suspends to ask a human.
-    let fork = store.low_level().fork_thread(
+    let fork = store.threads().low_level().fork_thread(
         t.id,
         dev.record.head,
         Next::Role {
@@ -119,7 +119,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             location: None,
         },
     )?;
-    let suspended = store.low_level().append_step(
+    let suspended = store.threads().low_level().append_step(
         fork.id,
         fork.head,
         step(
@@ -138,7 +138,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         fork.id, fork.seq, suspended.record.status
     );
 
-    let fixed = store.low_level().append_step(
+    let fixed = store.threads().low_level().append_step(
         t.id,
         rejected.record.head,
         step(
@@ -153,7 +153,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             location: None,
         },
     )?;
-    let done = store.low_level().append_step(
+    let done = store.threads().low_level().append_step(
         t.id,
         fixed.record.head,
         step("reviewer", "approved", "Approved.", "Review the change"),
@@ -165,7 +165,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     )?;
     println!("thread {} {} (moved to history)", t.id, done.record.status);
 
-    for e in store.thread_log(t.id, 50, None)? {
+    for e in store.threads().log(t.id, 50, None)? {
         println!("  #{} {:<10} {}", e.node.seq, e.node.role, e.hash.short(12));
     }
     let report = uwf_db::verify::verify(&store, |_| {})?;

@@ -315,14 +315,14 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
     /// let mut bundle = Vec::new();
     /// let report = store.export(&[started.id], &mut bundle)?;
     /// assert_eq!(report.threads, vec![started.id]);
     /// let other = uwf_db::Store::memory();
     /// assert_eq!(other.import(&bundle, false)?.threads.len(), 1);
-    /// assert!(other.thread(started.id)?.is_some());
+    /// assert!(other.threads().get(started.id)?.is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn export(
@@ -466,8 +466,8 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
     /// # let mut bundle = Vec::new();
     /// # store.export(&[started.id], &mut bundle)?;
     /// // Into the store it came from: the id exists, so give it a new one.
@@ -619,7 +619,7 @@ impl Store {
                 detail,
             };
             let known = |id: ThreadId| -> Result<bool, BundleError> {
-                Ok(in_bundle.contains_key(&id) || self.thread(id)?.is_some())
+                Ok(in_bundle.contains_key(&id) || self.threads().get(id)?.is_some())
             };
             if let Some(parent) = record.parent_thread
                 && !known(parent)?
@@ -631,7 +631,7 @@ impl Store {
             if let Some(child) = record.active_child {
                 let parent_of_child = match in_bundle.get(&child) {
                     Some(c) => Some(c.parent_thread),
-                    None => self.thread(child)?.map(|c| c.parent_thread),
+                    None => self.threads().get(child)?.map(|c| c.parent_thread),
                 };
                 match parent_of_child {
                     None => {

@@ -21,10 +21,21 @@
 //!
 //! The on-disk format is described byte by byte in `docs/design.md`.
 //!
-//! An embedder starts with the engine surface, listed in [`engine`]: start
-//! and drive threads of a YAML workflow with an [`Agent`](engine::agent::Agent)
-//! written in Rust, resume, fork, cancel, run batches, collect garbage and
-//! verify; every method there has an example that runs, and
+//! One handle per layer, each reached from the [`Store`]:
+//!
+//! | handle | from | what it does |
+//! |---|---|---|
+//! | [`Store`] | [`Store::open`], [`Store::memory`] | blobs, transactions, pins, group commit, statistics |
+//! | [`Threads`] | [`Store::threads`] | thread records, lists, logs, history, the call stack, labels, retention |
+//! | [`LowLevel`](thread::LowLevel) | [`Threads::low_level`] | raw record writes below the engine (tools and tests) |
+//! | [`Workflows`] | [`Store::workflows`] | stored workflow definitions by name and hash |
+//! | [`Engine`] | [`Store::engine`] | start, drive, resume, stop, cancel, fork, batches, watches, claims |
+//!
+//! An embedder starts with the [`Engine`]: start and drive threads of a
+//! YAML workflow with an [`Agent`](engine::agent::Agent) written in Rust,
+//! resume, fork, cancel and run batches; garbage collection, copies,
+//! bundles and verification sit beside it in [`gc`], [`copy`], [`bundle`]
+//! and [`verify`]. Every public method has an example that runs, and
 //! `cargo run --example embed` shows them together on an LMDB store.
 //!
 //! The storage core alone, without the engine:
@@ -72,4 +83,7 @@ pub mod yaml;
 pub use codec::CodecError;
 pub use hash::{Hash, HashPrefix, ParseHashError};
 pub use node::{Blob, ContentNode, EncodedBlob, Kind, StartNode, StateNode, Value, WorkflowNode};
+pub use engine::Engine;
 pub use store::{Durability, Stats, Store, StoreError, StoreOptions};
+pub use thread::Threads;
+pub use workflow::Workflows;

@@ -20,7 +20,7 @@ fn review(store: &Store) -> Hash {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
     let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
-    store.add_workflow(&wf).unwrap().0
+    store.workflows().add(&wf).unwrap().0
 }
 
 fn agents(n: usize) -> Vec<Box<dyn Agent>> {
@@ -40,6 +40,7 @@ fn a_durable_batch_commits_every_step_in_groups(b: TestBackend) {
         ..BatchOptions::default()
     };
     let report = store
+        .engine()
         .run_batch(wf, &prompts, &options, agents(8), &mut |item| {
             seen.push(item.clone())
         })
@@ -56,10 +57,10 @@ fn a_durable_batch_commits_every_step_in_groups(b: TestBackend) {
     for (i, item) in seen.iter().enumerate() {
         assert_eq!(item.index, i);
         let id = item.thread.unwrap();
-        let rec = store.thread(id).unwrap().unwrap();
+        let rec = store.threads().get(id).unwrap().unwrap();
         assert_eq!(rec.status, ThreadStatus::Completed);
         assert_eq!(rec.agent.as_deref(), options.agent_spec.as_deref());
-        assert_eq!(store.thread_log(id, 10, None).unwrap().len(), 5);
+        assert_eq!(store.threads().log(id, 10, None).unwrap().len(), 5);
         let task = store.walk::<StoreError>(&rec.start, |_| Ok(())).unwrap();
         assert!(task >= 2);
     }
@@ -106,6 +107,7 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
             s.spawn(|| {
                 // A stale head is a conflict, and only this request fails.
                 let err = g
+                    .threads()
                     .low_level()
                     .append_step(
                         t.id,
@@ -115,7 +117,8 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
                     )
                     .unwrap_err();
                 assert!(matches!(err, ThreadError::Conflict { .. }), "{err}");
-                g.low_level()
+                g.threads()
+                    .low_level()
                     .append_step(t.id, t.head, step("dev", "ok", "first"), next("dev"))
                     .unwrap();
             });
@@ -132,7 +135,7 @@ fn a_failing_request_is_rolled_back_alone(b: TestBackend) {
             .contains(&rolled_back.encode().unwrap().hash())
             .unwrap()
     );
-    assert_eq!(store.thread(t.id).unwrap().unwrap().seq, 1);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap().seq, 1);
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
@@ -199,11 +202,13 @@ fn a_step_failure_stops_its_thread_only(b: TestBackend) {
         .collect();
     let prompts: Vec<String> = (0..9).map(|i| format!("p{i}")).collect();
     let report = store
+        .engine()
         .run_batch(wf, &prompts, &BatchOptions::default(), agents, &mut |_| {})
         .unwrap();
     assert_eq!((report.threads, report.errors, report.steps), (9, 9, 9));
     for t in store
-        .list_threads(&uwf_db::thread::ThreadQuery::default())
+        .threads()
+        .list(&uwf_db::thread::ThreadQuery::default())
         .unwrap()
     {
         assert_eq!(t.status, ThreadStatus::Idle);
@@ -217,6 +222,7 @@ fn a_batch_without_agents_is_refused(b: TestBackend) {
     let store = b.fast();
     let wf = review(&store);
     let err = store
+        .engine()
         .run_batch(
             wf,
             &["p".to_owned()],
@@ -228,12 +234,14 @@ fn a_batch_without_agents_is_refused(b: TestBackend) {
     assert!(err.to_string().contains("at least one agent"), "{err}");
     // No prompts, no work, no error.
     let report = store
+        .engine()
         .run_batch(wf, &[], &BatchOptions::default(), agents(2), &mut |_| {})
         .unwrap();
     assert_eq!(report.threads, 0);
     assert!(
         store
-            .list_threads(&uwf_db::thread::ThreadQuery::default())
+            .threads()
+            .list(&uwf_db::thread::ThreadQuery::default())
             .unwrap()
             .is_empty()
     );
@@ -246,7 +254,7 @@ fn twin(store: &Store, version: &str) -> Hash {
         "name: twin\nroles:\n  worker:\n    goal: Work\n    output: Say done\ngraph:\n  $START:\n    _: {{ role: worker, prompt: 'Work ({version})' }}\n  worker:\n    _: {{ role: $END, prompt: 'Done by version {version}' }}\n"
     );
     let wf = parse_workflow(&yaml, Some("twin"), &|_| false).unwrap();
-    store.add_workflow(&wf).unwrap().0
+    store.workflows().add(&wf).unwrap().0
 }
 
 /// The text of a content blob.
@@ -296,7 +304,8 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
             let agents: Vec<Box<dyn Agent>> = (0..2)
                 .map(|_| Box::new(UntilCancelled(Arc::clone(&waiting))) as Box<dyn Agent>)
                 .collect();
-            a.run_batch(wf_a, &prompts, &options_a, agents, &mut |_| {})
+            a.engine()
+                .run_batch(wf_a, &prompts, &options_a, agents, &mut |_| {})
                 .unwrap()
         });
         // Both of A's drivers are inside an agent call.
@@ -305,6 +314,7 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
         }
         let mut first = true;
         let report_b = b
+            .engine()
             .run_batch(
                 wf_b,
                 &prompts,
@@ -326,12 +336,12 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
     assert_eq!((report_b.threads, report_b.completed), (20, 20));
     assert_eq!(report_b.errors, 0);
     let all = uwf_db::thread::ThreadQuery::default();
-    let threads_b = b.list_threads(&all).unwrap();
+    let threads_b = b.threads().list(&all).unwrap();
     assert_eq!(threads_b.len(), 20);
     for t in &threads_b {
         assert_eq!(t.status, ThreadStatus::Completed);
         assert_eq!(t.workflow_hash, wf_b);
-        let end = &b.thread_log(t.id, 1, None).unwrap()[0];
+        let end = &b.threads().log(t.id, 1, None).unwrap()[0];
         assert_eq!(text(&b, &end.node.input), "Done by version B");
     }
     // A stopped: the two threads under way were interrupted, none
@@ -340,7 +350,7 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
     assert_eq!(report_a.completed, 0);
     assert_eq!(report_a.threads, 2, "{report_a:?}");
     assert_eq!(report_a.errors, 2);
-    let threads_a = a.list_threads(&all).unwrap();
+    let threads_a = a.threads().list(&all).unwrap();
     assert_eq!(threads_a.len(), 2);
     for t in &threads_a {
         assert_eq!(t.status, ThreadStatus::Idle);
@@ -351,6 +361,7 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
     // A fresh token drives them on, with A's version.
     let ids: Vec<_> = threads_a.iter().map(|t| t.id).collect();
     let report = a
+        .engine()
         .continue_threads(
             &ids,
             &BatchOptions::default(),
@@ -360,7 +371,7 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
         .unwrap();
     assert_eq!(report.completed, 2);
     for id in ids {
-        let end = &a.thread_log(id, 1, None).unwrap()[0];
+        let end = &a.threads().log(id, 1, None).unwrap()[0];
         assert_eq!(text(&a, &end.node.input), "Done by version A");
     }
 }

@@ -16,8 +16,9 @@ fn cancelling_a_token_kills_its_agent_and_leaves_the_thread_retryable(b: TestBac
     let store = b.fast();
     let yaml = "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n";
     let wf = parse_workflow(yaml, Some("one"), &|_| false).unwrap();
-    let wf = store.add_workflow(&wf).unwrap().0;
+    let wf = store.workflows().add(&wf).unwrap().0;
     let id = store
+        .engine()
         .start_workflow(wf, "a task", &StartOptions::default())
         .unwrap()
         .id;
@@ -27,6 +28,7 @@ fn cancelling_a_token_kills_its_agent_and_leaves_the_thread_retryable(b: TestBac
         pid_file.display()
     );
     let (mut agent, spec) = store
+        .engine()
         .agent_for(id, Some(&spec), &AgentOptions::default())
         .unwrap();
     let cancel = Cancel::new();
@@ -36,7 +38,7 @@ fn cancelling_a_token_kills_its_agent_and_leaves_the_thread_retryable(b: TestBac
         ..DriveOptions::default()
     };
     std::thread::scope(|s| {
-        let drive = s.spawn(|| store.drive(id, &options, agent.as_mut()));
+        let drive = s.spawn(|| store.engine().drive(id, &options, agent.as_mut()));
         let started = Instant::now();
         let pid = loop {
             if let Ok(p) = std::fs::read_to_string(&pid_file)
@@ -53,14 +55,14 @@ fn cancelling_a_token_kills_its_agent_and_leaves_the_thread_retryable(b: TestBac
         let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
         assert!(proc.exists());
         assert_eq!(
-            store.thread(id).unwrap().unwrap().status,
+            store.threads().get(id).unwrap().unwrap().status,
             ThreadStatus::Running
         );
         let cancelled = Instant::now();
         cancel.cancel();
         // Synchronously inside `cancel`: the thread has its status back.
         assert_eq!(
-            store.thread(id).unwrap().unwrap().status,
+            store.threads().get(id).unwrap().unwrap().status,
             ThreadStatus::Idle
         );
         let report = drive.join().unwrap();
@@ -75,19 +77,21 @@ fn cancelling_a_token_kills_its_agent_and_leaves_the_thread_retryable(b: TestBac
         assert!(!proc.exists(), "agent process {pid} still runs");
     });
     // Retryable: idle, no claim, no failure recorded, the spec stored.
-    let record = store.thread(id).unwrap().unwrap();
+    let record = store.threads().get(id).unwrap().unwrap();
     assert_eq!(record.status, ThreadStatus::Idle);
     assert_eq!(record.claimed_status, None);
     assert_eq!(record.last_error, None);
     assert_eq!(record.next_role.as_deref(), Some("worker"));
     assert!(!claim::is_held(&store, id).unwrap());
     // The cancelled token starts nothing more; a new one drives on.
-    let again = store.drive(id, &options, agent.as_mut());
+    let again = store.engine().drive(id, &options, agent.as_mut());
     assert!(matches!(again.error, Some(EngineError::Interrupted)));
     let (mut quick, _) = store
+        .engine()
         .agent_for(id, Some("cmd:echo done"), &AgentOptions::default())
         .unwrap();
     let done = store
+        .engine()
         .drive(id, &DriveOptions::default(), quick.as_mut())
         .into_result()
         .unwrap();

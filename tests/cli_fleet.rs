@@ -22,6 +22,7 @@ fn idle_threads(store: &Store, n: usize) -> Vec<ThreadId> {
     (0..n)
         .map(|i| {
             store
+                .engine()
                 .start_workflow(hash, &format!("task {i}"), &StartOptions::default())
                 .unwrap()
                 .id
@@ -118,7 +119,7 @@ fn summary(o: &std::process::Output) -> serde_json::Value {
 fn all_completed(store: &Store, ids: &[ThreadId]) {
     let mut seqs = HashMap::new();
     for &id in ids {
-        let r = store.thread(id).unwrap().unwrap();
+        let r = store.threads().get(id).unwrap().unwrap();
         assert_eq!(r.status, ThreadStatus::Completed, "thread {id}");
         assert_eq!(r.claimed_status, None, "thread {id}");
         *seqs.entry(r.seq).or_insert(0) += 1;

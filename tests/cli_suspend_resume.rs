@@ -190,6 +190,7 @@ fn resume_reports_the_status_before_a_missing_agent(b: TestBackend) {
         let store = env.open_store();
         let tid: uwf_db::thread::ThreadId = pid.parse().unwrap();
         store
+            .threads()
             .low_level()
             .update_record(tid, |r| {
                 r.agent = None;

@@ -15,6 +15,7 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
     let done = new_thread(&store, "review");
     let r = append_n(&store, done.id, 2);
     store
+        .threads()
         .low_level()
         .append_step(
             done.id,
@@ -29,15 +30,18 @@ fn fixture(cli: &Cli) -> (ThreadId, ThreadId, ThreadId) {
         .unwrap();
     let idle = new_thread(&store, "plan");
     store
+        .threads()
         .low_level()
         .append_step(idle.id, idle.head, step("dev", "ok", "one"), next("rev"))
         .unwrap();
     store
+        .threads()
         .low_level()
         .record_failure(idle.id, "agent exited with status 3")
         .unwrap();
-    let log = store.thread_log(done.id, 10, None).unwrap();
+    let log = store.threads().log(done.id, 10, None).unwrap();
     let fork = store
+        .threads()
         .low_level()
         .fork_thread(
             done.id,

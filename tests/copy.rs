@@ -27,7 +27,7 @@ fn root() -> &'static Path {
 fn register(store: &Store, file: &str) -> Hash {
     let yaml = std::fs::read_to_string(root().join(file)).unwrap();
     let wf = parse_workflow(&yaml, None, &|_| true).unwrap();
-    store.add_workflow(&wf).unwrap().0
+    store.workflows().add(&wf).unwrap().0
 }
 
 fn script(file: &str) -> ScriptAgent {
@@ -46,6 +46,7 @@ fn rich_store(store: &Store, extra: usize) {
     let start = StartOptions::default();
     let run = |wf, prompt, scenario| {
         let (record, report) = store
+            .engine()
             .run_workflow(wf, prompt, &start, &mut script(scenario))
             .unwrap();
         report.into_result().unwrap();
@@ -58,12 +59,20 @@ fn rich_store(store: &Store, extra: usize) {
         "Export",
         "tests/fixtures/plan-and-build.scenario.yaml",
     );
-    store.start_workflow(review, "Later", &start).unwrap();
     store
+        .engine()
+        .start_workflow(review, "Later", &start)
+        .unwrap();
+    store
+        .engine()
         .fork(done, ForkAt::BeforeRole("reviewer".into()))
         .unwrap();
-    let cancelled = store.start_workflow(review, "Never", &start).unwrap();
+    let cancelled = store
+        .engine()
+        .start_workflow(review, "Never", &start)
+        .unwrap();
     store
+        .engine()
         .cancel_thread(cancelled.id, &CancelOptions::default())
         .unwrap();
     let pinned = store.put(&Blob::content("pinned", [])).unwrap();
@@ -80,7 +89,8 @@ fn rich_store(store: &Store, extra: usize) {
 
 fn all_threads(store: &Store) -> Vec<uwf_db::thread::ThreadRecord> {
     store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             limit: 10_000,
             ..ThreadQuery::default()
         })
@@ -95,8 +105,8 @@ fn assert_same(a: &Store, b: &Store) {
     assert_eq!(threads, all_threads(b));
     for t in &threads {
         assert_eq!(
-            a.thread_log(t.id, 1000, None).unwrap(),
-            b.thread_log(t.id, 1000, None).unwrap()
+            a.threads().log(t.id, 1000, None).unwrap(),
+            b.threads().log(t.id, 1000, None).unwrap()
         );
     }
     assert_eq!(a.pins().unwrap(), b.pins().unwrap());
@@ -157,7 +167,7 @@ fn a_store_copied_into_this_backend_and_back_is_identical(b: TestBackend) {
         .iter()
         .find(|t| t.status == ThreadStatus::Suspended && t.parent_thread.is_none())
         .unwrap();
-    assert_eq!(mid.thread(idle.id).unwrap().as_ref(), Some(idle));
+    assert_eq!(mid.threads().get(idle.id).unwrap().as_ref(), Some(idle));
 }
 
 /// Cancels `copy` after `after` committed chunks of `table` (any table when
@@ -281,9 +291,10 @@ fn a_rerun_after_the_source_changed_copies_the_new_source(b: TestBackend) {
         .filter(|t| t.status == ThreadStatus::Idle)
         .collect();
     assert_eq!(idle.len(), 2, "the later thread and the fork");
-    src.cancel_thread(idle[0].id, &CancelOptions::default())
+    src.engine()
+        .cancel_thread(idle[0].id, &CancelOptions::default())
         .unwrap();
-    src.remove_thread(idle[1].id).unwrap();
+    src.threads().remove(idle[1].id).unwrap();
     for pin in src.pins().unwrap() {
         src.unpin(&pin).unwrap();
     }

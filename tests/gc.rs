@@ -43,7 +43,7 @@ fn assert_verified(store: &Store) {
 
 /// Every blob reachable from a thread's head and start.
 fn reachable(store: &Store, id: ThreadId) -> HashSet<Hash> {
-    let rec = store.thread(id).unwrap().unwrap();
+    let rec = store.threads().get(id).unwrap().unwrap();
     let mut out = HashSet::new();
     for root in [rec.head, rec.start] {
         store
@@ -67,10 +67,11 @@ fn nothing_reachable_is_collected(b: TestBackend) {
     let b = new_thread(&store, "b");
     append_n(&store, b.id, 3);
     store
+        .threads()
         .low_level()
         .end_thread(
             b.id,
-            store.thread(b.id).unwrap().unwrap().head,
+            store.threads().get(b.id).unwrap().unwrap().head,
             uwf_db::thread::EndSpec {
                 return_code: 0,
                 summary: "done".into(),
@@ -79,6 +80,7 @@ fn nothing_reachable_is_collected(b: TestBackend) {
         )
         .unwrap();
     let fork = store
+        .threads()
         .low_level()
         .fork_thread(
             a.id,
@@ -91,6 +93,7 @@ fn nothing_reachable_is_collected(b: TestBackend) {
         )
         .unwrap();
     store
+        .threads()
         .stage_compact(fork.id, fork.head, "summary so far")
         .unwrap();
     let pinned = store.put(&Blob::content("keep me", [])).unwrap();
@@ -112,6 +115,7 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
     let at_10 = append_n(&store, a.id, 10);
     append_n(&store, a.id, 20);
     let fork = store
+        .threads()
         .low_level()
         .fork_thread(
             a.id,
@@ -125,7 +129,7 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
         .unwrap();
     let keep = reachable(&store, fork.id);
     let before = blob_count(&store);
-    store.remove_thread(a.id).unwrap();
+    store.threads().remove(a.id).unwrap();
     assert_eq!(blob_count(&store), before, "removal only unlinks");
 
     settle();
@@ -148,10 +152,11 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
     assert_eq!(report.bytes_freed, dry.bytes_freed);
     assert_eq!(report.rescued, 0);
     assert_eq!(blob_count(&store), keep.len() as u64);
-    assert_eq!(store.thread_log(fork.id, 100, None).unwrap().len(), 10);
+    assert_eq!(store.threads().log(fork.id, 100, None).unwrap().len(), 10);
     assert_verified(&store);
     // The fork goes on.
     store
+        .threads()
         .low_level()
         .append_step(fork.id, fork.head, step("dev", "ok", "more"), next("dev"))
         .unwrap();
@@ -226,6 +231,7 @@ fn blobs_relinked_between_mark_and_sweep_are_rescued(b: TestBackend) {
             store.put(&Blob::content("top", [mid])).unwrap();
             // ...and a step's reply is the same bytes as `same`.
             store
+                .threads()
                 .low_level()
                 .append_step(t.id, t.head, step("dev", "ok", orphan_text), next("dev"))
                 .unwrap();
@@ -241,7 +247,7 @@ fn blobs_relinked_between_mark_and_sweep_are_rescued(b: TestBackend) {
     assert!(!store.contains(&garbage).unwrap());
     assert_verified(&store);
     // The thread's chain reads back whole.
-    let log = store.thread_log(t.id, 10, None).unwrap();
+    let log = store.threads().log(t.id, 10, None).unwrap();
     assert_eq!(log.len(), 4);
 }
 
@@ -251,7 +257,7 @@ fn a_thread_removed_during_a_collection_is_freed_by_the_next(b: TestBackend) {
     append_n(&store, t.id, 5);
     let report = gc_with(&store, 0, &|p| {
         if let GcProgress::Marked { .. } = p {
-            store.remove_thread(t.id).unwrap();
+            store.threads().remove(t.id).unwrap();
         }
     });
     assert_eq!(report.swept, 0, "marked before the removal");
@@ -290,7 +296,7 @@ fn worker_counts_give_the_same_result(b: TestBackend) {
         let t = new_thread(&store, &format!("w{i}"));
         append_n(&store, t.id, 40);
         if i % 2 == 0 {
-            store.remove_thread(t.id).unwrap();
+            store.threads().remove(t.id).unwrap();
         }
     }
     settle();
@@ -350,11 +356,12 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                         },
                         2..=5 if !live.is_empty() => {
                             let id = live[rand(live.len() as u64) as usize];
-                            let rec = store.thread(id).unwrap().unwrap();
+                            let rec = store.threads().get(id).unwrap().unwrap();
                             // Replies repeat, so some are re-puts of blobs
                             // a removed thread left unreachable.
                             let reply = format!("reply {}", rand(20));
                             let w = store
+                                .threads()
                                 .low_level()
                                 .append_step(id, rec.head, step("dev", "ok", &reply), next("dev"))
                                 .unwrap();
@@ -362,9 +369,10 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                         }
                         6 if !live.is_empty() => {
                             let id = live[rand(live.len() as u64) as usize];
-                            let log = store.thread_log(id, 20, None).unwrap();
+                            let log = store.threads().log(id, 20, None).unwrap();
                             if let Some(e) = log.get(rand(log.len() as u64 + 1) as usize) {
                                 let f = store
+                                    .threads()
                                     .low_level()
                                     .fork_thread(
                                         id,
@@ -381,7 +389,7 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                         }
                         7 if live.len() > 2 => {
                             let id = live.swap_remove(rand(live.len() as u64) as usize);
-                            store.remove_thread(id).unwrap();
+                            store.threads().remove(id).unwrap();
                         }
                         8 if !seen.is_empty() => {
                             // Link an older node, which may be unreachable by
@@ -400,8 +408,8 @@ fn writers_during_collections(b: TestBackend, rounds: usize, writers: usize) {
                     }
                 }
                 for id in live {
-                    let rec = store.thread(id).unwrap().unwrap();
-                    let n = store.thread_log(id, 100_000, None).unwrap().len() as u64;
+                    let rec = store.threads().get(id).unwrap().unwrap();
+                    let n = store.threads().log(id, 100_000, None).unwrap().len() as u64;
                     assert_eq!(n, rec.seq, "thread {id} reads back whole");
                 }
             });
@@ -439,12 +447,12 @@ fn collections_are_safe_during_a_batch(b: TestBackend) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
     let wf = uwf_db::workflow::parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
-    let (hash, _) = store.add_workflow(&wf).unwrap();
+    let (hash, _) = store.workflows().add(&wf).unwrap();
     // Garbage for the collections to find: removed threads.
     for i in 0..20 {
         let t = new_thread(&store, &format!("old{i}"));
         append_n(&store, t.id, 5);
-        store.remove_thread(t.id).unwrap();
+        store.threads().remove(t.id).unwrap();
     }
     let prompts: Vec<String> = (0..300).map(|i| format!("change {i}")).collect();
     let agents: Vec<Box<dyn Agent>> = (0..8)
@@ -463,6 +471,7 @@ fn collections_are_safe_during_a_batch(b: TestBackend) {
             swept
         });
         let report = store
+            .engine()
             .run_batch(
                 hash,
                 &prompts,
@@ -478,10 +487,11 @@ fn collections_are_safe_during_a_batch(b: TestBackend) {
     assert!(swept > 0, "the removed threads were collected");
     assert_verified(&store);
     for t in store
-        .list_threads(&uwf_db::thread::ThreadQuery::default())
+        .threads()
+        .list(&uwf_db::thread::ThreadQuery::default())
         .unwrap()
     {
-        assert_eq!(store.thread_log(t.id, 10, None).unwrap().len(), 5);
+        assert_eq!(store.threads().log(t.id, 10, None).unwrap().len(), 5);
     }
 }
 
@@ -489,7 +499,7 @@ fn progress_reports_every_phase_in_order(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "t");
     append_n(&store, t.id, 5);
-    store.remove_thread(t.id).unwrap();
+    store.threads().remove(t.id).unwrap();
     let events = std::sync::Mutex::new(Vec::new());
     let report = gc_with(&store, 0, &|p| events.lock().unwrap().push(p));
     let events = events.into_inner().unwrap();

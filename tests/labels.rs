@@ -36,7 +36,8 @@ impl Rng {
 /// Every thread, newest activity first (the unfiltered listing).
 fn everything(store: &Store, q: &ThreadQuery) -> Vec<ThreadRecord> {
     store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             labels: Vec::new(),
             limit: usize::MAX,
             offset: 0,
@@ -59,7 +60,8 @@ fn check_query(store: &Store, q: &ThreadQuery) {
         ..q.clone()
     };
     let got: Vec<_> = store
-        .list_threads(&all)
+        .threads()
+        .list(&all)
         .unwrap()
         .iter()
         .map(|r| r.id)
@@ -72,7 +74,7 @@ fn check_query(store: &Store, q: &ThreadQuery) {
             offset,
             ..q.clone()
         };
-        paged.extend(store.list_threads(&page).unwrap().iter().map(|r| r.id));
+        paged.extend(store.threads().list(&page).unwrap().iter().map(|r| r.id));
     }
     assert_eq!(paged, want, "paged {q:?}");
 }
@@ -96,7 +98,7 @@ fn filtered_listings_equal_the_listing_filtered_by_hand(b: TestBackend) {
         if rng.below(4) == 0 {
             set.insert("x/y.z-w_1".into(), String::new());
         }
-        store.set_labels(t.id, &set, &[]).unwrap();
+        store.threads().set_labels(t.id, &set, &[]).unwrap();
         ids.push(t.id);
     }
     let queries = |rng: &mut Rng| {
@@ -125,10 +127,10 @@ fn filtered_listings_equal_the_listing_filtered_by_hand(b: TestBackend) {
         // history, labels change, forks inherit, threads go.
         for _ in 0..12 {
             let id = ids[rng.below(ids.len() as u64) as usize];
-            let Some(r) = store.thread(id).unwrap() else {
+            let Some(r) = store.threads().get(id).unwrap() else {
                 continue;
             };
-            let low = store.low_level();
+            let low = store.threads().low_level();
             match rng.below(6) {
                 0 | 1 if !r.status.is_done() => {
                     append_n(&store, id, 1);
@@ -154,9 +156,15 @@ fn filtered_listings_equal_the_listing_filtered_by_hand(b: TestBackend) {
                         kinds[rng.below(2) as usize]
                     };
                     if rng.below(3) == 0 {
-                        store.set_labels(id, &Labels::new(), &[k.into()]).unwrap();
+                        store
+                            .threads()
+                            .set_labels(id, &Labels::new(), &[k.into()])
+                            .unwrap();
                     } else {
-                        store.set_labels(id, &labels(&[(k, v)]), &[]).unwrap();
+                        store
+                            .threads()
+                            .set_labels(id, &labels(&[(k, v)]), &[])
+                            .unwrap();
                     }
                 }
                 4 if !r.status.is_done() && r.seq > 0 => {
@@ -165,7 +173,7 @@ fn filtered_listings_equal_the_listing_filtered_by_hand(b: TestBackend) {
                     ids.push(fork.id);
                 }
                 5 if rng.below(3) == 0 => {
-                    store.remove_thread(id).unwrap();
+                    store.threads().remove(id).unwrap();
                 }
                 _ => {}
             }
@@ -192,6 +200,7 @@ fn labels_are_checked_and_limited(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "review");
     let err = store
+        .threads()
         .set_labels(t.id, &labels(&[("bad key", "v")]), &[])
         .unwrap_err();
     assert!(
@@ -199,8 +208,9 @@ fn labels_are_checked_and_limited(b: TestBackend) {
         "{err}"
     );
     let many: Labels = (0..32).map(|i| (format!("k{i}"), "v".into())).collect();
-    store.set_labels(t.id, &many, &[]).unwrap();
+    store.threads().set_labels(t.id, &many, &[]).unwrap();
     let err = store
+        .threads()
         .set_labels(t.id, &labels(&[("one", "more")]), &[])
         .unwrap_err();
     assert!(
@@ -208,9 +218,10 @@ fn labels_are_checked_and_limited(b: TestBackend) {
         "{err}"
     );
     // Nothing of the refused change was written.
-    assert_eq!(store.thread(t.id).unwrap().unwrap().labels, many);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap().labels, many);
     // Replacing a value and removing keys in one change.
     let r = store
+        .threads()
         .set_labels(
             t.id,
             &labels(&[("k0", "new")]),
@@ -222,19 +233,19 @@ fn labels_are_checked_and_limited(b: TestBackend) {
         labels: vec![("k0".into(), "v".into())],
         ..ThreadQuery::default()
     };
-    assert!(store.list_threads(&q).unwrap().is_empty());
+    assert!(store.threads().list(&q).unwrap().is_empty());
     let q = ThreadQuery {
         labels: vec![("k0".into(), "new".into())],
         ..ThreadQuery::default()
     };
-    assert_eq!(store.list_threads(&q).unwrap().len(), 1);
+    assert_eq!(store.threads().list(&q).unwrap().len(), 1);
     // A query with a malformed label is refused, not an empty page.
     let q = ThreadQuery {
         labels: vec![("k 0".into(), "new".into())],
         ..ThreadQuery::default()
     };
     assert!(matches!(
-        store.list_threads(&q),
+        store.threads().list(&q),
         Err(ThreadError::Label(LabelError::BadKey(_)))
     ));
     assert!(verify(&store, |_| {}).unwrap().is_ok());

@@ -293,7 +293,11 @@ fn verify_finds_damaged_thread_indexes() {
     let (ended, active) = {
         let store = fast_store(dir.path());
         let a = new_thread(&store, "a");
-        store.low_level().end_thread(a.id, a.head, end(0)).unwrap();
+        store
+            .threads()
+            .low_level()
+            .end_thread(a.id, a.head, end(0))
+            .unwrap();
         let b = new_thread(&store, "b");
         append_n(&store, b.id, 2);
         assert!(verify(&store, |_| {}).unwrap().is_ok());
@@ -347,7 +351,7 @@ fn verify_reports_roots_that_name_missing_blobs() {
         )
         .unwrap();
         let wf = uwf_db::workflow::parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
-        let (workflow, _) = store.add_workflow(&wf).unwrap();
+        let (workflow, _) = store.workflows().add(&wf).unwrap();
         assert_verified(&store);
         (pinned, workflow)
     };
@@ -381,7 +385,7 @@ fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
         let store = fast_store(dir.path());
         let t = new_thread(&store, "t");
         append_n(&store, t.id, 3);
-        store.remove_thread(t.id).unwrap();
+        store.threads().remove(t.id).unwrap();
         let victim = store.put(&Blob::content("victim", [])).unwrap();
         (victim, blob_count(&store))
     };

@@ -172,6 +172,7 @@ fn a_whole_workload_runs_behind_pgbouncer_in_transaction_mode() {
     let prompts: Vec<String> = (0..40).map(|i| format!("task {i}")).collect();
     let agents: Vec<Box<dyn Agent>> = (0..8).map(|_| Box::new(Echo) as Box<dyn Agent>).collect();
     let report = store
+        .engine()
         .run_batch(
             hash,
             &prompts,
@@ -189,27 +190,29 @@ fn a_whole_workload_runs_behind_pgbouncer_in_transaction_mode() {
     // Claims across two handles (two runners) through the pooler.
     let other = open();
     let id = store
+        .engine()
         .start_workflow(hash, "claimed", &StartOptions::default())
         .unwrap()
         .id;
-    let claim = store.claim(id, &Cancel::new()).unwrap();
+    let claim = store.engine().claim(id, &Cancel::new()).unwrap();
     assert!(matches!(
-        other.claim(id, &Cancel::new()),
+        other.engine().claim(id, &Cancel::new()),
         Err(EngineError::Claimed { .. })
     ));
-    assert_eq!(other.continuable_threads("two").unwrap(), []);
+    assert_eq!(other.engine().continuable_threads("two").unwrap(), []);
     claim.release().unwrap();
-    let taken = other.claim(id, &Cancel::new()).unwrap();
+    let taken = other.engine().claim(id, &Cancel::new()).unwrap();
     assert!(matches!(
-        store.claim(id, &Cancel::new()),
+        store.engine().claim(id, &Cancel::new()),
         Err(EngineError::Claimed { .. })
     ));
     taken.release().unwrap();
-    assert_eq!(store.continuable_threads("two").unwrap(), [id]);
+    assert_eq!(store.engine().continuable_threads("two").unwrap(), [id]);
 
     // Listings, a collection, verify.
     let completed = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             statuses: vec![ThreadStatus::Completed],
             limit: 100,
             ..ThreadQuery::default()
@@ -225,5 +228,8 @@ fn a_whole_workload_runs_behind_pgbouncer_in_transaction_mode() {
     drop(bouncer);
     // Nothing of it was lost on the way: the direct view agrees.
     let direct_store = location.open(Durability::Sync);
-    assert_eq!(direct_store.continuable_threads("two").unwrap(), [id]);
+    assert_eq!(
+        direct_store.engine().continuable_threads("two").unwrap(),
+        [id]
+    );
 }

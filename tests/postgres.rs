@@ -148,7 +148,7 @@ fn columns_of(sql: &mut postgres::Client, id: ThreadId) -> (Vec<Columns>, Vec<Co
 /// reads from the record bytes, in the table where the record lives.
 fn assert_columns_match(store: &Store, sql: &mut postgres::Client, id: ThreadId) {
     let (active, ended) = columns_of(sql, id);
-    match store.thread(id).unwrap() {
+    match store.threads().get(id).unwrap() {
         None => assert!(active.is_empty() && ended.is_empty(), "{id} was removed"),
         Some(r) if r.completed_at.is_some() => {
             assert!(active.is_empty(), "{id} ended but is in uwf_threads");
@@ -165,7 +165,8 @@ fn assert_columns_match(store: &Store, sql: &mut postgres::Client, id: ThreadId)
 /// and in the same order (newest activity first).
 fn assert_listing_matches_view(store: &Store, sql: &mut postgres::Client) {
     let listed = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             limit: 1000,
             ..ThreadQuery::default()
         })
@@ -209,15 +210,17 @@ fn drive_some_threads(store: &Store) -> Vec<ThreadId> {
         &|_| false,
     )
     .unwrap();
-    store.add_workflow(&wf).unwrap();
+    store.workflows().add(&wf).unwrap();
     let a = new_thread(store, "review");
     let a = append_n(store, a.id, 3);
     let b = new_thread(store, "deploy");
     store
+        .threads()
         .low_level()
         .record_failure(b.id, "agent exited with status 3")
         .unwrap();
     let child = store
+        .threads()
         .low_level()
         .start_thread(NewThread {
             workflow: "review".into(),
@@ -238,6 +241,7 @@ fn drive_some_threads(store: &Store) -> Vec<ThreadId> {
     let ended = new_thread(store, "review");
     let ended = append_n(store, ended.id, 2);
     store
+        .threads()
         .low_level()
         .end_thread(ended.id, ended.head, end(1))
         .unwrap();
@@ -279,8 +283,9 @@ fn typed_columns_follow_every_write() {
     assert_eq!(rows[0].status, "failed");
 
     // A step clears the failure and moves head, seq and updated_at.
-    let before = store.thread(b).unwrap().unwrap();
+    let before = store.threads().get(b).unwrap().unwrap();
     let after = store
+        .threads()
         .low_level()
         .append_step(b, before.head, step("dev", "ok", "fixed"), next("dev"))
         .unwrap()
@@ -291,8 +296,12 @@ fn typed_columns_follow_every_write() {
     assert_eq!((rows[0].seq, rows[0].last_error.as_deref()), (1, None));
 
     // Ending moves the row to history with its completion time.
-    let head = store.thread(a).unwrap().unwrap().head;
-    store.low_level().end_thread(a, head, end(0)).unwrap();
+    let head = store.threads().get(a).unwrap().unwrap().head;
+    store
+        .threads()
+        .low_level()
+        .end_thread(a, head, end(0))
+        .unwrap();
     assert_columns_match(&store, &mut sql, a);
     let (active, history) = columns_of(&mut sql, a);
     assert!(active.is_empty());
@@ -300,8 +309,9 @@ fn typed_columns_follow_every_write() {
     assert!(history[0].completed_at.is_some());
 
     // Resuming from history moves it back.
-    let r = store.thread(ended).unwrap().unwrap();
+    let r = store.threads().get(ended).unwrap().unwrap();
     store
+        .threads()
         .low_level()
         .resume_ended(ended, r.head, step("dev", "ok", "more"), next("rev"))
         .unwrap();
@@ -309,7 +319,7 @@ fn typed_columns_follow_every_write() {
     assert_eq!(columns_of(&mut sql, ended).0[0].status, "idle");
 
     // rm removes the row.
-    store.remove_thread(child).unwrap();
+    store.threads().remove(child).unwrap();
     assert_columns_match(&store, &mut sql, child);
     assert_eq!(columns_of(&mut sql, child), (vec![], vec![]));
 
@@ -330,7 +340,8 @@ fn status_filters_in_sql_match_the_library() {
     drive_some_threads(&store);
     for status in ThreadStatus::ALL {
         let listed: Vec<String> = store
-            .list_threads(&ThreadQuery {
+            .threads()
+            .list(&ThreadQuery {
                 statuses: vec![status],
                 limit: 1000,
                 ..ThreadQuery::default()
@@ -571,7 +582,8 @@ fn a_version_1_store_is_migrated_on_first_use() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     let registered: Vec<(String, String)> = store
-        .list_workflows()
+        .workflows()
+        .list()
         .unwrap()
         .into_iter()
         .map(|(name, hash)| (name, hash.to_string()))
@@ -581,8 +593,9 @@ fn a_version_1_store_is_migrated_on_first_use() {
 
     // And it works on: a step through the migrated store.
     let active = ids[0];
-    let head = store.thread(active).unwrap().unwrap().head;
+    let head = store.threads().get(active).unwrap().unwrap().head;
     store
+        .threads()
         .low_level()
         .append_step(active, head, step("dev", "ok", "after"), next("rev"))
         .unwrap();
@@ -778,7 +791,7 @@ fn a_read_only_role_reads_a_current_store_but_cannot_migrate_an_old_one() {
     assert_ne!(reader_url, url, "the test URL names no user to replace");
 
     let reader = Store::open_location(&reader_url, reader_options()).unwrap();
-    assert_eq!(reader.thread(id).unwrap().unwrap().id, id);
+    assert_eq!(reader.threads().get(id).unwrap().unwrap().id, id);
     drop(reader);
 
     // Back to version 1 (the view depends on the columns).
@@ -893,6 +906,7 @@ fn an_append_step_costs_three_round_trips() {
     for i in 0..5 {
         let before = round_trips(&store);
         let w = store
+            .threads()
             .low_level()
             .append_step(
                 t.id,
@@ -908,23 +922,28 @@ fn an_append_step_costs_three_round_trips() {
     // their `touched_at` goes with the commit too).
     let before = round_trips(&store);
     let w = store
+        .threads()
         .low_level()
         .append_step(t.id, head, step("dev", "again", "step 4"), next("dev"))
         .unwrap();
     assert_eq!(round_trips(&store) - before, 3);
     // A read of an active thread: `BEGIN` with the record, `ROLLBACK`.
     let before = round_trips(&store);
-    assert_eq!(store.thread(t.id).unwrap().unwrap().head, w.record.head);
+    assert_eq!(
+        store.threads().get(t.id).unwrap().unwrap().head,
+        w.record.head
+    );
     assert_eq!(round_trips(&store) - before, 2);
     let before = round_trips(&store);
     store
+        .threads()
         .low_level()
         .end_thread(t.id, w.record.head, end(0))
         .unwrap();
     assert_eq!(round_trips(&store) - before, 3);
     // Of an ended one: its day comes with `BEGIN`, then its history entry.
     let before = round_trips(&store);
-    let ended = store.thread(t.id).unwrap().unwrap();
+    let ended = store.threads().get(t.id).unwrap().unwrap();
     assert_eq!(round_trips(&store) - before, 3);
     assert_eq!(ended.status, ThreadStatus::Completed);
     assert_eq!(ended.seq, 7);
@@ -943,6 +962,7 @@ fn a_page_of_steps_or_threads_costs_a_few_round_trips() {
     append_n(&store, long.id, 60);
     let before = round_trips(&store);
     let seen = store
+        .threads()
         .visit_log(long.id, 50, None, |_, _| {
             Ok::<_, uwf_db::thread::ThreadError>(())
         })
@@ -956,7 +976,11 @@ fn a_page_of_steps_or_threads_costs_a_few_round_trips() {
     for i in 0..60 {
         let t = new_thread(&store, "many");
         if i % 2 == 0 {
-            store.low_level().end_thread(t.id, t.head, end(0)).unwrap();
+            store
+                .threads()
+                .low_level()
+                .end_thread(t.id, t.head, end(0))
+                .unwrap();
         }
     }
     let q = ThreadQuery {
@@ -964,7 +988,7 @@ fn a_page_of_steps_or_threads_costs_a_few_round_trips() {
         ..ThreadQuery::default()
     };
     let before = round_trips(&store);
-    let page = store.list_threads(&q).unwrap();
+    let page = store.threads().list(&q).unwrap();
     assert_eq!(page.len(), 50);
     assert!(page.iter().any(|t| t.status == ThreadStatus::Completed));
     // `BEGIN`; the activity range; the records in `threads`, the days in

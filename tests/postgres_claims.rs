@@ -54,17 +54,18 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
 
     let hash = common::two_roles(a, "two");
     let id = a
+        .engine()
         .start_workflow(hash, "a task", &StartOptions::default())
         .unwrap()
         .id;
-    let stale_head = a.thread(id).unwrap().unwrap().head;
+    let stale_head = a.threads().get(id).unwrap().unwrap().head;
 
     // Runner A claims the thread: one advisory lock, in its own session.
-    let claim = a.claim(id, &Cancel::new()).unwrap();
+    let claim = a.engine().claim(id, &Cancel::new()).unwrap();
     let holders = advisory_holders(&mut sql);
     assert_eq!(holders.len(), 1, "{holders:?}");
     // B is refused while A's lock is held.
-    let refused = b.claim(id, &Cancel::new());
+    let refused = b.engine().claim(id, &Cancel::new());
     assert!(
         matches!(refused, Err(EngineError::Claimed { .. })),
         "{refused:?}"
@@ -88,15 +89,15 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
         max_steps: Some(1),
         ..DriveOptions::default()
     };
-    let report = b.drive(id, &one, &mut agent_b);
+    let report = b.engine().drive(id, &one, &mut agent_b);
     assert!(report.error.is_none(), "{:?}", report.error);
     assert_eq!((report.results.len(), agent_b.0), (1, 1));
-    let after_b = b.thread(id).unwrap().unwrap();
+    let after_b = b.threads().get(id).unwrap().unwrap();
     assert_eq!(after_b.seq, 1);
 
     // A, still holding its (lost) claim, is stopped before its agent runs.
     let mut agent_a = Counting::default();
-    let report = a.drive(id, &DriveOptions::default(), &mut agent_a);
+    let report = a.engine().drive(id, &DriveOptions::default(), &mut agent_a);
     assert!(
         matches!(
             report.error,
@@ -113,7 +114,7 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
     assert!(message.contains("lost"), "{message}");
 
     // A late step from A's stale view of the head is refused, not merged.
-    let late = a.low_level().append_step(
+    let late = a.threads().low_level().append_step(
         id,
         stale_head,
         step("writer", "_", "a stale runner's late step"),
@@ -124,15 +125,15 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
         "{late:?}"
     );
     drop(claim);
-    let record = a.thread(id).unwrap().unwrap();
+    let record = a.threads().get(id).unwrap().unwrap();
     assert_eq!(record.head, after_b.head, "B's step stands alone");
     assert_eq!(record.status, ThreadStatus::Idle);
 
     // And B finishes the thread.
-    let report = b.drive(id, &DriveOptions::default(), &mut agent_b);
+    let report = b.engine().drive(id, &DriveOptions::default(), &mut agent_b);
     assert!(report.error.is_none(), "{:?}", report.error);
     assert_eq!(
-        b.thread(id).unwrap().unwrap().status,
+        b.threads().get(id).unwrap().unwrap().status,
         ThreadStatus::Completed
     );
     assert_eq!(agent_b.0, 2);
@@ -151,10 +152,11 @@ fn an_open_claim_does_not_hold_back_vacuum() {
     let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let hash = common::two_roles(&test_store, "two");
     let id = test_store
+        .engine()
         .start_workflow(hash, "a task", &StartOptions::default())
         .unwrap()
         .id;
-    let _claim = test_store.claim(id, &Cancel::new()).unwrap();
+    let _claim = test_store.engine().claim(id, &Cancel::new()).unwrap();
     let holders = advisory_holders(&mut sql);
     assert_eq!(holders.len(), 1);
     let row = sql

@@ -68,7 +68,7 @@ impl Agent for Recorder {
 
 fn load(store: &Store, yaml: &str) -> (Workflow, uwf_db::Hash) {
     let wf = parse_workflow(yaml, None, &|_| false).unwrap_or_else(|p| panic!("refused: {p:#?}"));
-    let (hash, _) = store.add_workflow(&wf).unwrap();
+    let (hash, _) = store.workflows().add(&wf).unwrap();
     (wf, hash)
 }
 
@@ -86,6 +86,7 @@ fn the_reference_format_runs_to_the_end_and_resumes_through_start_resume(b: Test
 
     let mut agent = Recorder::default();
     let (thread, report) = store
+        .engine()
         .run_workflow(hash, "the task", &StartOptions::default(), &mut agent)
         .unwrap();
     let results = report.into_result().unwrap();
@@ -102,7 +103,7 @@ fn the_reference_format_runs_to_the_end_and_resumes_through_start_resume(b: Test
             ),
         ]
     );
-    let log = store.thread_log(thread.id, 10, None).unwrap();
+    let log = store.threads().log(thread.id, 10, None).unwrap();
     // The end node's summary is the rendered `$END` prompt, with `_body`.
     let end = &log[0].node;
     assert_eq!(
@@ -122,6 +123,7 @@ fn the_reference_format_runs_to_the_end_and_resumes_through_start_resume(b: Test
         ..DriveOptions::default()
     };
     let results = store
+        .engine()
         .drive(thread.id, &options, &mut agent)
         .into_result()
         .unwrap();
@@ -134,7 +136,7 @@ fn the_reference_format_runs_to_the_end_and_resumes_through_start_resume(b: Test
     );
     assert_eq!(results[0].status, ThreadStatus::Completed);
     assert_eq!(
-        store.thread(thread.id).unwrap().unwrap().status,
+        store.threads().get(thread.id).unwrap().unwrap().status,
         ThreadStatus::Completed
     );
 }

@@ -184,8 +184,9 @@ fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
     let h = store.put(&Blob::content("through the first", [])).unwrap();
     assert!(other.contains(&h).unwrap());
     let t = common::new_thread(&other, "shared");
-    assert_eq!(store.thread(t.id).unwrap().unwrap(), t);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap(), t);
     store
+        .threads()
         .low_level()
         .append_step(
             t.id,
@@ -195,6 +196,7 @@ fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
         )
         .unwrap();
     let err = other
+        .threads()
         .low_level()
         .append_step(
             t.id,
@@ -207,7 +209,7 @@ fn a_second_handle_sees_commits_and_conflicts(b: TestBackend) {
         matches!(err, uwf_db::thread::ThreadError::Conflict { .. }),
         "{err}"
     );
-    assert_eq!(other.thread(t.id).unwrap().unwrap().seq, 1);
+    assert_eq!(other.threads().get(t.id).unwrap().unwrap().seq, 1);
 }
 
 conformance!(

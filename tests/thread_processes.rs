@@ -36,7 +36,7 @@ fn child_appender() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let tag = std::process::id().to_string();
-    match store.low_level().append_step(
+    match store.threads().low_level().append_step(
         id,
         head,
         common::step("dev", "ok", &tag),
@@ -87,11 +87,11 @@ fn race_between_processes(b: TestBackend) {
             .count();
         assert_eq!((ok, conflict), (1, 1), "round {round}: {results:?}");
         store.reopen();
-        head = store.thread(id).unwrap().unwrap().head;
+        head = store.threads().get(id).unwrap().unwrap().head;
         store.close();
     }
     store.reopen();
-    let log = store.thread_log(id, 100, None).unwrap();
+    let log = store.threads().log(id, 100, None).unwrap();
     assert_eq!(log.len(), rounds, "no lost or duplicated step");
     assert!(uwf_db::verify::verify(&store, |_| {}).unwrap().is_ok());
 }

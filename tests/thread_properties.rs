@@ -90,7 +90,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Op::End(_, code) => Next::End(end_spec(code)),
                     _ => next("dev"),
                 };
-                let r = store.low_level().append_step(
+                let r = store.threads().low_level().append_step(
                     m.id,
                     head,
                     step("dev", "s", &format!("op {n}")),
@@ -113,7 +113,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Resume(t) => {
                 let m = &mut models[t % len];
                 let head = *m.chain.last().unwrap_or(&m.start);
-                let r = store.low_level().resume_ended(
+                let r = store.threads().low_level().resume_ended(
                     m.id,
                     head,
                     step("dev", "s", &format!("op {n}")),
@@ -134,8 +134,8 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // Position 0 is the start, i > 0 is chain[i - 1].
                 let pos = at % (m.chain.len() + 1);
                 let node = if pos == 0 { m.start } else { m.chain[pos - 1] };
-                let before = store.thread(m.id).unwrap().unwrap();
-                let r = store.low_level().fork_thread(
+                let before = store.threads().get(m.id).unwrap().unwrap();
+                let r = store.threads().low_level().fork_thread(
                     m.id,
                     node,
                     Next::Role {
@@ -144,7 +144,7 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         location: None,
                     },
                 );
-                prop_assert_eq!(store.thread(m.id).unwrap().unwrap(), before);
+                prop_assert_eq!(store.threads().get(m.id).unwrap().unwrap(), before);
                 if pos > 0 && m.ends[pos - 1] {
                     let refused = matches!(r, Err(ThreadError::ForkAtEnd { .. }));
                     prop_assert!(refused);
@@ -165,11 +165,11 @@ fn check_chains(b: TestBackend, ops: Vec<Op>) -> Result<(), TestCaseError> {
         }
     }
     for m in &models {
-        let rec = store.thread(m.id).unwrap().unwrap();
+        let rec = store.threads().get(m.id).unwrap().unwrap();
         prop_assert_eq!(rec.head, *m.chain.last().unwrap_or(&m.start));
         prop_assert_eq!(rec.status, m.status);
         prop_assert!(store.get(&rec.head).unwrap().is_some(), "head resolves");
-        let log = store.thread_log(m.id, 10_000, None).unwrap();
+        let log = store.threads().log(m.id, 10_000, None).unwrap();
         let got: Vec<Hash> = log.iter().rev().map(|e| e.hash).collect();
         prop_assert_eq!(&got, &m.chain);
         for (i, e) in log.iter().enumerate() {

@@ -26,7 +26,7 @@ fn steps_chain_with_seq_and_ancestors(b: TestBackend) {
     assert_eq!(t.next_role.as_deref(), Some("dev"));
     assert_eq!(t.head, t.start);
     let rec = append_n(&store, t.id, 15);
-    let log = store.thread_log(t.id, 100, None).unwrap();
+    let log = store.threads().log(t.id, 100, None).unwrap();
     assert_eq!(log.len(), 15);
     for (i, e) in log.iter().enumerate() {
         let seq = 15 - i as u64;
@@ -45,11 +45,13 @@ fn a_moved_head_is_a_conflict_and_writes_nothing(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "w");
     let first = store
+        .threads()
         .low_level()
         .append_step(t.id, t.head, step("dev", "ok", "one"), next("rev"))
         .unwrap();
     let blobs_before = store.stats().unwrap().blob_count;
     let err = store
+        .threads()
         .low_level()
         .append_step(t.id, t.head, step("dev", "ok", "stale"), next("rev"))
         .unwrap_err();
@@ -63,19 +65,19 @@ fn a_moved_head_is_a_conflict_and_writes_nothing(b: TestBackend) {
         other => panic!("expected a conflict, got {other}"),
     }
     assert_eq!(store.stats().unwrap().blob_count, blobs_before);
-    assert_eq!(store.thread(t.id).unwrap().unwrap(), first.record);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap(), first.record);
 }
 
 fn racing_writer_threads_commit_exactly_once_per_head(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "race");
     for round in 0..20 {
-        let head = store.thread(t.id).unwrap().unwrap().head;
+        let head = store.threads().get(t.id).unwrap().unwrap().head;
         let results: Vec<_> = (0..4)
             .map(|w| {
                 let s = store.clone();
                 std::thread::spawn(move || {
-                    s.low_level().append_step(
+                    s.threads().low_level().append_step(
                         t.id,
                         head,
                         step("dev", "ok", &format!("round {round} writer {w}")),
@@ -96,7 +98,7 @@ fn racing_writer_threads_commit_exactly_once_per_head(b: TestBackend) {
                 .all(|e| matches!(e, ThreadError::Conflict { .. }))
         );
     }
-    let log = store.thread_log(t.id, 100, None).unwrap();
+    let log = store.threads().log(t.id, 100, None).unwrap();
     assert_eq!(log.len(), 20, "no lost or duplicated step");
     let seqs: Vec<u64> = log.iter().map(|e| e.node.seq).collect();
     assert_eq!(seqs, (1..=20).rev().collect::<Vec<_>>());
@@ -106,6 +108,7 @@ fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "end");
     let w = store
+        .threads()
         .low_level()
         .append_step(
             t.id,
@@ -125,16 +128,16 @@ fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
     assert_eq!(end_node.seq, 2);
     assert_eq!(end_node.ancestors[0], w.step.unwrap());
     assert_eq!(end_node.meta["return_code"], Value::UInt(0));
-    assert_eq!(store.thread(t.id).unwrap().unwrap(), *rec);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap(), *rec);
 
     // Another thread ends "on another day": write its record into an old
     // partition by ending it and then checking the day-range scan bounds.
     let today = utc_day(rec.completed_at.unwrap());
-    let page = store.list_history(today, today + 1).unwrap();
+    let page = store.threads().history(today, today + 1).unwrap();
     assert_eq!(page.records.len(), 1);
     assert_eq!(page.records[0].id, t.id);
     assert_eq!(page.keys_visited, 1);
-    let other_days = store.list_history(0, today).unwrap();
+    let other_days = store.threads().history(0, today).unwrap();
     assert!(other_days.records.is_empty());
     assert_eq!(
         other_days.keys_visited, 0,
@@ -142,6 +145,7 @@ fn ending_moves_to_history_found_by_id_and_by_day(b: TestBackend) {
     );
     // Appending to an ended thread is refused; it must be resumed.
     let err = store
+        .threads()
         .low_level()
         .append_step(t.id, rec.head, step("dev", "x", "y"), next("dev"))
         .unwrap_err();
@@ -158,8 +162,13 @@ fn history_day_ranges_read_only_their_days(b: TestBackend) {
     let mut ids = Vec::new();
     for (i, day) in [100u64, 200, 200, 300].into_iter().enumerate() {
         let t = new_thread(&store, &format!("w{i}"));
-        store.low_level().end_thread(t.id, t.head, end(0)).unwrap();
         store
+            .threads()
+            .low_level()
+            .end_thread(t.id, t.head, end(0))
+            .unwrap();
+        store
+            .threads()
             .low_level()
             .update_record(t.id, move |r| {
                 r.completed_at = Some(day * day_ms + 5);
@@ -168,17 +177,17 @@ fn history_day_ranges_read_only_their_days(b: TestBackend) {
             .unwrap();
         ids.push(t.id);
     }
-    let page = store.list_history(200, 201).unwrap();
+    let page = store.threads().history(200, 201).unwrap();
     assert_eq!(page.keys_visited, 2);
     let mut got: Vec<_> = page.records.iter().map(|r| r.id).collect();
     got.sort();
     let mut want = vec![ids[1], ids[2]];
     want.sort();
     assert_eq!(got, want);
-    assert_eq!(store.list_history(101, 200).unwrap().keys_visited, 0);
+    assert_eq!(store.threads().history(101, 200).unwrap().keys_visited, 0);
     // Lookup by id still works after the move, in O(log n).
     for id in &ids {
-        assert!(store.thread(*id).unwrap().is_some());
+        assert!(store.threads().get(*id).unwrap().is_some());
     }
 }
 
@@ -186,18 +195,18 @@ fn log_pages_a_10000_step_thread(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "long");
     append_n(&store, t.id, 10_000);
-    let page = store.thread_log(t.id, 50, None).unwrap();
+    let page = store.threads().log(t.id, 50, None).unwrap();
     assert_eq!(page.len(), 50);
     assert_eq!(page[0].node.seq, 10_000);
     assert_eq!(page[49].node.seq, 9_951);
-    let next_page = store.thread_log(t.id, 50, Some(page[49].hash)).unwrap();
+    let next_page = store.threads().log(t.id, 50, Some(page[49].hash)).unwrap();
     assert_eq!(next_page[0].node.seq, 9_950);
     assert_eq!(next_page[49].node.seq, 9_901);
     // Page to the very beginning.
     let mut before = Some(next_page[49].hash);
     let mut total = 100;
     loop {
-        let p = store.thread_log(t.id, 1000, before).unwrap();
+        let p = store.threads().log(t.id, 1000, before).unwrap();
         if p.is_empty() {
             break;
         }
@@ -214,7 +223,7 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "fork");
     let src = append_n(&store, t.id, 5);
-    let log = store.thread_log(t.id, 10, None).unwrap();
+    let log = store.threads().log(t.id, 10, None).unwrap();
     let blobs = store.stats().unwrap().blob_count;
     let idle = Next::Role {
         role: "dev".into(),
@@ -223,6 +232,7 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
     };
     // At a middle step, at the head and at the start.
     let mid = store
+        .threads()
         .low_level()
         .fork_thread(t.id, log[2].hash, idle.clone())
         .unwrap();
@@ -231,11 +241,13 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
     assert_eq!(mid.forked_from.unwrap().thread, t.id);
     assert_eq!(store.stats().unwrap().blob_count, blobs, "nothing copied");
     let at_start = store
+        .threads()
         .low_level()
         .fork_thread(t.id, src.start, idle.clone())
         .unwrap();
     assert_eq!(at_start.head, src.start);
     let at_head = store
+        .threads()
         .low_level()
         .fork_thread(t.id, src.head, idle.clone())
         .unwrap();
@@ -243,34 +255,38 @@ fn fork_shares_history_and_never_changes_the_source(b: TestBackend) {
     let f = append_n(&store, mid.id, 3);
     assert_eq!(f.seq, 6);
     assert_eq!(
-        store.thread(t.id).unwrap().unwrap(),
+        store.threads().get(t.id).unwrap().unwrap(),
         src,
         "source unchanged"
     );
-    let flog = store.thread_log(mid.id, 100, None).unwrap();
+    let flog = store.threads().log(mid.id, 100, None).unwrap();
     assert_eq!(flog.len(), 6);
     assert_eq!(flog[3].hash, log[2].hash, "shared ancestors");
     append_n(&store, at_start.id, 1);
     append_n(&store, at_head.id, 1);
-    assert_eq!(store.thread(t.id).unwrap().unwrap(), src);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap(), src);
 
     // A node of another thread is not on this chain; end nodes are refused.
     let err = store
+        .threads()
         .low_level()
         .fork_thread(t.id, flog[0].hash, idle.clone())
         .unwrap_err();
     assert!(matches!(err, ThreadError::NotOnChain { .. }), "{err}");
     let ended = store
+        .threads()
         .low_level()
         .end_thread(t.id, src.head, end(2))
         .unwrap();
     let err = store
+        .threads()
         .low_level()
         .fork_thread(t.id, ended.end.unwrap(), idle.clone())
         .unwrap_err();
     assert!(matches!(err, ThreadError::ForkAtEnd { .. }), "{err}");
     // ...but a step of an ended thread can be forked.
     let revived = store
+        .threads()
         .low_level()
         .fork_thread(t.id, log[0].hash, idle)
         .unwrap();
@@ -282,6 +298,7 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "plan");
     let s = store
+        .threads()
         .low_level()
         .append_step(
             t.id,
@@ -300,18 +317,20 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     let mut resumed = step("planner", "done", "using LMDB");
     resumed.instruction = "Which database?\n\nLMDB".into();
     let r = store
+        .threads()
         .low_level()
         .append_step(t.id, s.head, resumed, Next::End(end(0)))
         .unwrap()
         .record;
     assert_eq!(r.status, ThreadStatus::Completed);
     assert_eq!(r.rounds(), 0);
-    let input_hash = store.thread_log(t.id, 3, None).unwrap()[1].node.input;
+    let input_hash = store.threads().log(t.id, 3, None).unwrap()[1].node.input;
     let input = store.get(&input_hash).unwrap().unwrap();
     assert_eq!(input, Blob::content("Which database?\n\nLMDB", []));
 
     // Resume from history: back in the active index, seq continues.
     let back = store
+        .threads()
         .low_level()
         .resume_ended(t.id, r.head, step("dev", "ok", "more"), next("dev"))
         .unwrap()
@@ -320,15 +339,17 @@ fn suspend_then_resume_and_resume_from_history(b: TestBackend) {
     assert_eq!(back.completed_at, None);
     assert_eq!(back.seq, 4);
     assert_eq!(back.rounds(), 1, "a fresh maxRounds budget");
-    let page = store.list_history(0, u32::MAX).unwrap();
+    let page = store.threads().history(0, u32::MAX).unwrap();
     assert!(page.records.is_empty(), "no longer in history");
     // Cancelled threads cannot be resumed.
     let c = store
+        .threads()
         .low_level()
         .end_thread(t.id, back.head, end(2))
         .unwrap()
         .record;
     let err = store
+        .threads()
         .low_level()
         .resume_ended(t.id, c.head, step("dev", "ok", "x"), next("dev"))
         .unwrap_err();
@@ -350,6 +371,7 @@ fn failures_are_recorded_listed_and_cleared_by_the_next_step(b: TestBackend) {
     let t = new_thread(&store, "fail");
     let other = new_thread(&store, "fine");
     let r = store
+        .threads()
         .low_level()
         .record_failure(t.id, "agent exited with 3")
         .unwrap();
@@ -357,13 +379,15 @@ fn failures_are_recorded_listed_and_cleared_by_the_next_step(b: TestBackend) {
     assert_eq!(r.head, t.head);
     assert_eq!(r.status, ThreadStatus::Idle);
     let failed = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             failed_only: true,
             ..ThreadQuery::default()
         })
         .unwrap();
     assert_eq!(failed.iter().map(|r| r.id).collect::<Vec<_>>(), vec![t.id]);
     let r = store
+        .threads()
         .low_level()
         .append_step(t.id, t.head, step("dev", "ok", "fixed"), next("dev"))
         .unwrap()
@@ -371,14 +395,18 @@ fn failures_are_recorded_listed_and_cleared_by_the_next_step(b: TestBackend) {
     assert_eq!(r.last_error, None);
     assert!(
         store
-            .list_threads(&ThreadQuery {
+            .threads()
+            .list(&ThreadQuery {
                 failed_only: true,
                 ..ThreadQuery::default()
             })
             .unwrap()
             .is_empty()
     );
-    assert_eq!(store.thread(other.id).unwrap().unwrap().last_error, None);
+    assert_eq!(
+        store.threads().get(other.id).unwrap().unwrap().last_error,
+        None
+    );
 }
 
 fn listing_filters_and_pages_newest_first(b: TestBackend) {
@@ -387,13 +415,18 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
     for i in 0..30 {
         let t = new_thread(&store, if i % 3 == 0 { "alpha" } else { "beta" });
         if i % 5 == 0 {
-            store.low_level().end_thread(t.id, t.head, end(0)).unwrap();
+            store
+                .threads()
+                .low_level()
+                .end_thread(t.id, t.head, end(0))
+                .unwrap();
         }
         ids.push(t.id);
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     let all = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             limit: 100,
             ..ThreadQuery::default()
         })
@@ -403,7 +436,8 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
         assert!(pair[0].last_activity() >= pair[1].last_activity());
     }
     let alpha = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             workflow: Some("alpha".into()),
             limit: 100,
             ..ThreadQuery::default()
@@ -411,7 +445,8 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
         .unwrap();
     assert_eq!(alpha.len(), 10);
     let completed = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             statuses: vec![ThreadStatus::Completed],
             limit: 100,
             ..ThreadQuery::default()
@@ -419,13 +454,15 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
         .unwrap();
     assert_eq!(completed.len(), 6);
     let p1 = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             limit: 7,
             ..ThreadQuery::default()
         })
         .unwrap();
     let p2 = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             limit: 7,
             offset: 7,
             ..ThreadQuery::default()
@@ -440,7 +477,8 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
     // since inclusive, until exclusive, on last activity.
     let pivot = all[10].last_activity();
     let since = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             since: Some(pivot),
             limit: 100,
             ..ThreadQuery::default()
@@ -449,7 +487,8 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
     assert!(since.iter().all(|r| r.last_activity() >= pivot));
     assert!(since.iter().any(|r| r.id == all[10].id));
     let until = store
-        .list_threads(&ThreadQuery {
+        .threads()
+        .list(&ThreadQuery {
             until: Some(pivot),
             limit: 100,
             ..ThreadQuery::default()
@@ -460,7 +499,7 @@ fn listing_filters_and_pages_newest_first(b: TestBackend) {
     // Prefix resolution works for active and ended threads.
     for id in &ids {
         let p = id.to_string()[..26].parse().unwrap();
-        assert_eq!(store.resolve_thread(&p).unwrap(), *id);
+        assert_eq!(store.threads().resolve(&p).unwrap(), *id);
     }
 }
 
@@ -470,6 +509,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
     let p1 = append_n(&store, parent.id, 2);
     let child_wf = common::workflow(&store, "child");
     let child = store
+        .threads()
         .low_level()
         .start_thread(NewThread {
             workflow: "child".into(),
@@ -488,6 +528,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
         })
         .unwrap();
     let c = store
+        .threads()
         .low_level()
         .append_step(
             child.id,
@@ -500,6 +541,7 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
     let mut s = step("tester", "done", "all green");
     s.child_thread = Some(child_end);
     let pstep = store
+        .threads()
         .low_level()
         .append_step(parent.id, p1.head, s, next("dev"))
         .unwrap()
@@ -507,26 +549,26 @@ fn call_stack_up_and_child_history_down(b: TestBackend) {
         .unwrap();
 
     // Up: from the child's end node to the top-level thread.
-    let stack = store.call_stack(child_end).unwrap();
+    let stack = store.threads().call_stack(child_end).unwrap();
     assert_eq!(stack.len(), 2);
     assert_eq!(stack[0].start, child.start);
     assert_eq!(stack[0].start_node.depth, 1);
     assert_eq!(stack[1].node, p1.head);
     assert_eq!(stack[1].start, parent.start);
     // Down: from the parent's step into the child's history.
-    let down = store.child_history(pstep, 10).unwrap().unwrap();
+    let down = store.threads().child_history(pstep, 10).unwrap().unwrap();
     assert_eq!(down.len(), 2);
     assert_eq!(down[0].hash, child_end);
     assert_eq!(down[1].node.role, "tester");
     // Records: parents up, children down.
-    let tree = store.thread_tree(child.id).unwrap();
+    let tree = store.threads().tree(child.id).unwrap();
     assert_eq!(tree.parents.len(), 1);
     assert_eq!(tree.parents[0].id, parent.id);
-    let tree = store.thread_tree(parent.id).unwrap();
+    let tree = store.threads().tree(parent.id).unwrap();
     assert_eq!(tree.children.len(), 1);
     assert_eq!(tree.children[0].thread.id, child.id);
     // The parent's log never includes the child's steps.
-    let plog = store.thread_log(parent.id, 100, None).unwrap();
+    let plog = store.threads().log(parent.id, 100, None).unwrap();
     assert_eq!(plog.len(), 3);
     assert!(plog.iter().all(|e| e.node.start == parent.start));
 }
@@ -536,15 +578,17 @@ fn compaction_is_used_at_once_and_written_on_the_next_node(b: TestBackend) {
     let t = new_thread(&store, "compact");
     let r = append_n(&store, t.id, 4);
     let (summary, staged) = store
+        .threads()
         .stage_compact(t.id, r.head, "four steps happened")
         .unwrap();
-    let ctx = store.context(t.id, 100).unwrap();
+    let ctx = store.threads().context(t.id, 100).unwrap();
     assert_eq!(
         ctx.summary,
         Some((summary, "four steps happened".to_owned()))
     );
     assert!(ctx.steps.is_empty());
     let after = store
+        .threads()
         .low_level()
         .append_step(t.id, staged.head, step("dev", "ok", "fifth"), next("dev"))
         .unwrap();
@@ -554,14 +598,14 @@ fn compaction_is_used_at_once_and_written_on_the_next_node(b: TestBackend) {
     assert_eq!(node.compact, Some(summary));
     assert_eq!(after.record.staged_compact, None);
     append_n(&store, t.id, 2);
-    let ctx = store.context(t.id, 100).unwrap();
+    let ctx = store.threads().context(t.id, 100).unwrap();
     assert_eq!(ctx.summary.unwrap().1, "four steps happened");
     let seqs: Vec<u64> = ctx.steps.iter().map(|e| e.node.seq).collect();
     assert_eq!(seqs, vec![5, 6, 7], "the compacted node and those after it");
     // Without a summary, the context is bounded by max_steps.
     let u = new_thread(&store, "plain");
     append_n(&store, u.id, 9);
-    let ctx = store.context(u.id, 4).unwrap();
+    let ctx = store.threads().context(u.id, 4).unwrap();
     assert!(ctx.summary.is_none());
     assert_eq!(
         ctx.steps.iter().map(|e| e.node.seq).collect::<Vec<_>>(),
@@ -573,18 +617,19 @@ fn rm_unlinks_and_keeps_blobs(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "rm");
     let r = append_n(&store, t.id, 2);
-    store.remove_thread(t.id).unwrap();
-    assert!(store.thread(t.id).unwrap().is_none());
+    store.threads().remove(t.id).unwrap();
+    assert!(store.threads().get(t.id).unwrap().is_none());
     assert!(store.get(&r.head).unwrap().is_some(), "GC frees later");
     assert!(
         store
-            .list_threads(&ThreadQuery::default())
+            .threads()
+            .list(&ThreadQuery::default())
             .unwrap()
             .is_empty()
     );
     let p = t.id.to_string().parse().unwrap();
     assert!(matches!(
-        store.resolve_thread(&p),
+        store.threads().resolve(&p),
         Err(ThreadError::Unknown(_))
     ));
 }
@@ -597,24 +642,27 @@ fn resume_from_history_replaces_the_activity_entry(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "r");
     let ended = store
+        .threads()
         .low_level()
         .end_thread(t.id, t.head, end(0))
         .unwrap()
         .record;
     std::thread::sleep(std::time::Duration::from_millis(5));
     store
+        .threads()
         .low_level()
         .record_failure(t.id, "a failed resume")
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(5));
     store
+        .threads()
         .low_level()
         .resume_ended(t.id, ended.head, step("dev", "ok", "back"), next("dev"))
         .unwrap();
     let report = verify(&store, |_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(
-        store.list_threads(&ThreadQuery::default()).unwrap().len(),
+        store.threads().list(&ThreadQuery::default()).unwrap().len(),
         1
     );
 }
@@ -625,14 +673,17 @@ fn context_walks_long_threads_without_gaps(b: TestBackend) {
     let store = b.fast();
     let t = new_thread(&store, "long-context");
     let r = append_n(&store, t.id, 150);
-    let ctx = store.context(t.id, 140).unwrap();
+    let ctx = store.threads().context(t.id, 140).unwrap();
     let seqs: Vec<u64> = ctx.steps.iter().map(|e| e.node.seq).collect();
     assert_eq!(seqs, (11..=150).collect::<Vec<_>>());
     assert!(ctx.summary.is_none());
     // A summary 100 steps back stops the walk there.
-    let (h, _) = store.stage_compact(t.id, r.head, "early summary").unwrap();
+    let (h, _) = store
+        .threads()
+        .stage_compact(t.id, r.head, "early summary")
+        .unwrap();
     append_n(&store, t.id, 100);
-    let ctx = store.context(t.id, 1000).unwrap();
+    let ctx = store.threads().context(t.id, 1000).unwrap();
     assert_eq!(ctx.summary.map(|s| s.0), Some(h));
     assert_eq!(ctx.steps.len(), 100);
     assert_eq!(ctx.steps[0].node.seq, 151);
@@ -646,7 +697,7 @@ fn steps_after_pages_from_a_cursor(b: TestBackend) {
     let t = new_thread(&store, "review");
     append_n(&store, t.id, 30);
     let seqs = |after: u64, limit: usize| -> Vec<u64> {
-        let (record, entries) = store.steps_after(t.id, after, limit).unwrap();
+        let (record, entries) = store.threads().steps_after(t.id, after, limit).unwrap();
         assert_eq!(record.seq, 30);
         entries.iter().map(|e| e.node.seq).collect()
     };
@@ -660,13 +711,14 @@ fn steps_after_pages_from_a_cursor(b: TestBackend) {
     let mut cursor = 0;
     let mut paged = Vec::new();
     loop {
-        let (_, entries) = store.steps_after(t.id, cursor, 4).unwrap();
+        let (_, entries) = store.threads().steps_after(t.id, cursor, 4).unwrap();
         let Some(last) = entries.last() else { break };
         cursor = last.node.seq;
         paged.extend(entries.iter().map(|e| e.hash));
     }
     let mut log: Vec<_> = store
-        .thread_log(t.id, 100, None)
+        .threads()
+        .log(t.id, 100, None)
         .unwrap()
         .iter()
         .map(|e| e.hash)
@@ -675,18 +727,19 @@ fn steps_after_pages_from_a_cursor(b: TestBackend) {
     assert_eq!(paged, log);
     // A fork at seq 20: its steps after 18 are the source's 19 and 20,
     // then its own.
-    let at = store.thread_log(t.id, 11, None).unwrap()[10].hash;
+    let at = store.threads().log(t.id, 11, None).unwrap()[10].hash;
     let fork = store
+        .threads()
         .low_level()
         .fork_thread(t.id, at, next("dev"))
         .unwrap();
     append_n(&store, fork.id, 2);
-    let (_, entries) = store.steps_after(fork.id, 18, 10).unwrap();
+    let (_, entries) = store.threads().steps_after(fork.id, 18, 10).unwrap();
     let got: Vec<u64> = entries.iter().map(|e| e.node.seq).collect();
     assert_eq!(got, vec![19, 20, 21, 22]);
     assert_eq!(entries[1].hash, at);
     assert!(matches!(
-        store.steps_after(ThreadId::generate(), 0, 1),
+        store.threads().steps_after(ThreadId::generate(), 0, 1),
         Err(ThreadError::Unknown(_))
     ));
 }

@@ -116,32 +116,33 @@ fn bad_yaml_and_name_mismatch() {
 fn registry_adds_idempotently_and_moves_names(b: TestBackend) {
     let store = b.durable();
     let wf = parse_workflow(REVIEW, Some("review"), &|_| false).unwrap();
-    let (h1, changed) = store.add_workflow(&wf).unwrap();
+    let (h1, changed) = store.workflows().add(&wf).unwrap();
     assert!(changed);
-    let (h2, changed) = store.add_workflow(&wf).unwrap();
+    let (h2, changed) = store.workflows().add(&wf).unwrap();
     assert_eq!((h1, changed), (h2, false), "identical content is a no-op");
     let mut wf2 = wf.clone();
     wf2.max_rounds = 5;
-    let (h3, changed) = store.add_workflow(&wf2).unwrap();
+    let (h3, changed) = store.workflows().add(&wf2).unwrap();
     assert!(changed && h3 != h1);
     assert_eq!(
         store
-            .workflow_by_name("review")
+            .workflows()
+            .by_name("review")
             .unwrap()
             .map(|(h, w)| (h, (*w).clone()))
             .unwrap(),
         (h3, wf2)
     );
     assert_eq!(
-        *store.load_workflow(h1).unwrap(),
+        *store.workflows().load(h1).unwrap(),
         wf,
         "old versions stay readable"
     );
     assert_eq!(
-        store.list_workflows().unwrap(),
+        store.workflows().list().unwrap(),
         vec![("review".to_owned(), h3)]
     );
-    assert!(store.workflow_by_name("nope").unwrap().is_none());
+    assert!(store.workflows().by_name("nope").unwrap().is_none());
 }
 
 conformance!(registry_adds_idempotently_and_moves_names,);

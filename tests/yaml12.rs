@@ -85,13 +85,14 @@ fn yaml_11_boolean_words_stay_strings_in_workflows_scenarios_and_replies() {
         .unwrap();
         let mut agent = ScriptAgent::load(&scenario).unwrap();
         let store = Store::memory();
-        let (hash, _) = store.add_workflow(&wf).unwrap();
+        let (hash, _) = store.workflows().add(&wf).unwrap();
         let (thread, report) = store
+            .engine()
             .run_workflow(hash, "a task", &StartOptions::default(), &mut agent)
             .unwrap();
         let results = report.into_result().unwrap();
         assert_eq!(results.last().unwrap().status, ThreadStatus::Completed);
-        let log = store.thread_log(thread.id, 10, None).unwrap();
+        let log = store.threads().log(thread.id, 10, None).unwrap();
         assert_eq!(log[1].node.meta["$status"], Value::Str(word.into()));
         assert_eq!(
             log[0].node.meta["summary"],

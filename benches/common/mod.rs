@@ -103,6 +103,7 @@ pub fn start_thread(
     role: &str,
 ) -> uwf_db::thread::ThreadRecord {
     store
+        .threads()
         .low_level()
         .start_thread(uwf_db::thread::NewThread {
             workflow: name.into(),

@@ -365,7 +365,7 @@ pub mod model {
 
     /// The store's view of thread `id`, as the model's states.
     fn seen(store: &Store, id: ThreadId) -> Option<(Hash, State)> {
-        let r = store.thread(id).expect("reading a thread")?;
+        let r = store.threads().get(id).expect("reading a thread")?;
         let state = match r.status {
             ThreadStatus::Idle => State::Idle,
             ThreadStatus::Suspended => State::Suspended,
@@ -443,6 +443,7 @@ pub mod model {
                         .map_err(|e| e.to_string())
                 }
                 (1, _) => store
+                    .threads()
                     .low_level()
                     .start_thread(NewThread {
                         workflow: "model".into(),
@@ -486,9 +487,11 @@ pub mod model {
                     } else {
                         next_role()
                     };
-                    let r = store
-                        .low_level()
-                        .append_step(id, expected, step(pick), after);
+                    let r =
+                        store
+                            .threads()
+                            .low_level()
+                            .append_step(id, expected, step(pick), after);
                     match r {
                         Ok(w) => {
                             assert!(!wrong, "an append with a wrong head was taken");
@@ -508,7 +511,7 @@ pub mod model {
                 (5, Some(id)) => {
                     let t = threads[&id].clone();
                     expect_ok = t.state != State::Ended;
-                    match store.low_level().end_thread(id, t.head, end()) {
+                    match store.threads().low_level().end_thread(id, t.head, end()) {
                         Ok(w) => {
                             assert!(t.state != State::Ended, "ended twice");
                             let th = threads.get_mut(&id).expect("the thread");
@@ -522,10 +525,12 @@ pub mod model {
                 (6, Some(id)) => {
                     let t = threads[&id].clone();
                     expect_ok = t.state == State::Ended;
-                    match store
-                        .low_level()
-                        .resume_ended(id, t.head, step(pick), next_role())
-                    {
+                    match store.threads().low_level().resume_ended(
+                        id,
+                        t.head,
+                        step(pick),
+                        next_role(),
+                    ) {
                         Ok(w) => {
                             assert_eq!(t.state, State::Ended, "only an ended thread resumes so");
                             let th = threads.get_mut(&id).expect("the thread");
@@ -539,7 +544,11 @@ pub mod model {
                 (7, Some(id)) => {
                     let t = threads[&id].clone();
                     expect_ok = t.state != State::Ended;
-                    match store.low_level().fork_thread(id, t.head, next_role()) {
+                    match store
+                        .threads()
+                        .low_level()
+                        .fork_thread(id, t.head, next_role())
+                    {
                         Ok(r) => {
                             assert!(t.state != State::Ended, "forked at an end node");
                             threads.insert(
@@ -554,7 +563,7 @@ pub mod model {
                         Err(e) => Err(e.to_string()),
                     }
                 }
-                (8, Some(id)) => match store.low_level().remove_thread(id) {
+                (8, Some(id)) => match store.threads().remove(id) {
                     Ok(_) => {
                         threads.remove(&id);
                         removed.push(id);
@@ -566,7 +575,7 @@ pub mod model {
                     let t = threads[&id].clone();
                     expect_ok = false;
                     store
-                        .low_level()
+                        .threads()
                         .stage_compact(id, t.head, "a summary")
                         .map(|_| ())
                         .map_err(|e| e.to_string())
@@ -613,7 +622,8 @@ pub mod model {
                 assert!(seen(&store, *id).is_none(), "removed thread {id} is back");
             }
             let listed = store
-                .list_threads(&uwf_db::thread::ThreadQuery {
+                .threads()
+                .list(&uwf_db::thread::ThreadQuery {
                     limit: 10_000,
                     ..Default::default()
                 })
@@ -627,7 +637,8 @@ pub mod model {
             assert!(report.problems.is_empty(), "verify: {:?}", report.problems);
             for id in threads.keys() {
                 store
-                    .thread_log(*id, 1000, None)
+                    .threads()
+                    .log(*id, 1000, None)
                     .expect("every history reads back whole");
             }
         }

@@ -141,7 +141,7 @@ impl ThreadDetail {
     pub fn of(tree: &ThreadTree, driver_alive: bool) -> Self {
         let r = &tree.thread;
         let mut thread = ThreadSummary::from(r);
-        thread.usage = Some(Store::tree_usage(tree));
+        thread.usage = Some(crate::thread::Threads::tree_usage(tree));
         ThreadDetail {
             thread,
             children: tree.children.iter().map(|c| c.thread.id).collect(),
@@ -183,9 +183,9 @@ impl LogEntry {
         let n = &entry.node;
         Ok(LogEntry {
             child_thread: n.child_thread,
-            content: store.content_text(&n.content)?,
+            content: store.threads().content_text(&n.content)?,
             hash: entry.hash,
-            input: store.content_text(&n.input)?,
+            input: store.threads().content_text(&n.input)?,
             meta: n
                 .meta
                 .iter()

@@ -2,6 +2,7 @@
 //! several driver threads at once, every step committed through one
 //! group-commit writer, so durable throughput is not one fsync per step.
 
+use super::Engine;
 use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -16,7 +17,6 @@ use super::cancel::Cancel;
 use super::drive::{DriveOptions, DriveReport, StepResult};
 use super::{StartOptions, claim};
 use crate::hash::Hash;
-use crate::store::Store;
 use crate::thread::{Labels, ThreadError, ThreadId, ThreadQuery, ThreadStatus, check_labels};
 use crate::usage::{StepUsage, UsageTotals};
 
@@ -39,7 +39,7 @@ pub struct BatchOptions {
     pub labels: Labels,
 }
 
-/// One prompt of [`Store::run_batch_prompts`]: the task and the labels of
+/// One prompt of [`Engine::run_batch_prompts`]: the task and the labels of
 /// its thread.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchPrompt {
@@ -143,7 +143,7 @@ pub struct BatchReport {
     pub usage: UsageTotals,
 }
 
-impl Store {
+impl Engine {
     /// Drives one new thread of `workflow` per prompt, one driver thread per
     /// agent in `agents` (so their number is the parallelism), committing
     /// through one group-commit writer. `on_item` sees each thread as its
@@ -163,19 +163,19 @@ impl Store {
     ///     }
     /// }
     ///
-    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// // `review`: writer, then reviewer, then $END (as in `Engine::start_workflow`).
     /// # use uwf_db::Store;
     /// # use uwf_db::workflow::parse_workflow;
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// let prompts: Vec<String> = (1..=8).map(|i| format!("haiku #{i}")).collect();
     /// // Two agents: two driver threads.
     /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo), Box::new(Echo)];
     /// let mut ended = Vec::new();
     /// let options = BatchOptions::default();
-    /// let report = store.run_batch(workflow, &prompts, &options, agents, &mut |item: &BatchItem| {
+    /// let report = store.engine().run_batch(workflow, &prompts, &options, agents, &mut |item: &BatchItem| {
     ///     ended.push((item.index, item.steps));
     /// })?;
     /// assert_eq!((report.threads, report.completed, report.errors), (8, 8, 0));
@@ -196,7 +196,7 @@ impl Store {
         self.run_batch_prompts(workflow, &prompts, options, agents, on_item)
     }
 
-    /// [`Store::run_batch`] with labels per prompt: each thread gets
+    /// [`Engine::run_batch`] with labels per prompt: each thread gets
     /// [`BatchOptions::labels`] and then its prompt's own. Every prompt's
     /// labels are checked before any thread starts.
     pub fn run_batch_prompts<R: ItemFlow>(
@@ -220,7 +220,7 @@ impl Store {
         agents: Vec<Box<dyn Agent>>,
         on_item: &mut dyn FnMut(&BatchItem) -> R,
     ) -> Result<BatchReport, EngineError> {
-        self.load_workflow(workflow)?;
+        self.store.workflows().load(workflow)?;
         check_labels(&options.labels).map_err(ThreadError::from)?;
         for p in prompts.distinct() {
             check_labels(&merged(&options.labels, &p.labels)).map_err(ThreadError::from)?;
@@ -231,13 +231,13 @@ impl Store {
             options,
             &mut agents,
             on_item,
-            &|store, index, prompt, agent| {
-                Some(drive_one(store, workflow, index, prompt, options, agent))
+            &|engine, index, prompt, agent| {
+                Some(drive_one(engine, workflow, index, prompt, options, agent))
             },
         )
     }
 
-    /// [`Store::run_batch_prompts`] with `count` threads of one prompt,
+    /// [`Engine::run_batch_prompts`] with `count` threads of one prompt,
     /// in memory independent of `count`: each thread is created when a
     /// driver takes it up. `count` is at most [`MAX_BATCH_THREADS`].
     ///
@@ -249,13 +249,13 @@ impl Store {
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// let prompt = BatchPrompt::from("the same task".to_owned());
     /// let options = BatchOptions::default();
-    /// let agent = store.build_agent("cmd:echo done", &Default::default())?;
-    /// let report = store.run_batch_repeat(workflow, &prompt, 3, &options, vec![agent], &mut |_| ())?;
+    /// let agent = store.engine().build_agent("cmd:echo done", &Default::default())?;
+    /// let report = store.engine().run_batch_repeat(workflow, &prompt, 3, &options, vec![agent], &mut |_| ())?;
     /// assert_eq!(report.threads, 3);
-    /// let huge = store.run_batch_repeat(workflow, &prompt, MAX_BATCH_THREADS + 1, &options, vec![], &mut |_| ());
+    /// let huge = store.engine().run_batch_repeat(workflow, &prompt, MAX_BATCH_THREADS + 1, &options, vec![], &mut |_| ());
     /// assert!(matches!(huge, Err(EngineError::TooManyThreads { .. })));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -287,7 +287,7 @@ impl Store {
     /// suspends (a thread left `running` by a driver that died is taken
     /// over; one a live driver holds is reported as an error). For
     /// finishing what an interrupted batch left; see
-    /// [`Store::continuable_threads`] for which threads.
+    /// [`Engine::continuable_threads`] for which threads.
     ///
     /// ```
     /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
@@ -300,28 +300,28 @@ impl Store {
     /// #         Ok(format!("{} did it", req.role_name).into())
     /// #     }
     /// # }
-    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// // `review`: writer, then reviewer, then $END (as in `Engine::start_workflow`).
     /// # use uwf_db::Store;
     /// # use uwf_db::workflow::parse_workflow;
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// // Three threads that stopped after their writer's step.
     /// let one_step = DriveOptions { max_steps: Some(1), ..DriveOptions::default() };
     /// for prompt in ["first", "second", "third"] {
-    ///     let thread = store.start_workflow(workflow, prompt, &StartOptions::default())?;
-    ///     store.drive(thread.id, &one_step, &mut Echo).into_result()?;
+    ///     let thread = store.engine().start_workflow(workflow, prompt, &StartOptions::default())?;
+    ///     store.engine().drive(thread.id, &one_step, &mut Echo).into_result()?;
     /// }
     ///
-    /// let threads = store.continuable_threads("review")?;
+    /// let threads = store.engine().continuable_threads("review")?;
     /// assert_eq!(threads.len(), 3);
     /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo)];
     /// let options = BatchOptions::default();
-    /// let report = store.continue_threads(&threads, &options, agents, &mut |_: &BatchItem| {})?;
+    /// let report = store.engine().continue_threads(&threads, &options, agents, &mut |_: &BatchItem| {})?;
     /// assert_eq!((report.threads, report.completed), (3, 3));
     /// assert_eq!(report.steps, 3); // one reviewer step each
-    /// assert!(store.continuable_threads("review")?.is_empty());
+    /// assert!(store.engine().continuable_threads("review")?.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn continue_threads<R: ItemFlow>(
@@ -336,7 +336,7 @@ impl Store {
     }
 
     /// Drives workflow `name`'s continuable threads
-    /// ([`Store::continuable_threads`]) on, sharing them with any other
+    /// ([`Engine::continuable_threads`]) on, sharing them with any other
     /// runner doing the same on this store, in this process or another,
     /// on this machine or another (`docs/design.md` §5d, "Fleets"): each
     /// thread is driven by whichever runner claims it first; one another
@@ -427,12 +427,12 @@ impl Store {
             limit: usize::MAX,
             ..ThreadQuery::default()
         };
-        let running: Vec<ThreadId> = self.list_threads(&query)?.iter().map(|r| r.id).collect();
-        let held = claim::are_held(self, &running)?;
+        let running: Vec<ThreadId> = self.threads().list(&query)?.iter().map(|r| r.id).collect();
+        let held = claim::are_held(&self.store, &running)?;
         Ok(running.into_iter().zip(held).collect())
     }
 
-    /// [`Store::continue_threads`]; with `skip_taken`, a thread another
+    /// [`Engine::continue_threads`]; with `skip_taken`, a thread another
     /// runner claimed or finished first is skipped instead of reported.
     /// With `orphans`, a driver about to take its next thread first takes
     /// one a dead runner left (see [`Orphans`]); the thread of the pass it
@@ -456,16 +456,16 @@ impl Store {
             options,
             agents,
             on_item,
-            &|store, index, &listed, agent| {
+            &|engine, index, &listed, agent| {
                 let id = match orphans {
-                    Some(o) => o.next(store).unwrap_or(listed),
+                    Some(o) => o.next(engine).unwrap_or(listed),
                     None => listed,
                 };
-                let outcome = store.drive(id, &drive, agent);
+                let outcome = engine.drive(id, &drive, agent);
                 if skip_taken && outcome.results.is_empty() && taken_by_another(&outcome) {
                     return None;
                 }
-                let after = match store.thread(id) {
+                let after = match engine.threads().get(id) {
                     Ok(r) => r.map(|r| r.underlying_status()),
                     Err(e) => {
                         return Some(BatchItem {
@@ -496,25 +496,25 @@ impl Store {
     /// ```
     /// use uwf_db::engine::{Cancel, CancelOptions, StartOptions};
     ///
-    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// // `review`: writer, then reviewer, then $END (as in `Engine::start_workflow`).
     /// # use uwf_db::Store;
     /// # use uwf_db::workflow::parse_workflow;
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
-    /// let start = |prompt| store.start_workflow(workflow, prompt, &StartOptions::default());
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
+    /// let start = |prompt| store.engine().start_workflow(workflow, prompt, &StartOptions::default());
     /// let (idle, held, cancelled) = (start("idle")?, start("held")?, start("cancelled")?);
-    /// store.cancel_thread(cancelled.id, &CancelOptions::default())?;
+    /// store.engine().cancel_thread(cancelled.id, &CancelOptions::default())?;
     /// // Another driver holds this one.
-    /// let claim = store.claim(held.id, &Cancel::new())?;
+    /// let claim = store.engine().claim(held.id, &Cancel::new())?;
     ///
-    /// assert_eq!(store.continuable_threads("review")?, [idle.id]);
+    /// assert_eq!(store.engine().continuable_threads("review")?, [idle.id]);
     /// claim.release()?;
     /// let mut both = vec![idle.id, held.id];
     /// both.sort();
-    /// assert_eq!(store.continuable_threads("review")?, both);
-    /// assert!(store.continuable_threads("another workflow")?.is_empty());
+    /// assert_eq!(store.engine().continuable_threads("review")?, both);
+    /// assert!(store.engine().continuable_threads("another workflow")?.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn continuable_threads(&self, name: &str) -> Result<Vec<ThreadId>, EngineError> {
@@ -525,12 +525,13 @@ impl Store {
             ..ThreadQuery::default()
         };
         let idle: Vec<ThreadId> = self
-            .list_threads(&query)?
+            .threads()
+            .list(&query)?
             .into_iter()
             .filter(|r| r.underlying_status() == ThreadStatus::Idle)
             .map(|r| r.id)
             .collect();
-        let held = claim::are_held(self, &idle)?;
+        let held = claim::are_held(&self.store, &idle)?;
         let mut ids: Vec<ThreadId> = idle
             .into_iter()
             .zip(held)
@@ -563,7 +564,8 @@ impl Store {
         let full = AtomicBool::new(false);
         let mut report = BatchReport::default();
         let usage = std::sync::Mutex::new(UsageTotals::default());
-        let ((), stats) = self.group_commit(options.max_group, |store| {
+        let ((), stats) = self.store.group_commit(options.max_group, |store| {
+            let engine = &store.engine();
             let (tx, rx) = crossbeam_channel::unbounded::<BatchItem>();
             std::thread::scope(|scope| {
                 for agent in agents.iter_mut() {
@@ -583,7 +585,7 @@ impl Store {
                             let Some(item) = items.get(index) else {
                                 break;
                             };
-                            let Some(done) = work(store, index, item, &mut agent) else {
+                            let Some(done) = work(engine, index, item, &mut agent) else {
                                 skipped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
@@ -630,7 +632,7 @@ impl Store {
 }
 
 fn drive_one(
-    store: &Store,
+    engine: &Engine,
     workflow: Hash,
     index: usize,
     prompt: &BatchPrompt,
@@ -644,7 +646,7 @@ fn drive_one(
         labels: merged(&options.labels, &prompt.labels),
         cancel: options.cancel.clone(),
     };
-    match store.run_workflow(workflow, &prompt.prompt, &start, agent) {
+    match engine.run_workflow(workflow, &prompt.prompt, &start, agent) {
         Ok((record, outcome)) => {
             BatchItem::of(index, record.id, Some(record.underlying_status()), outcome)
         }
@@ -731,7 +733,7 @@ impl BatchItem {
 /// outcome, or `None` when another runner took it first.
 /// How often a `batch --continue` pass looks for threads a dead runner
 /// left `running`, which its drivers then take before the rest of the
-/// pass ([`Store::continue_workflow`]).
+/// pass ([`Engine::continue_workflow`]).
 pub const ORPHAN_CHECK: Duration = Duration::from_secs(5);
 
 /// The threads a dead runner left `running` (their claims no longer held),
@@ -769,14 +771,14 @@ impl Orphans {
     /// The next orphan to drive, if any (looking for new ones when it is
     /// time). A failed look finds none: the pass goes on, and the next
     /// pass lists every continuable thread anyway.
-    fn next(&self, store: &Store) -> Option<ThreadId> {
+    fn next(&self, engine: &Engine) -> Option<ThreadId> {
         let mut state = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if state.looked.elapsed() >= ORPHAN_CHECK {
             state.looked = Instant::now();
-            if let Ok(found) = store.orphaned_threads(&self.workflow) {
+            if let Ok(found) = engine.orphaned_threads(&self.workflow) {
                 for id in found {
                     if state.seen.insert(id) {
                         state.queue.push_back(id);
@@ -788,7 +790,7 @@ impl Orphans {
     }
 }
 
-/// Most threads one batch starts ([`Store::run_batch_repeat`], and
+/// Most threads one batch starts ([`Engine::run_batch_repeat`], and
 /// `batch -n`): far more than a batch has ever needed, and small enough
 /// that a mistyped count is refused instead of run.
 pub const MAX_BATCH_THREADS: usize = 100_000_000;
@@ -834,7 +836,7 @@ impl<'a, T> Items<'a, T> {
     }
 }
 
-type Work<'w, T> = dyn Fn(&Store, usize, &T, &mut dyn Agent) -> Option<BatchItem> + Sync + 'w;
+type Work<'w, T> = dyn Fn(&Engine, usize, &T, &mut dyn Agent) -> Option<BatchItem> + Sync + 'w;
 
 /// Whether a drive that committed nothing found its thread taken by
 /// another runner: claimed by it, or already past what a continue drives

@@ -138,8 +138,8 @@ impl Cancel {
     /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let store = Store::memory();
     /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
-    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
+    /// let thread = store.engine().start_workflow(workflow, "a task", &StartOptions::default())?;
     /// let cancel = Cancel::new();
     /// let handler = cancel.clone();
     /// std::thread::spawn(move || {
@@ -147,15 +147,15 @@ impl Cancel {
     ///     handler.cancel();
     /// });
     /// let options = DriveOptions { cancel: cancel.clone(), ..DriveOptions::default() };
-    /// let report = store.drive(thread.id, &options, &mut Slow);
+    /// let report = store.engine().drive(thread.id, &options, &mut Slow);
     /// assert!(matches!(report.error, Some(EngineError::Interrupted)));
     ///
     /// // Nothing was recorded: the thread is idle again, not failed.
-    /// let record = store.thread(thread.id)?.ok_or("no thread")?;
+    /// let record = store.threads().get(thread.id)?.ok_or("no thread")?;
     /// assert_eq!(record.status, ThreadStatus::Idle);
     /// assert_eq!(record.last_error, None);
     /// // Nothing new starts under a cancelled token.
-    /// let again = store.drive(thread.id, &options, &mut Slow);
+    /// let again = store.engine().drive(thread.id, &options, &mut Slow);
     /// assert!(matches!(again.error, Some(EngineError::Interrupted)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

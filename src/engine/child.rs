@@ -3,17 +3,16 @@
 //! step is written when the child ends, and a child that suspends suspends
 //! its parent (`docs/design.md` §5c).
 
-use super::EngineError;
 use super::drive::{Driver, Mode, StepResult, with_max_rounds};
+use super::{Engine, EngineError};
 use crate::node::Blob;
-use crate::store::Store;
 use crate::thread::{NewThread, StepWrite, ThreadId, ThreadRecord, ThreadStatus};
 use crate::workflow::Workflow;
 
 /// Deepest child-workflow nesting (a top-level thread has depth 0).
 pub const MAX_DEPTH: u32 = 3;
 
-impl Store {
+impl Engine {
     /// A step of a `workflow:` role: runs (or continues) the child thread
     /// with the same agent; the parent's step is written when it ends.
     #[allow(clippy::too_many_arguments)]
@@ -38,7 +37,7 @@ impl Store {
                 if depth > MAX_DEPTH {
                     return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
                 }
-                let Some((hash, child_wf)) = self.workflow_by_name(child_workflow)? else {
+                let Some((hash, child_wf)) = self.store.workflows().by_name(child_workflow)? else {
                     return Err(self.fail(
                         id,
                         format!(
@@ -54,7 +53,7 @@ impl Store {
                 let cwd =
                     super::drive::step_dir(record.cwd.as_deref(), record.next_location.as_deref())
                         .map(|d| d.to_string_lossy().into_owned());
-                let c = self.low_level().start_thread(NewThread {
+                let c = self.threads().low_level().start_thread(NewThread {
                     workflow: child_wf.name.clone(),
                     workflow_hash: hash,
                     prompt: instruction.to_owned(),
@@ -70,7 +69,7 @@ impl Store {
                     labels: record.labels.clone(),
                 })?;
                 let child = c.id;
-                self.low_level().update_record(id, move |r| {
+                self.threads().low_level().update_record(id, move |r| {
                     r.active_child = Some(child);
                     Ok(())
                 })?;
@@ -118,7 +117,7 @@ impl Store {
             ThreadStatus::Suspended => {
                 let message = c.suspend_message.clone().unwrap_or_default();
                 let role = role.to_owned();
-                let r = self.low_level().update_record(id, move |r| {
+                let r = self.threads().low_level().update_record(id, move |r| {
                     // A suspend ends the drive: release the claim in this
                     // same commit, as a suspending step does.
                     r.status = ThreadStatus::Suspended;
@@ -136,7 +135,7 @@ impl Store {
                 } else {
                     "failed"
                 };
-                let summary = match self.get(&c.head)? {
+                let summary = match self.store.get(&c.head)? {
                     Some(Blob::State(s)) => self.text(&s.content)?,
                     _ => String::new(),
                 };
@@ -164,9 +163,12 @@ impl Store {
                     child_thread: Some(c.head),
                 };
                 let latest = self.need_thread(id)?;
-                let w = self.low_level().append_step(id, latest.head, step, after)?;
+                let w = self
+                    .threads()
+                    .low_level()
+                    .append_step(id, latest.head, step, after)?;
                 self.maybe_compact(wf, &w.record, agent, cancel)?;
-                Ok(StepResult::of(&self.thread(id)?.unwrap_or(w.record)))
+                Ok(StepResult::of(&self.threads().get(id)?.unwrap_or(w.record)))
             }
             other => Err(self.fail(
                 id,

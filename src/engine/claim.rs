@@ -12,6 +12,7 @@
 //! outer claim. A claim is taken under a [`Cancel`] token, which gives the
 //! thread its status back when it is cancelled.
 
+use super::Engine;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -53,7 +54,7 @@ fn is_locked(store: &Store, id: ThreadId) -> Result<bool, EngineError> {
 
 /// The threads this store handle holds claims on: [`Held::lock`] them.
 fn held(store: &Store) -> Held {
-    Held(store.engine_state())
+    Held(store.layer_state::<super::state::EngineState>())
 }
 
 /// The store's engine state, kept alive while its claim map is locked.
@@ -96,8 +97,8 @@ pub fn are_held(store: &Store, ids: &[ThreadId]) -> Result<Vec<bool>, EngineErro
         .collect())
 }
 
-impl Store {
-    /// Unlinks a thread ([`Store::remove_thread`]) unless a live driver
+impl Engine {
+    /// Unlinks a thread ([`Threads::remove`](crate::thread::Threads::remove)) unless a live driver
     /// holds it ([`EngineError::RemoveDriven`]): what `thread rm` does.
     /// Its blobs stay until garbage collection frees them.
     ///
@@ -107,18 +108,18 @@ impl Store {
     /// # let store = Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let thread = store.start_workflow(hash, "task", &StartOptions::default())?;
-    /// let removed = store.remove_undriven_thread(thread.id)?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let thread = store.engine().start_workflow(hash, "task", &StartOptions::default())?;
+    /// let removed = store.engine().remove_undriven_thread(thread.id)?;
     /// assert_eq!(removed.id, thread.id);
-    /// assert!(store.thread(thread.id)?.is_none());
+    /// assert!(store.threads().get(thread.id)?.is_none());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn remove_undriven_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
-        if is_held(self, id)? {
+        if is_held(&self.store, id)? {
             return Err(EngineError::RemoveDriven { thread: id });
         }
-        Ok(self.remove_thread(id)?)
+        Ok(self.threads().remove(id)?)
     }
 
     /// Takes the driver's lock for a thread that does not exist yet (see
@@ -129,7 +130,7 @@ impl Store {
     /// use uwf_db::thread::ThreadId;
     /// let store = uwf_db::Store::memory();
     /// let id = ThreadId::generate();
-    /// let held = store.claim_new(id, &Cancel::new())?;
+    /// let held = store.engine().claim_new(id, &Cancel::new())?;
     /// assert!(claim::is_held(&store, id)?);
     /// drop(held);
     /// assert!(!claim::is_held(&store, id)?);
@@ -150,11 +151,11 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let held = store.claim(started.id, &Cancel::new())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let held = store.engine().claim(started.id, &Cancel::new())?;
     /// assert!(claim::is_held(&store, started.id)?);
-    /// assert_eq!(store.thread(started.id)?.ok_or("gone")?.status, ThreadStatus::Running);
+    /// assert_eq!(store.threads().get(started.id)?.ok_or("gone")?.status, ThreadStatus::Running);
     /// drop(held);
     /// assert!(!claim::is_held(&store, started.id)?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -168,7 +169,7 @@ impl Store {
             return Err(EngineError::Interrupted);
         }
         let outer = {
-            let state = held(self);
+            let state = held(&self.store);
             let mut held = state.lock();
             match held.get(&id) {
                 Some(lock) => Some(lock.clone()),
@@ -186,16 +187,16 @@ impl Store {
                 lock.check()?;
             }
             return Ok(Claim {
-                store: self.clone(),
+                store: self.store.clone(),
                 id,
                 lock: None,
                 cancel: cancel.clone(),
             });
         }
         let unhold = || {
-            held(self).lock().remove(&id);
+            held(&self.store).lock().remove(&id);
         };
-        let file: Arc<dyn HeldLock> = match try_lock(self, id) {
+        let file: Arc<dyn HeldLock> = match try_lock(&self.store, id) {
             Ok(Some(f)) => Arc::from(f),
             Ok(None) => {
                 unhold();
@@ -209,7 +210,8 @@ impl Store {
         let marked = if !mark {
             Ok(())
         } else {
-            self.low_level()
+            self.threads()
+                .low_level()
                 .update_record(id, |r| {
                     // A stop asked of an earlier driver is not this one's.
                     r.stop_requested_at = None;
@@ -231,10 +233,10 @@ impl Store {
             unhold();
             return Err(e.into());
         }
-        held(self).lock().insert(id, Some(Arc::clone(&file)));
-        cancel.claim_taken(self, id, release_status);
+        held(&self.store).lock().insert(id, Some(Arc::clone(&file)));
+        cancel.claim_taken(&self.store, id, release_status);
         let claim = Claim {
-            store: self.clone(),
+            store: self.store.clone(),
             id,
             lock: Some(file),
             cancel: cancel.clone(),
@@ -279,10 +281,11 @@ fn connection_lost(e: &EngineError) -> bool {
 
 fn restore_status_once(store: &Store, id: ThreadId) -> Result<(), EngineError> {
     let claimed = store
-        .thread(id)?
+        .threads()
+        .get(id)?
         .is_some_and(|r| r.status == ThreadStatus::Running || r.claimed_status.is_some());
     if claimed {
-        store.low_level().update_record(id, |r| {
+        store.threads().low_level().update_record(id, |r| {
             if let (ThreadStatus::Running, Some(s)) = (r.status, r.claimed_status) {
                 r.status = s;
             }

@@ -2,16 +2,15 @@
 //! steps the agent is asked for a summary of the thread (not a role step),
 //! which is staged for the next step (`docs/design.md` §5c).
 
-use super::EngineError;
 use super::agent::{Agent, AgentRequest};
 use super::cancel::Cancel;
 use super::extract::extract;
 use super::prompt::{RECENT_STEPS, assemble, output_format};
-use crate::store::Store;
+use super::{Engine, EngineError};
 use crate::thread::ThreadRecord;
 use crate::workflow::Workflow;
 
-impl Store {
+impl Engine {
     /// Automatic compaction: after every `every` role steps, ask the agent
     /// for a summary (not a role step) and stage it. A summary that fails
     /// (a read error included) is recorded as the thread's last error; the
@@ -32,7 +31,8 @@ impl Store {
             return Ok(false);
         }
         if let Err(e) = self.compact_now(wf, c, record, agent, cancel) {
-            self.low_level()
+            self.threads()
+                .low_level()
                 .record_failure(record.id, &format!("automatic compaction failed: {e}"))?;
         }
         Ok(true)
@@ -51,7 +51,7 @@ impl Store {
         let instruction = c.prompt.clone().unwrap_or_else(|| {
             "Summarise everything that has happened in this thread so far, so that the next steps can rely on your summary instead of the full history.".into()
         });
-        let context = self.context(record.id, RECENT_STEPS * 4)?;
+        let context = self.threads().context(record.id, RECENT_STEPS * 4)?;
         let role_def = crate::workflow::Role::default();
         let prompt = assemble(
             "summariser",
@@ -85,7 +85,8 @@ impl Store {
         };
         let mut usage = crate::usage::StepUsage::default();
         usage.add_call(wall_ms, reported.as_ref());
-        self.stage_compact_counted(record.id, record.head, &body, Some(usage))?;
+        self.threads()
+            .stage_compact_counted(record.id, record.head, &body, Some(usage))?;
         Ok(())
     }
 
@@ -93,7 +94,7 @@ impl Store {
         let mut n = usize::from(record.staged_compact.is_some());
         let mut before = None;
         loop {
-            let page = self.thread_log(record.id, 1024, before)?;
+            let page = self.threads().log(record.id, 1024, before)?;
             n += page.iter().filter(|e| e.node.compact.is_some()).count();
             match page.last() {
                 Some(last) if page.len() == 1024 => before = Some(last.hash),

@@ -1,6 +1,7 @@
 //! Stepping threads: one role step at a time, routed before it is
 //! committed; failures are recorded, never committed.
 
+use super::Engine;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,7 +14,6 @@ use super::extract::{extract_with, reported_usage};
 use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
 use crate::hash::Hash;
 use crate::node::Blob;
-use crate::store::Store;
 use crate::thread::{
     END_ROLE, EndSpec, Next, StepWrite, ThreadError, ThreadId, ThreadRecord, ThreadStatus,
 };
@@ -95,7 +95,7 @@ impl DriveReport {
     }
 }
 
-/// How to drive a thread ([`Store::drive`]).
+/// How to drive a thread ([`Engine::drive`]).
 ///
 /// With `resume`, a suspended thread runs its suspended role again with the
 /// suspend message (plus `resume_text`), and an ended one runs its first
@@ -146,10 +146,10 @@ impl DriveReport {
 ///
 /// let store = Store::memory();
 /// let wf = parse_workflow(yaml, Some("planner"), &|_| false).map_err(|p| format!("{p:?}"))?;
-/// let (workflow, _) = store.add_workflow(&wf)?;
+/// let (workflow, _) = store.workflows().add(&wf)?;
 /// let mut agent = Planner::default();
 /// let (thread, report) =
-///     store.run_workflow(workflow, "Store the threads", &StartOptions::default(), &mut agent)?;
+///     store.engine().run_workflow(workflow, "Store the threads", &StartOptions::default(), &mut agent)?;
 /// let suspended = report.into_result()?;
 /// assert_eq!(suspended.len(), 1);
 /// assert_eq!(suspended[0].status, ThreadStatus::Suspended);
@@ -162,7 +162,7 @@ impl DriveReport {
 ///     resume_text: Some("Use LMDB.".into()),
 ///     ..DriveOptions::default()
 /// };
-/// let results = store.drive(thread.id, &resume, &mut agent).into_result()?;
+/// let results = store.engine().drive(thread.id, &resume, &mut agent).into_result()?;
 /// assert_eq!(results.len(), 2);
 /// assert_eq!(results[1].status, ThreadStatus::Completed);
 /// assert_eq!(agent.0[1], "The planner asks: Which database?\n\nUse LMDB.");
@@ -186,7 +186,7 @@ pub struct DriveOptions {
     pub cancel: Cancel,
 }
 
-/// How to cancel a thread ([`Store::cancel_thread`]).
+/// How to cancel a thread ([`Engine::cancel_thread`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CancelOptions {
     /// Cancel even while a live driver holds the thread.
@@ -221,7 +221,7 @@ pub(super) enum Mode {
     ResumeEnded,
 }
 
-impl Store {
+impl Engine {
     /// Drives a thread with `agent`: claims it for the whole drive (a second
     /// driver is refused), stores the agent spec if one is given, resumes
     /// it if asked, then steps it until it ends or suspends or
@@ -246,12 +246,12 @@ impl Store {
     /// let store = Store::memory();
     /// let yaml = "name: one\nroles:\n  worker:\n    goal: Work\ngraph:\n  $START:\n    _: { role: worker, prompt: 'Work' }\n  worker:\n    _: { role: $END, prompt: 'Done' }\n";
     /// let parsed = parse_workflow(yaml, None, &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// let (workflow, _) = store.add_workflow(&parsed)?;
-    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// let (workflow, _) = store.workflows().add(&parsed)?;
+    /// let thread = store.engine().start_workflow(workflow, "a task", &StartOptions::default())?;
     ///
     /// // The caller owns the token: another thread may `cancel()` it.
     /// let options = DriveOptions { cancel: Cancel::new(), ..DriveOptions::default() };
-    /// let results = store.drive(thread.id, &options, &mut Echo).into_result()?;
+    /// let results = store.engine().drive(thread.id, &options, &mut Echo).into_result()?;
     /// assert_eq!(results.len(), 1);
     /// assert_eq!(results[0].status, ThreadStatus::Completed);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -318,21 +318,21 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
     /// // Idle: no driver to ask.
-    /// assert!(store.request_stop(started.id).is_err());
+    /// assert!(store.engine().request_stop(started.id).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn request_stop(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
         let record = self.need_thread(id)?;
-        if record.status != ThreadStatus::Running || !super::claim::is_held(self, id)? {
+        if record.status != ThreadStatus::Running || !super::claim::is_held(&self.store, id)? {
             return Err(EngineError::NotRunning {
                 thread: id,
                 status: record.underlying_status(),
             });
         }
-        let record = self.low_level().update_record(id, |r| {
+        let record = self.threads().low_level().update_record(id, |r| {
             if r.status != ThreadStatus::Running {
                 return Err(crate::thread::ThreadError::WrongStatus {
                     thread: r.id,
@@ -351,7 +351,7 @@ impl Store {
         if self.need_thread(id)?.stop_requested_at.is_none() {
             return Ok(());
         }
-        self.low_level().update_record(id, |r| {
+        self.threads().low_level().update_record(id, |r| {
             r.stop_requested_at = None;
             Ok(())
         })?;
@@ -364,7 +364,7 @@ impl Store {
             return Ok(());
         }
         let spec = spec.to_owned();
-        self.low_level().update_record(id, move |r| {
+        self.threads().low_level().update_record(id, move |r| {
             r.agent = Some(spec.clone());
             Ok(())
         })?;
@@ -420,10 +420,10 @@ impl Store {
     /// # let store = Store::memory();
     /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
-    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
+    /// let thread = store.engine().start_workflow(workflow, "a task", &StartOptions::default())?;
     /// // Idle: step it instead.
-    /// let e = store.check_resumable(thread.id).unwrap_err();
+    /// let e = store.engine().check_resumable(thread.id).unwrap_err();
     /// assert!(matches!(e, EngineError::NotResumable { .. }));
     /// assert!(e.to_string().contains("is idle"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -431,7 +431,7 @@ impl Store {
     pub fn check_resumable(&self, id: ThreadId) -> Result<(), EngineError> {
         let record = self.need_thread(id)?;
         if let Some(parent) = record.parent_thread
-            && let Some(p) = self.thread(parent)?
+            && let Some(p) = self.threads().get(parent)?
             && p.active_child == Some(id)
             && p.underlying_status() == ThreadStatus::Suspended
         {
@@ -465,7 +465,7 @@ impl Store {
                 let child = record.active_child.unwrap_or(id);
                 let role = record.next_role.clone().unwrap_or_default();
                 let instruction = record.next_instruction.clone().unwrap_or_default();
-                let wf = self.load_workflow(record.workflow_hash)?;
+                let wf = self.store.workflows().load(record.workflow_hash)?;
                 self.finish_child(
                     &record,
                     &role,
@@ -489,7 +489,7 @@ impl Store {
                 )
             }
             ThreadStatus::Completed | ThreadStatus::Failed => {
-                let wf = self.load_workflow(record.workflow_hash)?;
+                let wf = self.store.workflows().load(record.workflow_hash)?;
                 // `$START.resume` when the workflow has one.
                 let (role, start_prompt) = wf.resume_in(Some(&self.engine_state().templates))?;
                 let instruction = with_text(&start_prompt);
@@ -576,25 +576,25 @@ impl Store {
     /// use uwf_db::engine::{Cancel, CancelOptions, EngineError, StartOptions};
     /// use uwf_db::thread::ThreadStatus;
     ///
-    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// // `review`: writer, then reviewer, then $END (as in `Engine::start_workflow`).
     /// # use uwf_db::Store;
     /// # use uwf_db::workflow::parse_workflow;
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
-    /// let thread = store.start_workflow(workflow, "never mind", &StartOptions::default())?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
+    /// let thread = store.engine().start_workflow(workflow, "never mind", &StartOptions::default())?;
     ///
     /// // While a driver holds the thread, cancelling needs `force`.
-    /// let claim = store.claim(thread.id, &Cancel::new())?;
-    /// let refused = store.cancel_thread(thread.id, &CancelOptions::default());
+    /// let claim = store.engine().claim(thread.id, &Cancel::new())?;
+    /// let refused = store.engine().cancel_thread(thread.id, &CancelOptions::default());
     /// assert!(matches!(refused, Err(EngineError::Claimed { .. })));
     /// claim.release()?;
     ///
-    /// let result = store.cancel_thread(thread.id, &CancelOptions::default())?;
+    /// let result = store.engine().cancel_thread(thread.id, &CancelOptions::default())?;
     /// assert_eq!(result.status, ThreadStatus::Cancelled);
     /// assert!(result.done);
-    /// assert_eq!(store.thread(thread.id)?.map(|r| r.status), Some(ThreadStatus::Cancelled));
+    /// assert_eq!(store.threads().get(thread.id)?.map(|r| r.status), Some(ThreadStatus::Cancelled));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cancel_thread(
@@ -603,7 +603,7 @@ impl Store {
         options: &CancelOptions,
     ) -> Result<StepResult, EngineError> {
         let force = options.force;
-        if !force && super::claim::is_held(self, id)? {
+        if !force && super::claim::is_held(&self.store, id)? {
             return Err(EngineError::Claimed { thread: id });
         }
         let record = self.need_thread(id)?;
@@ -613,7 +613,7 @@ impl Store {
                 status: record.status,
             });
         }
-        for child in self.thread_tree(id)?.children {
+        for child in self.threads().tree(id)?.children {
             if child.thread.status == ThreadStatus::Suspended {
                 self.cancel_thread(child.thread.id, options)?;
             }
@@ -623,13 +623,17 @@ impl Store {
             summary: "cancelled".into(),
             prompt: "Cancelled".into(),
         };
-        let w = self.low_level().end_thread(id, record.head, end)?;
+        let w = self
+            .threads()
+            .low_level()
+            .end_thread(id, record.head, end)?;
         Ok(StepResult::of(&w.record))
     }
 
     pub(super) fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
         Ok(self
-            .thread(id)?
+            .threads()
+            .get(id)?
             .ok_or_else(|| ThreadError::Unknown(id.to_string()))?)
     }
 
@@ -657,7 +661,11 @@ impl Store {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
         usage: Option<StepUsage>,
     ) -> EngineError {
-        match self.low_level().record_failure_counted(id, &message, usage) {
+        match self
+            .threads()
+            .low_level()
+            .record_failure_counted(id, &message, usage)
+        {
             Ok(_) => EngineError::StepFailed {
                 thread: id,
                 message,
@@ -683,7 +691,7 @@ impl Store {
     /// A thread's start node; a blob that is missing or not a start node is
     /// an error.
     pub(super) fn start_node(&self, start: Hash) -> Result<crate::node::StartNode, EngineError> {
-        match self.get(&start)? {
+        match self.store.get(&start)? {
             Some(Blob::Start(s)) => Ok(s),
             Some(_) => Err(ThreadError::WrongKind {
                 hash: start,
@@ -697,7 +705,7 @@ impl Store {
     /// The text of a content blob; a blob that is missing or not content
     /// is an error, never an empty text.
     pub(super) fn text(&self, h: &Hash) -> Result<String, EngineError> {
-        Ok(self.content_text(h)?)
+        Ok(self.threads().content_text(h)?)
     }
 
     /// Agent-answered role steps on the chain (steps of `workflow:` roles,
@@ -706,7 +714,7 @@ impl Store {
         let mut n = 0;
         let mut before = None;
         loop {
-            let page = self.thread_log(id, 1024, before)?;
+            let page = self.threads().log(id, 1024, before)?;
             n += page
                 .iter()
                 .filter(|e| e.node.role != END_ROLE && e.node.child_thread.is_none())
@@ -728,7 +736,7 @@ impl Store {
         cancel: &Cancel,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
-        let wf = self.load_workflow(record.workflow_hash)?;
+        let wf = self.store.workflows().load(record.workflow_hash)?;
         let Some(role_def) = wf.roles.get(role) else {
             return Err(self.fail(
                 id,
@@ -771,7 +779,7 @@ impl Store {
             ));
         }
         let (task, max_rounds) = self.task_of(record.start)?;
-        let context = self.context_of(record, RECENT_STEPS + 1)?;
+        let context = self.threads().context_of(record, RECENT_STEPS + 1)?;
         let header = self.role_header_of(record.workflow_hash, role, role_def);
         let prompt = assemble_with_header(
             &header,
@@ -877,8 +885,15 @@ impl Store {
             child_thread: None,
         };
         let written = match mode {
-            Mode::ResumeEnded => self.low_level().resume_ended(id, record.head, step, after),
-            _ => self.low_level().append_step(id, record.head, step, after),
+            Mode::ResumeEnded => {
+                self.threads()
+                    .low_level()
+                    .resume_ended(id, record.head, step, after)
+            }
+            _ => self
+                .threads()
+                .low_level()
+                .append_step(id, record.head, step, after),
         };
         let written = match written {
             Ok(w) => w,
@@ -893,7 +908,7 @@ impl Store {
             Err(e) => return Err(e.into()),
         };
         if self.maybe_compact(&wf, &written.record, agent, cancel)? {
-            let latest = self.thread(id)?.unwrap_or(written.record);
+            let latest = self.threads().get(id)?.unwrap_or(written.record);
             return Ok(StepResult::of(&latest));
         }
         Ok(StepResult::of(&written.record))
@@ -903,7 +918,7 @@ impl Store {
 /// The agent and the token a drive runs with.
 pub(super) type Driver<'a> = (&'a mut dyn Agent, &'a Cancel);
 
-impl Store {
+impl Engine {
     /// The role-only part of a stored workflow's role prompt (see
     /// [`role_header`]), cached per store by workflow hash and role: stored
     /// workflows never change.

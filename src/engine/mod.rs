@@ -7,22 +7,22 @@
 //!
 //! What an embedder calls, all on [`Store`], each with an example that runs:
 //!
-//! - [`Store::start_workflow`] starts a thread of a registered workflow;
-//!   [`Store::run_workflow`] starts one and drives it to its end.
-//! - [`Store::drive`] steps a thread with an [`agent::Agent`]; with
+//! - [`Engine::start_workflow`] starts a thread of a registered workflow;
+//!   [`Engine::run_workflow`] starts one and drives it to its end.
+//! - [`Engine::drive`] steps a thread with an [`agent::Agent`]; with
 //!   [`DriveOptions::resume`] it first resumes a suspended or ended one.
-//! - [`Store::fork`] branches a thread; [`Store::cancel_thread`] ends one.
-//! - [`Store::run_batch`] drives one new thread per prompt on several
-//!   driver threads; [`Store::continuable_threads`] and
-//!   [`Store::continue_threads`] finish what an interrupted batch left.
+//! - [`Engine::fork`] branches a thread; [`Engine::cancel_thread`] ends one.
+//! - [`Engine::run_batch`] drives one new thread per prompt on several
+//!   driver threads; [`Engine::continuable_threads`] and
+//!   [`Engine::continue_threads`] finish what an interrupted batch left.
 //! - [`agent::Agent`] is what answers a role step: your own type, or one
 //!   built from a spec (`script:FILE`, `cmd:PROGRAM ARGS`) by
-//!   [`Store::build_agent`] or [`Store::agent_for`].
+//!   [`Engine::build_agent`] or [`Engine::agent_for`].
 //! - [`Cancel`] is the token a drive or a batch runs under (for Ctrl-C).
 //! - [`Store::collect_garbage`] and [`Store::verify`] look after the store.
 //!
 //! Raw record mutation without routing or claims is below this layer, in
-//! [`Store::low_level`]. `examples/embed.rs` puts the surface together: an
+//! [`Threads::low_level`]. `examples/embed.rs` puts the surface together: an
 //! LMDB store, a YAML workflow, an agent written in Rust and a batch.
 
 pub mod agent;
@@ -41,9 +41,82 @@ pub mod watch;
 pub use cancel::Cancel;
 pub use drive::{CancelOptions, DriveOptions, DriveReport, StepResult};
 
+use std::sync::Arc;
+
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::store::{Store, StoreError};
+use crate::thread::Threads;
+use state::EngineState;
+
+/// The engine over one store: starts workflows, drives threads step by
+/// step under a claim, resumes, stops and cancels them, runs batches and
+/// watches for changes. A cheap clone (the store handle and the store's
+/// engine state: caches and claim bookkeeping, shared by every `Engine`
+/// of the same open store). Get one with [`Store::engine`] or
+/// [`Engine::new`].
+///
+/// ```
+/// let store = uwf_db::Store::memory();
+/// let engine = store.engine();
+/// let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+/// let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+/// let (hash, _) = store.workflows().add(&wf)?;
+/// let started = engine.start_workflow(hash, "a task", &Default::default())?;
+/// assert_eq!(started.next_role.as_deref(), Some("writer"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    store: Store,
+    pub(crate) state: Arc<EngineState>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// The engine of `store` (the same as [`Store::engine`]).
+    pub fn new(store: &Store) -> Engine {
+        Engine {
+            store: store.clone(),
+            state: store.layer_state::<EngineState>(),
+        }
+    }
+
+    /// The store this engine drives.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The thread layer of this engine's store.
+    pub(crate) fn threads(&self) -> Threads<'_> {
+        self.store.threads()
+    }
+
+    /// The engine's state for this store (caches, claims).
+    pub(crate) fn engine_state(&self) -> &EngineState {
+        &self.state
+    }
+}
+
+impl Store {
+    /// The engine over this store: see [`Engine`].
+    ///
+    /// ```
+    /// let store = uwf_db::Store::memory();
+    /// assert!(store.engine().continuable_threads("review")?.is_empty());
+    /// # Ok::<(), uwf_db::engine::EngineError>(())
+    /// ```
+    pub fn engine(&self) -> Engine {
+        Engine::new(self)
+    }
+}
 use crate::thread::{END_ROLE, NewThread, Next, ThreadError, ThreadId, ThreadRecord};
 use crate::workflow::{Workflow, WorkflowError};
 
@@ -220,8 +293,8 @@ pub enum ForkAt {
     BeforeRole(String),
 }
 
-/// How to start a thread of a workflow ([`Store::start_workflow`],
-/// [`Store::run_workflow`]).
+/// How to start a thread of a workflow ([`Engine::start_workflow`],
+/// [`Engine::run_workflow`]).
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
     /// An agent spec stored on the thread (so later drives reuse it).
@@ -236,15 +309,15 @@ pub struct StartOptions {
     /// Labels stored on the thread (SPEC §11); its forks and child
     /// workflows' threads inherit them.
     pub labels: crate::thread::Labels,
-    /// The token the drive of [`Store::run_workflow`] runs under (starting
+    /// The token the drive of [`Engine::run_workflow`] runs under (starting
     /// alone runs nothing and ignores it).
     pub cancel: Cancel,
 }
 
-impl Store {
+impl Engine {
     /// Starts a thread of a registered workflow (or one already stored, by
     /// hash) with the task `prompt`; it is `idle` with the first role.
-    /// Nothing runs until the thread is driven ([`Store::drive`]).
+    /// Nothing runs until the thread is driven ([`Engine::drive`]).
     ///
     /// ```
     /// use uwf_db::Store;
@@ -266,9 +339,9 @@ impl Store {
     ///   reviewer: { _: { role: $END, prompt: 'Reviewed' } }
     /// ";
     /// let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// let (workflow, _) = store.add_workflow(&wf)?;
+    /// let (workflow, _) = store.workflows().add(&wf)?;
     ///
-    /// let thread = store.start_workflow(workflow, "a haiku about LMDB", &StartOptions::default())?;
+    /// let thread = store.engine().start_workflow(workflow, "a haiku about LMDB", &StartOptions::default())?;
     /// assert_eq!(thread.status, ThreadStatus::Idle);
     /// assert_eq!(thread.workflow, "review");
     /// assert_eq!(thread.next_role.as_deref(), Some("writer"));
@@ -282,7 +355,7 @@ impl Store {
         options: &StartOptions,
     ) -> Result<ThreadRecord, EngineError> {
         let new = self.top_level_thread(workflow, prompt, options)?;
-        Ok(self.low_level().start_thread(new)?)
+        Ok(self.threads().low_level().start_thread(new)?)
     }
 
     /// Starts a thread and drives it until it ends or suspends (what
@@ -305,21 +378,21 @@ impl Store {
     ///     }
     /// }
     ///
-    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// // `review`: writer, then reviewer, then $END (as in `Engine::start_workflow`).
     /// # use uwf_db::Store;
     /// # use uwf_db::workflow::parse_workflow;
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// let mut agent = Scribe::default();
     /// let options = StartOptions::default();
-    /// let (thread, report) = store.run_workflow(workflow, "a haiku", &options, &mut agent)?;
+    /// let (thread, report) = store.engine().run_workflow(workflow, "a haiku", &options, &mut agent)?;
     /// let results = report.into_result()?;
     /// assert_eq!(results.len(), 2);
     /// assert_eq!(results[1].status, ThreadStatus::Completed);
     /// assert_eq!(agent.0, ["writer: Write it", "reviewer: Review it"]);
-    /// assert_eq!(store.thread(thread.id)?.map(|r| r.status), Some(ThreadStatus::Completed));
+    /// assert_eq!(store.threads().get(thread.id)?.map(|r| r.status), Some(ThreadStatus::Completed));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn run_workflow(
@@ -332,7 +405,7 @@ impl Store {
         let new = self.top_level_thread(workflow, prompt, options)?;
         let id = ThreadId::generate();
         let claim = self.claim_new(id, &options.cancel)?;
-        let record = self.low_level().start_thread_as(new, id, true)?;
+        let record = self.threads().low_level().start_thread_as(new, id, true)?;
         let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {
@@ -365,23 +438,23 @@ impl Store {
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// // A thread that stores its agent spec: later drives reuse it.
     /// let options = StartOptions {
     ///     agent_spec: Some("cmd:echo done".into()),
     ///     ..StartOptions::default()
     /// };
-    /// let thread = store.start_workflow(workflow, "a task", &options)?;
-    /// let (mut agent, spec) = store.agent_for(thread.id, None, &AgentOptions::default())?;
+    /// let thread = store.engine().start_workflow(workflow, "a task", &options)?;
+    /// let (mut agent, spec) = store.engine().agent_for(thread.id, None, &AgentOptions::default())?;
     /// assert_eq!(spec, "cmd:echo done");
-    /// let results = store.drive(thread.id, &DriveOptions::default(), &mut *agent).into_result()?;
+    /// let results = store.engine().drive(thread.id, &DriveOptions::default(), &mut *agent).into_result()?;
     /// assert_eq!(results.last().map(|r| r.status), Some(ThreadStatus::Completed));
     ///
     /// // Without a stored spec, the caller names one.
-    /// let bare = store.start_workflow(workflow, "a task", &StartOptions::default())?;
-    /// let none = store.agent_for(bare.id, None, &AgentOptions::default());
+    /// let bare = store.engine().start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// let none = store.engine().agent_for(bare.id, None, &AgentOptions::default());
     /// assert!(matches!(none, Err(EngineError::NoAgent { .. })));
-    /// let (_agent, spec) = store.agent_for(bare.id, Some("cmd:cat"), &AgentOptions::default())?;
+    /// let (_agent, spec) = store.engine().agent_for(bare.id, Some("cmd:cat"), &AgentOptions::default())?;
     /// assert_eq!(spec, "cmd:cat");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -394,7 +467,8 @@ impl Store {
         let spec = match spec {
             Some(s) => s.to_owned(),
             None => self
-                .thread(id)?
+                .threads()
+                .get(id)?
                 .ok_or_else(|| ThreadError::Unknown(id.to_string()))?
                 .agent
                 .ok_or(EngineError::NoAgent { thread: id })?,
@@ -416,15 +490,15 @@ impl Store {
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// // `echo` ignores the prompt on stdin; its stdout is the reply.
-    /// let mut agent = store.build_agent("cmd:echo looks fine", &AgentOptions::default())?;
-    /// let thread = store.start_workflow(workflow, "a task", &StartOptions::default())?;
-    /// let results = store.drive(thread.id, &DriveOptions::default(), &mut *agent).into_result()?;
+    /// let mut agent = store.engine().build_agent("cmd:echo looks fine", &AgentOptions::default())?;
+    /// let thread = store.engine().start_workflow(workflow, "a task", &StartOptions::default())?;
+    /// let results = store.engine().drive(thread.id, &DriveOptions::default(), &mut *agent).into_result()?;
     /// assert_eq!(results.len(), 2);
     /// assert_eq!(results[1].status, ThreadStatus::Completed);
     ///
-    /// let bad = store.build_agent("http://localhost", &AgentOptions::default());
+    /// let bad = store.engine().build_agent("http://localhost", &AgentOptions::default());
     /// assert!(matches!(bad, Err(EngineError::Agent(AgentError::BadSpec(_)))));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -434,7 +508,7 @@ impl Store {
         options: &agent::AgentOptions,
     ) -> Result<Box<dyn agent::Agent>, EngineError> {
         let options = agent::AgentOptions {
-            store: std::path::PathBuf::from(self.location()),
+            store: std::path::PathBuf::from(self.store.location()),
             ..options.clone()
         };
         Ok(agent::AgentSpec::parse(spec)?.build(&options)?)
@@ -447,7 +521,7 @@ impl Store {
         prompt: &str,
         options: &StartOptions,
     ) -> Result<NewThread, EngineError> {
-        let wf = self.load_workflow(workflow)?;
+        let wf = self.store.workflows().load(workflow)?;
         let templates = Some(&self.engine_state().templates);
         let (role, instruction) = wf.first_in(templates)?;
         let next_location = wf.start_location_in(templates, false)?;
@@ -488,42 +562,46 @@ impl Store {
     /// #         Ok(format!("{} did it", req.role_name).into())
     /// #     }
     /// # }
-    /// // `review`: writer, then reviewer, then $END (as in `Store::start_workflow`).
+    /// // `review`: writer, then reviewer, then $END (as in `Engine::start_workflow`).
     /// # use uwf_db::Store;
     /// # use uwf_db::workflow::parse_workflow;
     /// # let store = Store::memory();
     /// # let yaml = "name: review\nroles:\n  writer: { goal: Write }\n  reviewer: { goal: Review }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: reviewer, prompt: 'Review it' } }\n  reviewer: { _: { role: $END, prompt: 'Reviewed' } }\n";
     /// # let wf = parse_workflow(yaml, Some("review"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// let (thread, report) =
-    ///     store.run_workflow(workflow, "a haiku", &StartOptions::default(), &mut Echo)?;
+    ///     store.engine().run_workflow(workflow, "a haiku", &StartOptions::default(), &mut Echo)?;
     /// assert_eq!(report.into_result()?.len(), 2);
     ///
     /// // A second review of the same text: fork just before the reviewer's step.
-    /// let fork = store.fork(thread.id, ForkAt::BeforeRole("reviewer".into()))?;
+    /// let fork = store.engine().fork(thread.id, ForkAt::BeforeRole("reviewer".into()))?;
     /// assert_eq!(fork.status, ThreadStatus::Idle);
     /// assert_eq!(fork.next_role.as_deref(), Some("reviewer"));
     /// assert_eq!(fork.forked_from.map(|o| o.thread), Some(thread.id));
-    /// let results = store.drive(fork.id, &DriveOptions::default(), &mut Echo).into_result()?;
+    /// let results = store.engine().drive(fork.id, &DriveOptions::default(), &mut Echo).into_result()?;
     /// assert_eq!(results.len(), 1);
     /// assert_eq!(results[0].status, ThreadStatus::Completed);
     ///
     /// // The head of an ended thread is its end node: resume it instead.
-    /// assert!(store.fork(thread.id, ForkAt::Head).is_err());
+    /// assert!(store.engine().fork(thread.id, ForkAt::Head).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn fork(&self, source: ThreadId, at: ForkAt) -> Result<ThreadRecord, EngineError> {
         let record = self
-            .thread(source)?
+            .threads()
+            .get(source)?
             .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
         let node = match at {
             ForkAt::Head => record.head,
             ForkAt::Node(h) => h,
             ForkAt::BeforeRole(role) => self.before_latest_step(&record, &role)?,
         };
-        let wf = self.load_workflow(record.workflow_hash)?;
+        let wf = self.store.workflows().load(record.workflow_hash)?;
         let state = fork_state(self, &wf, &record, node)?;
-        Ok(self.low_level().fork_thread(source, node, state)?)
+        Ok(self
+            .threads()
+            .low_level()
+            .fork_thread(source, node, state)?)
     }
 
     /// The parent (or the start) of the newest step of `role` on the chain.
@@ -534,7 +612,7 @@ impl Store {
         // Newest first, as the log pages come.
         let mut seen: Vec<String> = Vec::new();
         loop {
-            let page = self.thread_log(record.id, 256, before)?;
+            let page = self.threads().log(record.id, 256, before)?;
             if let Some(e) = page.iter().find(|e| e.node.role == role) {
                 return Ok(e.node.ancestors.first().copied().unwrap_or(record.start));
             }
@@ -564,13 +642,13 @@ impl Store {
 }
 
 fn fork_state(
-    store: &Store,
+    engine: &Engine,
     wf: &Workflow,
     record: &ThreadRecord,
     node: Hash,
 ) -> Result<Next, EngineError> {
     if node == record.start {
-        let templates = Some(&store.engine_state().templates);
+        let templates = Some(&engine.engine_state().templates);
         let (role, instruction) = wf.first_in(templates)?;
         let location = wf.start_location_in(templates, false)?;
         return Ok(Next::Role {
@@ -579,7 +657,7 @@ fn fork_state(
             location,
         });
     }
-    let state = match store.get(&node)? {
+    let state = match engine.store.get(&node)? {
         Some(Blob::State(s)) => s,
         Some(_) => {
             return Err(ThreadError::WrongKind {
@@ -597,9 +675,9 @@ fn fork_state(
         }
         .into());
     }
-    let body = store.text(&state.content)?;
+    let body = engine.text(&state.content)?;
     match wf.route_in(
-        Some(&store.engine_state().templates),
+        Some(&engine.engine_state().templates),
         &state.role,
         &state.meta,
         &body,

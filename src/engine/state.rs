@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use crate::backend::HeldLock;
 use crate::cache::Bounded;
 use crate::hash::Hash;
-use crate::store::Store;
 use crate::thread::ThreadId;
 use crate::workflow::template::Templates;
 
@@ -60,14 +59,6 @@ impl Default for EngineState {
     }
 }
 
-impl Store {
-    /// The engine's state for this store (caches, claims), shared by every
-    /// handle of it.
-    pub(crate) fn engine_state(&self) -> Arc<EngineState> {
-        self.layer_state::<EngineState>()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,7 +69,7 @@ mod tests {
         let open =
             |p: &std::path::Path| crate::Store::open(p, crate::StoreOptions::default()).unwrap();
         let (sa, sb, sa2) = (open(a.path()), open(b.path()), open(a.path()));
-        let state = |s: &crate::Store| Arc::as_ptr(&s.engine_state());
+        let state = |s: &crate::Store| Arc::as_ptr(&s.engine().state);
         assert_ne!(state(&sa), state(&sb));
         // Two handles of one directory share one engine state.
         assert_eq!(state(&sa), state(&sa2));

@@ -10,13 +10,13 @@
 //! loop, on every backend alike, and cancelling the token ends the watch
 //! at once.
 
+use super::Engine;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
 use super::EngineError;
 use super::cancel::Cancel;
-use crate::store::Store;
 use crate::thread::{LogEntry, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
 
 /// How often a watcher reads the store: a commit shows within this (plus
@@ -27,13 +27,13 @@ pub const POLL: Duration = Duration::from_millis(40);
 const CATCH_UP: usize = 256;
 
 /// How far back (ms of last activity) each poll of
-/// [`Store::watch_threads`] looks behind the newest change it has seen: a
+/// [`Engine::watch_threads`] looks behind the newest change it has seen: a
 /// change whose commit becomes visible more than this after the timestamp
 /// taken inside it (a writer's clock that far behind, or a commit that
 /// slow) is missed.
 pub const WINDOW_MS: u64 = 10_000;
 
-/// Most threads one poll of [`Store::watch_threads`] reads.
+/// Most threads one poll of [`Engine::watch_threads`] reads.
 const POLL_PAGE: usize = 10_000;
 
 /// How a watch ended.
@@ -48,7 +48,7 @@ pub enum WatchEnd {
     Cancelled,
 }
 
-impl Store {
+impl Engine {
     /// Hands `on_step` every step of thread `id` after the one numbered
     /// `after` (0: from the first), oldest first, as they are committed,
     /// until the thread has ended or suspended and every step was handed
@@ -56,7 +56,7 @@ impl Store {
     /// cancelled. Steps are numbered 1, 2, … along the chain, so a watcher
     /// restarted with the `seq` of the last step it handled misses nothing
     /// and repeats nothing. Memory stays bounded however far behind
-    /// `after` is ([`Store::steps_after`] pages).
+    /// `after` is ([`Threads::steps_after`](crate::thread::Threads::steps_after) pages).
     pub fn watch_steps(
         &self,
         id: ThreadId,
@@ -66,7 +66,7 @@ impl Store {
     ) -> Result<WatchEnd, EngineError> {
         let mut cursor = after;
         loop {
-            let (record, entries) = self.steps_after(id, cursor, CATCH_UP)?;
+            let (record, entries) = self.threads().steps_after(id, cursor, CATCH_UP)?;
             for e in &entries {
                 if on_step(e)?.is_break() {
                     return Ok(WatchEnd::Stopped);
@@ -91,7 +91,7 @@ impl Store {
     }
 
     /// Hands `on_change` the threads `query` selects (its first page, as
-    /// [`Store::list_threads`] gives it, oldest first), then every thread
+    /// [`Threads::list`](crate::thread::Threads::list) gives it, oldest first), then every thread
     /// matching its filters whose status or last activity changes, in the
     /// order of their last activity, until `on_change` breaks or `cancel`
     /// is cancelled. Polled: states a thread passed through between two
@@ -125,7 +125,7 @@ impl Store {
                     ..query.clone()
                 }
             };
-            let mut records = self.list_threads(&q)?;
+            let mut records = self.threads().list(&q)?;
             // Oldest change first.
             records.reverse();
             for r in &records {

@@ -254,8 +254,13 @@ impl Store {
         };
         // The stored retention policy first, so that what only the pruned
         // threads reached is collected now.
-        let pruned = match self.retention_policy().map_err(GcError::Retention)? {
+        let pruned = match self
+            .threads()
+            .retention_policy()
+            .map_err(GcError::Retention)?
+        {
             Some(policy) => self
+                .threads()
                 .prune(&policy, options.dry_run)
                 .map_err(GcError::Retention)?
                 .pruned

@@ -19,7 +19,7 @@ impl LowLevel<'_> {
         at: Hash,
         state: Next,
     ) -> Result<ThreadRecord, ThreadError> {
-        self.write(|w| {
+        self.0.write(|w| {
             let (src, _) = index::find(w.tables(), source)?
                 .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
             if let (ThreadStatus::Suspended, Some(child)) = (src.status, src.active_child) {

@@ -28,7 +28,53 @@ pub use write::{EndSpec, LowLevel, MAX_LAST_ERROR, NewThread, Next, StepWrite, W
 
 use crate::codec::CodecError;
 use crate::hash::Hash;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
+
+/// The thread layer of one store: reads (records, lists, logs, history,
+/// the call stack, context) and the edits a user makes (labels, staged
+/// compaction, unlinking, retention), each one transaction. A cheap
+/// borrow: get one with [`Store::threads`] whenever needed.
+///
+/// Driving threads (starting, stepping, resuming, stopping) is the
+/// engine's job ([`Engine`](crate::engine::Engine)); raw record writes
+/// below the engine are on [`LowLevel`], from [`Threads::low_level`].
+///
+/// ```
+/// let store = uwf_db::Store::memory();
+/// let threads = store.threads();
+/// assert!(threads.list(&uwf_db::thread::ThreadQuery::default())?.is_empty());
+/// # Ok::<(), uwf_db::thread::ThreadError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Threads<'s> {
+    store: &'s Store,
+}
+
+impl<'s> Threads<'s> {
+    /// The thread layer of `store` (the same as [`Store::threads`]).
+    pub fn new(store: &'s Store) -> Threads<'s> {
+        Threads { store }
+    }
+
+    /// The store these threads live in.
+    pub fn store(&self) -> &'s Store {
+        self.store
+    }
+}
+
+impl Store {
+    /// The thread layer of this store: see [`Threads`].
+    ///
+    /// ```
+    /// let store = uwf_db::Store::memory();
+    /// let id = uwf_db::thread::ThreadId::generate();
+    /// assert!(store.threads().get(id)?.is_none());
+    /// # Ok::<(), uwf_db::thread::ThreadError>(())
+    /// ```
+    pub fn threads(&self) -> Threads<'_> {
+        Threads::new(self)
+    }
+}
 
 /// Role name of end nodes.
 pub const END_ROLE: &str = "__end__";

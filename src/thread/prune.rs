@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Table;
 use crate::hash::Hash;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 use super::index;
 use super::labels::{Labels, check_labels};
-use super::{ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use super::{ThreadError, ThreadId, ThreadRecord, ThreadStatus, Threads};
 
 /// The `meta` key of the stored policy (JSON), which `gc` applies first.
 pub(crate) const RETENTION_KEY: &str = "retention_policy";
@@ -70,7 +70,7 @@ impl RetentionPolicy {
     }
 }
 
-/// What [`Store::prune`] did (or, in a dry run, would do).
+/// What [`Threads::prune`] did (or, in a dry run, would do).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct PruneReport {
     /// Nothing was unlinked.
@@ -96,7 +96,7 @@ struct Ended {
     labelled: bool,
 }
 
-impl Store {
+impl Threads<'_> {
     /// Unlinks the ended threads that `policy` selects (every condition
     /// must match), keeping children of kept parents; with `dry_run`,
     /// only says which. Their blobs stay until `gc` frees what nothing
@@ -107,7 +107,7 @@ impl Store {
     /// use uwf_db::thread::RetentionPolicy;
     /// let store = uwf_db::Store::memory();
     /// let policy = RetentionPolicy { keep_latest: Some(1), ..RetentionPolicy::default() };
-    /// let report = store.prune(&policy, true)?;
+    /// let report = store.threads().prune(&policy, true)?;
     /// assert!(report.pruned.is_empty()); // nothing has ended yet
     /// # Ok::<(), uwf_db::thread::ThreadError>(())
     /// ```
@@ -119,23 +119,24 @@ impl Store {
         policy.check()?;
         let now = crate::store::now_ms();
         let mut ended = Vec::new();
-        self.scan_table::<ThreadError>(Table::History, |_, _, value| {
-            let r = ThreadRecord::decode(value)?;
-            let labelled = policy
-                .labels
-                .iter()
-                .all(|(k, v)| r.labels.get(k) == Some(v));
-            ended.push(Ended {
-                labelled,
-                id: r.id,
-                head: r.head,
-                workflow: r.workflow,
-                completed_at: r.completed_at.unwrap_or(r.updated_at),
-                status: r.status,
-                parent: r.parent_thread,
-            });
-            Ok(())
-        })?;
+        self.store
+            .scan_table::<ThreadError>(Table::History, |_, _, value| {
+                let r = ThreadRecord::decode(value)?;
+                let labelled = policy
+                    .labels
+                    .iter()
+                    .all(|(k, v)| r.labels.get(k) == Some(v));
+                ended.push(Ended {
+                    labelled,
+                    id: r.id,
+                    head: r.head,
+                    workflow: r.workflow,
+                    completed_at: r.completed_at.unwrap_or(r.updated_at),
+                    status: r.status,
+                    parent: r.parent_thread,
+                });
+                Ok(())
+            })?;
         // Newest first within each workflow, for keep_latest.
         ended.sort_by(|a, b| {
             (a.workflow.as_str(), std::cmp::Reverse(a.completed_at), a.id).cmp(&(
@@ -178,7 +179,10 @@ impl Store {
                 let there = match exists.get(parent) {
                     Some(there) => *there,
                     None => {
-                        let there = self.read(|r| index::find(r.tables(), *parent))?.is_some();
+                        let there = self
+                            .store
+                            .read(|r| index::find(r.tables(), *parent))?
+                            .is_some();
                         exists.insert(*parent, there);
                         there
                     }
@@ -206,7 +210,7 @@ impl Store {
             return Ok(report);
         }
         for chunk in chosen.chunks(CHUNK) {
-            let gone = self.write(|w| {
+            let gone = self.store.write(|w| {
                 let mut gone = Vec::with_capacity(chunk.len());
                 for e in chunk {
                     match index::find(w.tables(), e.id)? {
@@ -235,11 +239,11 @@ impl Store {
     ///
     /// ```
     /// let store = uwf_db::Store::memory();
-    /// assert_eq!(store.retention_policy()?, None); // until one is set
+    /// assert_eq!(store.threads().retention_policy()?, None); // until one is set
     /// # Ok::<(), uwf_db::thread::ThreadError>(())
     /// ```
     pub fn retention_policy(&self) -> Result<Option<RetentionPolicy>, ThreadError> {
-        let stored = self.read(|r| {
+        let stored = self.store.read(|r| {
             Ok::<_, StoreError>(
                 r.tables()
                     .get(Table::Meta, RETENTION_KEY.as_bytes())?
@@ -260,10 +264,10 @@ impl Store {
     /// use uwf_db::thread::RetentionPolicy;
     /// let store = uwf_db::Store::memory();
     /// let policy = RetentionPolicy { keep_latest: Some(100), ..RetentionPolicy::default() };
-    /// store.set_retention_policy(Some(&policy))?;
-    /// assert_eq!(store.retention_policy()?, Some(policy));
-    /// store.set_retention_policy(None)?;
-    /// assert_eq!(store.retention_policy()?, None);
+    /// store.threads().set_retention_policy(Some(&policy))?;
+    /// assert_eq!(store.threads().retention_policy()?, Some(policy));
+    /// store.threads().set_retention_policy(None)?;
+    /// assert_eq!(store.threads().retention_policy()?, None);
     /// # Ok::<(), uwf_db::thread::ThreadError>(())
     /// ```
     pub fn set_retention_policy(
@@ -277,7 +281,7 @@ impl Store {
             }
             None => None,
         };
-        self.write(|w| {
+        self.store.write(|w| {
             let t = w.tables_mut();
             match &bytes {
                 Some(b) => t.put(Table::Meta, RETENTION_KEY.as_bytes(), b)?,

@@ -6,11 +6,11 @@ use std::ops::Bound;
 use super::index::{self, Location};
 use super::labels::{check_label, label_prefix};
 use super::record::{ActivityEntry, activity_key, history_key};
-use super::{END_ROLE, IdPrefix, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use super::{END_ROLE, IdPrefix, ThreadError, ThreadId, ThreadRecord, ThreadStatus, Threads};
 use crate::backend::{Direction, KeyRange, Table};
 use crate::hash::Hash;
 use crate::node::{Blob, Kind, StartNode, StateNode, state_ancestors};
-use crate::store::{ReadTxn, Store, StoreError, WriteTxn};
+use crate::store::{ReadTxn, StoreError, WriteTxn};
 use crate::usage::UsageTotals;
 
 /// Deepest call stack walked (a guard: depth is limited when spawning).
@@ -25,7 +25,7 @@ pub struct LogEntry {
     pub node: StateNode,
 }
 
-/// Filters for [`Store::list_threads`].
+/// Filters for [`Threads::list`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThreadQuery {
     /// Only these statuses (empty: all).
@@ -102,11 +102,11 @@ pub struct ThreadTree {
     pub children: Vec<ThreadTree>,
 }
 
-impl Store {
+impl Threads<'_> {
     /// The text of a content blob (a reply, a prompt); a blob that is
     /// missing or not content is an error, never an empty text.
     pub(crate) fn content_text(&self, hash: &Hash) -> Result<String, ThreadError> {
-        match self.get(hash)? {
+        match self.store.get(hash)? {
             Some(Blob::Content(c)) => Ok(c.text),
             Some(_) => Err(ThreadError::WrongKind {
                 hash: *hash,
@@ -279,22 +279,22 @@ fn need(r: &ReadTxn<'_>, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
         .ok_or_else(|| ThreadError::Unknown(id.to_string()))
 }
 
-impl Store {
+impl Threads<'_> {
     /// A thread's record, active or ended: O(log n).
     ///
     /// ```
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let record = store.thread(started.id)?.ok_or("gone")?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let record = store.threads().get(started.id)?.ok_or("gone")?;
     /// assert_eq!((record.workflow.as_str(), record.seq), ("two", 0));
-    /// assert!(store.thread(uwf_db::thread::ThreadId::generate())?.is_none());
+    /// assert!(store.threads().get(uwf_db::thread::ThreadId::generate())?.is_none());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn thread(&self, id: ThreadId) -> Result<Option<ThreadRecord>, ThreadError> {
-        self.read(|r| Ok(find_in(r, id)?.map(|(rec, _)| rec)))
+    pub fn get(&self, id: ThreadId) -> Result<Option<ThreadRecord>, ThreadError> {
+        self.store.read(|r| Ok(find_in(r, id)?.map(|(rec, _)| rec)))
     }
 
     /// Resolves a full thread id or a unique prefix.
@@ -303,14 +303,14 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
     /// let prefix = started.id.to_string()[..20].parse()?;
-    /// assert_eq!(store.resolve_thread(&prefix)?, started.id);
+    /// assert_eq!(store.threads().resolve(&prefix)?, started.id);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn resolve_thread(&self, prefix: &IdPrefix) -> Result<ThreadId, ThreadError> {
-        self.read(|r| index::resolve(r.tables(), prefix))
+    pub fn resolve(&self, prefix: &IdPrefix) -> Result<ThreadId, ThreadError> {
+        self.store.read(|r| index::resolve(r.tables(), prefix))
     }
 
     /// Threads by last activity, newest first, filtered and paged. Filters
@@ -321,20 +321,20 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let a = store.start_workflow(hash, "one", &Default::default())?;
-    /// store.start_workflow(hash, "two", &Default::default())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let a = store.engine().start_workflow(hash, "one", &Default::default())?;
+    /// store.engine().start_workflow(hash, "two", &Default::default())?;
     /// let idle = ThreadQuery { statuses: vec![ThreadStatus::Idle], ..ThreadQuery::default() };
-    /// let page = store.list_threads(&idle)?;
+    /// let page = store.threads().list(&idle)?;
     /// assert_eq!(page.len(), 2);
     /// assert!(page.iter().any(|t| t.id == a.id));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn list_threads(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
+    pub fn list(&self, q: &ThreadQuery) -> Result<Vec<ThreadRecord>, ThreadError> {
         if !q.labels.is_empty() {
             return self.list_labelled(q);
         }
-        self.read(|r| {
+        self.store.read(|r| {
             let lower = q.since.map(|t| activity_key(t, ThreadId::NIL));
             let upper = q.until.map(|t| activity_key(t, ThreadId::NIL));
             let range = KeyRange {
@@ -386,7 +386,7 @@ impl Store {
         })
     }
 
-    /// [`Store::list_threads`] with labels: a leapfrog join of the
+    /// [`Threads::list`] with labels: a leapfrog join of the
     /// labels' runs of the `labels` index. Each label's entries end in the
     /// same `activity` key (last activity, id), so the runs are walked
     /// newest first together: each seeks to the newest entry at or below
@@ -397,7 +397,7 @@ impl Store {
         for (k, v) in &q.labels {
             check_label(k, v)?;
         }
-        self.read(|r| {
+        self.store.read(|r| {
             let t = r.tables();
             let since = q.since.map(|at| activity_key(at, ThreadId::NIL));
             let until = q.until.map(|at| activity_key(at, ThreadId::NIL));
@@ -472,8 +472,8 @@ impl Store {
 
     /// Ended threads whose UTC completion day is in `from_day..to_day`,
     /// reading only that range of `history`.
-    pub fn list_history(&self, from_day: u32, to_day: u32) -> Result<HistoryPage, ThreadError> {
-        self.read(|r| {
+    pub fn history(&self, from_day: u32, to_day: u32) -> Result<HistoryPage, ThreadError> {
+        self.store.read(|r| {
             let lower = history_key(from_day, ThreadId::NIL);
             let upper = history_key(to_day, ThreadId::NIL);
             let range = KeyRange::between(&lower, &upper);
@@ -505,18 +505,18 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// assert!(store.thread_log(started.id, 10, None)?.is_empty()); // no step yet
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// assert!(store.threads().log(started.id, 10, None)?.is_empty()); // no step yet
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn thread_log(
+    pub fn log(
         &self,
         id: ThreadId,
         limit: usize,
         before: Option<Hash>,
     ) -> Result<Vec<LogEntry>, ThreadError> {
-        self.read(|r| match log_origin(r, id, before)? {
+        self.store.read(|r| match log_origin(r, id, before)? {
             Some(from) => page_from(r, from, limit),
             None => Ok(Vec::new()),
         })
@@ -529,13 +529,13 @@ impl Store {
     ///
     /// ```
     /// let store = uwf_db::Store::memory();
-    /// assert_eq!(store.usage_totals()?.calls, 0);
+    /// assert_eq!(store.threads().usage_totals()?.calls, 0);
     /// # Ok::<(), uwf_db::thread::ThreadError>(())
     /// ```
     pub fn usage_totals(&self) -> Result<UsageTotals, ThreadError> {
         let mut totals = UsageTotals::default();
         for table in [Table::Threads, Table::History] {
-            self.scan_table::<ThreadError>(table, |_, _, value| {
+            self.store.scan_table::<ThreadError>(table, |_, _, value| {
                 if let Some(u) = ThreadRecord::decode(value)?.usage {
                     totals.add(&u);
                 }
@@ -546,22 +546,22 @@ impl Store {
     }
 
     /// Usage totals of a thread and its children, recursively (what
-    /// `thread show` shows), from a [`Store::thread_tree`].
+    /// `thread show` shows), from a [`Threads::tree`].
     ///
     /// ```
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let tree = store.thread_tree(started.id)?;
-    /// assert_eq!(uwf_db::Store::tree_usage(&tree).calls, 0); // no agent call yet
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let tree = store.threads().tree(started.id)?;
+    /// assert_eq!(uwf_db::Threads::tree_usage(&tree).calls, 0); // no agent call yet
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn tree_usage(tree: &ThreadTree) -> UsageTotals {
         let mut totals = tree.thread.usage.clone().unwrap_or_default();
         for child in &tree.children {
-            totals.add(&Store::tree_usage(child));
+            totals.add(&Threads::tree_usage(child));
         }
         totals
     }
@@ -579,9 +579,9 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let (record, steps) = store.steps_after(started.id, 0, 100)?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let (record, steps) = store.threads().steps_after(started.id, 0, 100)?;
     /// assert_eq!(record.id, started.id);
     /// assert!(steps.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -592,7 +592,7 @@ impl Store {
         after_seq: u64,
         limit: usize,
     ) -> Result<(ThreadRecord, Vec<LogEntry>), ThreadError> {
-        self.read(|r| {
+        self.store.read(|r| {
             let record = need(r, id)?;
             let behind =
                 usize::try_from(record.seq.saturating_sub(after_seq)).unwrap_or(usize::MAX);
@@ -619,7 +619,7 @@ impl Store {
         })
     }
 
-    /// Like [`Store::thread_log`] without decoding: `visit` gets each state
+    /// Like [`Threads::log`] without decoding: `visit` gets each state
     /// node's hash and canonical bytes, borrowed from the map inside one
     /// short read transaction (keep `visit` quick). Returns the count.
     pub fn visit_log<E: From<ThreadError> + From<StoreError>>(
@@ -629,7 +629,7 @@ impl Store {
         before: Option<Hash>,
         visit: impl FnMut(&Hash, &[u8]) -> Result<(), E>,
     ) -> Result<usize, E> {
-        self.read(|r| match log_origin(r, id, before)? {
+        self.store.read(|r| match log_origin(r, id, before)? {
             Some(from) => visit_chain(r, from, limit, visit),
             None => Ok(0),
         })
@@ -637,7 +637,7 @@ impl Store {
 
     /// State nodes newest first from any node (a child's end node, say).
     pub fn log_from(&self, node: Hash, limit: usize) -> Result<Vec<LogEntry>, ThreadError> {
-        self.read(|r| page_from(r, node, limit))
+        self.store.read(|r| page_from(r, node, limit))
     }
 
     /// The context for the thread's next agent call: the staged summary if
@@ -645,22 +645,22 @@ impl Store {
     /// from the head, the steps after the newest node carrying `compact` (that
     /// node included) and its summary; at most `max_steps` steps.
     pub fn context(&self, id: ThreadId, max_steps: usize) -> Result<Context, ThreadError> {
-        self.read(|r| context_in(r, &need(r, id)?, max_steps))
+        self.store.read(|r| context_in(r, &need(r, id)?, max_steps))
     }
 
-    /// [`Store::context`] for a record the caller has already read.
+    /// [`Threads::context`] for a record the caller has already read.
     pub fn context_of(
         &self,
         record: &ThreadRecord,
         max_steps: usize,
     ) -> Result<Context, ThreadError> {
-        self.read(|r| context_in(r, record, max_steps))
+        self.store.read(|r| context_in(r, record, max_steps))
     }
 
     /// The Merkle call stack of any node, innermost first: the node's own
     /// thread level, then each parent state up to the top-level thread.
     pub fn call_stack(&self, node: Hash) -> Result<Vec<Frame>, ThreadError> {
-        self.read(|r| {
+        self.store.read(|r| {
             let mut frames = Vec::new();
             let mut cur = Some(node);
             while let Some(h) = cur {
@@ -705,10 +705,11 @@ impl Store {
         parent_step: Hash,
         limit: usize,
     ) -> Result<Option<Vec<LogEntry>>, ThreadError> {
-        self.read(|r| match state_at(r, &parent_step)?.child_thread {
-            Some(child_end) => page_from(r, child_end, limit).map(Some),
-            None => Ok(None),
-        })
+        self.store
+            .read(|r| match state_at(r, &parent_step)?.child_thread {
+                Some(child_end) => page_from(r, child_end, limit).map(Some),
+                None => Ok(None),
+            })
     }
 
     /// A thread's parents (up) and children (down), as records.
@@ -717,15 +718,15 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let tree = store.thread_tree(started.id)?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let tree = store.threads().tree(started.id)?;
     /// assert_eq!(tree.thread.id, started.id);
     /// assert!(tree.parents.is_empty() && tree.children.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn thread_tree(&self, id: ThreadId) -> Result<ThreadTree, ThreadError> {
-        self.read(|r| {
+    pub fn tree(&self, id: ThreadId) -> Result<ThreadTree, ThreadError> {
+        self.store.read(|r| {
             let thread = need(r, id)?;
             let mut parents = Vec::new();
             let mut up = thread.parent_thread;
@@ -775,7 +776,7 @@ fn log_origin(
     }
 }
 
-/// Context assembly inside one read transaction (see [`Store::context`]).
+/// Context assembly inside one read transaction (see [`Threads::context`]).
 fn context_in(
     r: &ReadTxn<'_>,
     record: &ThreadRecord,

@@ -3,49 +3,48 @@
 //!
 //! The record mutations the engine is built from (start, append, resume
 //! from history, end, failure, arbitrary record updates, and forks in
-//! `fork.rs`) are on [`LowLevel`], reached through [`Store::low_level`]:
+//! `fork.rs`) are on [`LowLevel`], reached through [`Threads::low_level`]:
 //! they write exactly what they are told, with no routing, no claims and
 //! no workflow. Embedders drive threads through the engine instead
-//! ([`Store::drive`](crate::Store::drive) and friends). Manual compaction
+//! ([`Engine::drive`](crate::engine::Engine::drive) and friends). Manual compaction
 //! and unlinking, which are user operations, stay on [`Store`].
 
 use std::collections::BTreeMap;
 
 use super::index::{self, Location};
 use super::labels::{Labels, check_key, check_labels};
-use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus};
+use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus, Threads};
 use crate::hash::Hash;
 use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors_raw};
 use crate::store::{Store, WriteTxn};
 use crate::usage::{StepUsage, UsageTotals};
 
-/// Raw record mutation below the engine: see the module docs. Everything
-/// a [`Store`] offers is reachable through it too (it derefs to the store).
+/// Raw record mutation below the engine: see the module docs. Reads are on
+/// [`Threads`] (and the store itself through [`LowLevel::store`]).
 ///
 /// ```
 /// use uwf_db::Store;
 /// let store = Store::memory();
-/// let low = store.low_level();
+/// let low = store.threads().low_level();
 /// // `low.append_step(..)`, `low.update_record(..)`, … write exactly what
-/// // they are given; the engine (`store.drive(..)`) is what routes.
-/// assert!(low.thread(uwf_db::thread::ThreadId::generate()).unwrap().is_none());
+/// // they are given; the engine (`store.engine().drive(..)`) is what routes.
+/// assert!(low.store().threads().get(uwf_db::thread::ThreadId::generate()).unwrap().is_none());
 /// ```
 #[derive(Debug, Clone, Copy)]
-pub struct LowLevel<'s>(&'s Store);
+pub struct LowLevel<'s>(pub(super) &'s Store);
 
-impl std::ops::Deref for LowLevel<'_> {
-    type Target = Store;
-
-    fn deref(&self) -> &Store {
+impl<'s> LowLevel<'s> {
+    /// The store these writes go to.
+    pub fn store(&self) -> &'s Store {
         self.0
     }
 }
 
-impl Store {
+impl<'s> Threads<'s> {
     /// Raw record mutation, below the engine (no routing, no claims):
     /// [`LowLevel`]. For tests, tools and the engine itself.
-    pub fn low_level(&self) -> LowLevel<'_> {
-        LowLevel(self)
+    pub fn low_level(&self) -> LowLevel<'s> {
+        LowLevel(self.store)
     }
 }
 
@@ -342,7 +341,7 @@ impl LowLevel<'_> {
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
         check_labels(&new.labels)?;
-        self.write_op(move |w| {
+        self.0.write_op(move |w| {
             let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
             let start = w.put_blob(&Blob::Start(StartNode {
                 depth: new.depth,
@@ -405,7 +404,7 @@ impl LowLevel<'_> {
         after: Next,
     ) -> Result<Written, ThreadError> {
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
-        self.write_op(move |w| {
+        self.0.write_op(move |w| {
             let (record, location) = load_checked(w, id, expected_head)?;
             if location != Location::Active {
                 return Err(ThreadError::WrongStatus {
@@ -431,7 +430,7 @@ impl LowLevel<'_> {
         after: Next,
     ) -> Result<Written, ThreadError> {
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
-        self.write_op(move |w| {
+        self.0.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             if !matches!(
                 record.status,
@@ -457,7 +456,7 @@ impl LowLevel<'_> {
         expected_head: Hash,
         end: EndSpec,
     ) -> Result<Written, ThreadError> {
-        self.write_op(move |w| {
+        self.0.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             if location != Location::Active {
                 return Err(ThreadError::WrongStatus {
@@ -512,7 +511,7 @@ impl LowLevel<'_> {
         id: ThreadId,
         mut change: impl FnMut(&mut ThreadRecord) -> Result<(), ThreadError> + Send + 'static,
     ) -> Result<ThreadRecord, ThreadError> {
-        self.write_op(move |w| {
+        self.0.write_op(move |w| {
             let (mut record, location) =
                 index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
             let old = record.clone();
@@ -527,7 +526,7 @@ impl LowLevel<'_> {
     }
 }
 
-impl Store {
+impl Threads<'_> {
     /// Stages a compaction summary covering everything up to the current
     /// head: context assembly uses it at once, and the next node appended
     /// records it as its `compact`.
@@ -536,12 +535,12 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let (summary, record) = store.stage_compact(started.id, started.head, "so far, so good")?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let (summary, record) = store.threads().stage_compact(started.id, started.head, "so far, so good")?;
     /// assert_eq!(record.staged_compact, Some(summary));
     /// // The head moved on since? Then nothing is staged.
-    /// assert!(store.stage_compact(started.id, summary, "stale").is_err());
+    /// assert!(store.threads().stage_compact(started.id, summary, "stale").is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stage_compact(
@@ -553,7 +552,7 @@ impl Store {
         self.stage_compact_counted(id, expected_head, summary, None)
     }
 
-    /// [`Store::stage_compact`], adding the summarising call's usage to
+    /// [`Threads::stage_compact`], adding the summarising call's usage to
     /// the thread's totals.
     pub(crate) fn stage_compact_counted(
         &self,
@@ -563,7 +562,7 @@ impl Store {
         usage: Option<StepUsage>,
     ) -> Result<(Hash, ThreadRecord), ThreadError> {
         let summary = summary.to_owned();
-        self.write_op(move |w| {
+        self.store.write_op(move |w| {
             let (mut record, location) = load_checked(w, id, expected_head)?;
             let old = record.clone();
             let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
@@ -591,11 +590,11 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
     /// let set = Labels::from([("team".to_owned(), "a".to_owned())]);
-    /// assert_eq!(store.set_labels(started.id, &set, &[])?.labels, set);
-    /// let record = store.set_labels(started.id, &Labels::new(), &["team".to_owned()])?;
+    /// assert_eq!(store.threads().set_labels(started.id, &set, &[])?.labels, set);
+    /// let record = store.threads().set_labels(started.id, &Labels::new(), &["team".to_owned()])?;
     /// assert!(record.labels.is_empty());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -609,7 +608,7 @@ impl Store {
         for key in remove {
             check_key(key)?;
         }
-        self.write(|w| {
+        self.store.write(|w| {
             let (old, location) =
                 index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
             let mut record = old.clone();
@@ -634,15 +633,15 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.add_workflow(&wf)?;
-    /// let started = store.start_workflow(hash, "task", &Default::default())?;
-    /// let removed = store.remove_thread(started.id)?;
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let removed = store.threads().remove(started.id)?;
     /// assert_eq!(removed.id, started.id);
-    /// assert!(store.thread(started.id)?.is_none());
+    /// assert!(store.threads().get(started.id)?.is_none());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn remove_thread(&self, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
-        self.write(|w| {
+    pub fn remove(&self, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
+        self.store.write(|w| {
             let (record, location) =
                 index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
             index::remove(w, &record, location)?;

@@ -18,6 +18,33 @@ use crate::store::{Store, StoreError};
 use crate::thread::{EndSpec, Next};
 use template::{TemplateError, Templates};
 
+/// The workflow layer of one store: stored definitions by name and
+/// hash. A cheap borrow: get one with [`Store::workflows`].
+///
+/// ```
+/// let store = uwf_db::Store::memory();
+/// assert!(store.workflows().list()?.is_empty());
+/// # Ok::<(), uwf_db::workflow::WorkflowError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Workflows<'s> {
+    store: &'s Store,
+}
+
+impl<'s> Workflows<'s> {
+    /// The workflow layer of `store` (the same as [`Store::workflows`]).
+    pub fn new(store: &'s Store) -> Workflows<'s> {
+        Workflows { store }
+    }
+}
+
+impl Store {
+    /// The workflow layer of this store: see [`Workflows`].
+    pub fn workflows(&self) -> Workflows<'_> {
+        Workflows::new(self)
+    }
+}
+
 /// What went wrong with a workflow.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -285,7 +312,7 @@ fn render_in(
     }
 }
 
-impl Store {
+impl Workflows<'_> {
     /// Stores a validated workflow and points its name at it. Returns the
     /// blob's hash and whether the name moved (identical content: no-op).
     ///
@@ -293,14 +320,14 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// let (hash, changed) = store.add_workflow(&wf)?;
+    /// let (hash, changed) = store.workflows().add(&wf)?;
     /// assert!(changed);
-    /// assert_eq!(store.add_workflow(&wf)?, (hash, false)); // the same definition again
+    /// assert_eq!(store.workflows().add(&wf)?, (hash, false)); // the same definition again
     /// # Ok::<(), uwf_db::workflow::WorkflowError>(())
     /// ```
-    pub fn add_workflow(&self, wf: &Workflow) -> Result<(Hash, bool), WorkflowError> {
+    pub fn add(&self, wf: &Workflow) -> Result<(Hash, bool), WorkflowError> {
         let blob = wf.to_blob()?;
-        let changed = self.write(|w| {
+        let changed = self.store.write(|w| {
             let hash = w.put_blob(&blob)?;
             let t = w.tables_mut();
             let old = t.get(Table::Workflows, wf.name.as_bytes())?;
@@ -320,23 +347,20 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// let (hash, _) = store.add_workflow(&wf)?;
-    /// let (found, loaded) = store.workflow_by_name("two")?.ok_or("not registered")?;
+    /// let (hash, _) = store.workflows().add(&wf)?;
+    /// let (found, loaded) = store.workflows().by_name("two")?.ok_or("not registered")?;
     /// assert_eq!((found, loaded.name.as_str()), (hash, "two"));
-    /// assert!(store.workflow_by_name("three")?.is_none());
+    /// assert!(store.workflows().by_name("three")?.is_none());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn workflow_by_name(
-        &self,
-        name: &str,
-    ) -> Result<Option<(Hash, Arc<Workflow>)>, WorkflowError> {
-        let hash = self.read(|r| {
+    pub fn by_name(&self, name: &str) -> Result<Option<(Hash, Arc<Workflow>)>, WorkflowError> {
+        let hash = self.store.read(|r| {
             let v = r.tables().get(Table::Workflows, name.as_bytes())?;
             Ok::<_, StoreError>(v.as_deref().and_then(Hash::from_slice))
         })?;
         match hash {
             None => Ok(None),
-            Some(h) => Ok(Some((h, self.load_workflow(h)?))),
+            Some(h) => Ok(Some((h, self.load(h)?))),
         }
     }
 
@@ -349,16 +373,17 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// let (hash, _) = store.add_workflow(&wf)?;
-    /// assert_eq!(*store.load_workflow(hash)?, wf);
+    /// let (hash, _) = store.workflows().add(&wf)?;
+    /// assert_eq!(*store.workflows().load(hash)?, wf);
     /// # Ok::<(), uwf_db::workflow::WorkflowError>(())
     /// ```
-    pub fn load_workflow(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
-        let cache = &self.layer_state::<Decoded>().0;
+    pub fn load(&self, hash: Hash) -> Result<Arc<Workflow>, WorkflowError> {
+        let cache = &self.store.layer_state::<Decoded>().0;
         if let Some(wf) = cache.get(&hash) {
             return Ok(wf);
         }
         let blob = self
+            .store
             .get(&hash)?
             .ok_or_else(|| WorkflowError::Unknown(hash.to_string()))?;
         let wf = Arc::new(Workflow::from_blob(hash, &blob)?);
@@ -372,12 +397,12 @@ impl Store {
     /// # let store = uwf_db::Store::memory();
     /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// let (hash, _) = store.add_workflow(&wf)?;
-    /// assert_eq!(store.list_workflows()?, vec![("two".to_owned(), hash)]);
+    /// let (hash, _) = store.workflows().add(&wf)?;
+    /// assert_eq!(store.workflows().list()?, vec![("two".to_owned(), hash)]);
     /// # Ok::<(), uwf_db::workflow::WorkflowError>(())
     /// ```
-    pub fn list_workflows(&self) -> Result<Vec<(String, Hash)>, WorkflowError> {
-        Ok(self.read(|r| {
+    pub fn list(&self) -> Result<Vec<(String, Hash)>, WorkflowError> {
+        Ok(self.store.read(|r| {
             let mut out = Vec::new();
             for entry in r
                 .tables()

@@ -153,7 +153,7 @@ pub fn try_new_thread(
     name: &str,
 ) -> Result<ThreadRecord, uwf_db::thread::ThreadError> {
     let wf = workflow(store, name);
-    store.low_level().start_thread(NewThread {
+    store.threads().low_level().start_thread(NewThread {
         workflow: name.into(),
         workflow_hash: wf,
         prompt: format!("task for {name}"),
@@ -193,9 +193,10 @@ pub fn next(role: &str) -> Next {
 
 /// Appends `n` steps, one transaction each; returns the last record.
 pub fn append_n(store: &Store, id: ThreadId, n: usize) -> ThreadRecord {
-    let mut rec = store.thread(id).unwrap().unwrap();
+    let mut rec = store.threads().get(id).unwrap().unwrap();
     for i in 0..n {
         let w = store
+            .threads()
             .low_level()
             .append_step(
                 id,
@@ -217,5 +218,5 @@ pub const TWO_ROLES: &str = "name: two\nroles:\n  writer: { goal: Write }\n  rev
 pub fn two_roles(store: &Store, name: &str) -> Hash {
     let yaml = TWO_ROLES.replacen("name: two", &format!("name: {name}"), 1);
     let wf = uwf_db::workflow::parse_workflow(&yaml, Some(name), &|_| false).unwrap();
-    store.add_workflow(&wf).unwrap().0
+    store.workflows().add(&wf).unwrap().0
 }

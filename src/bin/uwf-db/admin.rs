@@ -142,7 +142,7 @@ pub fn verify(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
 pub fn stats(cli: &Cli, out: &mut Output) -> Result<(), CliError> {
     let store = cli.open(false)?;
     let s = store.stats()?;
-    let usage = store.usage_totals()?;
+    let usage = store.threads().usage_totals()?;
     if out.json {
         return Ok(out.json_value(&uwf_db::api::StatsAnswer { stats: s, usage })?);
     }
@@ -412,7 +412,7 @@ pub fn prune(
     };
     match action {
         PruneAction::Set => {
-            store.set_retention_policy(Some(policy))?;
+            store.threads().set_retention_policy(Some(policy))?;
             if out.json {
                 return Ok(out.json_value(&uwf_db::api::PolicyAnswer {
                     policy: Some(policy.clone()),
@@ -425,7 +425,7 @@ pub fn prune(
             Ok(())
         }
         PruneAction::Unset => {
-            store.set_retention_policy(None)?;
+            store.threads().set_retention_policy(None)?;
             if out.json {
                 return Ok(out.json_value(&uwf_db::api::PolicyAnswer { policy: None })?);
             }
@@ -433,7 +433,7 @@ pub fn prune(
             Ok(())
         }
         PruneAction::Show => {
-            let stored = store.retention_policy()?;
+            let stored = store.threads().retention_policy()?;
             if out.json {
                 return Ok(out.json_value(&uwf_db::api::PolicyAnswer {
                     policy: stored.clone(),
@@ -450,7 +450,7 @@ pub fn prune(
         }
         PruneAction::Prune | PruneAction::DryRun => {
             let dry_run = matches!(action, PruneAction::DryRun);
-            let report = store.prune(policy, dry_run)?;
+            let report = store.threads().prune(policy, dry_run)?;
             if out.json {
                 return Ok(out.json_value(&report)?);
             }
@@ -491,7 +491,7 @@ pub fn export(
     let store = cli.open(false)?;
     let ids = ids
         .iter()
-        .map(|p| store.resolve_thread(p))
+        .map(|p| store.threads().resolve(p))
         .collect::<Result<Vec<_>, _>>()?;
     let report = match output {
         Some(path) => {

@@ -80,7 +80,7 @@ pub fn run(
     let (store, hash, wf, work) = if source.continue_ {
         let store = cli.open(false)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
-        let ids = store.continuable_threads(&wf.name)?;
+        let ids = store.engine().continuable_threads(&wf.name)?;
         (store, hash, wf, Work::Continue(ids.len()))
     } else {
         let work = prompts(source.file, source.count, source.prompt)?;
@@ -160,14 +160,22 @@ pub fn run(
     };
     let report = match &work {
         Work::Start(prompts) => {
-            store.run_batch_prompts(hash, prompts, &options, agents, &mut on_item)?
+            store
+                .engine()
+                .run_batch_prompts(hash, prompts, &options, agents, &mut on_item)?
         }
         Work::Repeat(prompt, n) => {
-            store.run_batch_repeat(hash, prompt, *n, &options, agents, &mut on_item)?
+            store
+                .engine()
+                .run_batch_repeat(hash, prompt, *n, &options, agents, &mut on_item)?
         }
-        Work::Continue(_) => {
-            store.continue_workflow(&wf.name, &options, source.wait, agents, &mut on_item)?
-        }
+        Work::Continue(_) => store.engine().continue_workflow(
+            &wf.name,
+            &options,
+            source.wait,
+            agents,
+            &mut on_item,
+        )?,
     };
     bar.finish_and_clear();
     written?;

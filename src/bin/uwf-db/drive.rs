@@ -113,12 +113,14 @@ impl AgentArgs {
         store: &Store,
         id: ThreadId,
     ) -> Result<(Box<dyn Agent>, String), CliError> {
-        Ok(store.agent_for(id, self.agent.as_deref(), &self.options())?)
+        Ok(store
+            .engine()
+            .agent_for(id, self.agent.as_deref(), &self.options())?)
     }
 
     /// The agent a spec names.
     pub fn build(&self, store: &Store, spec: &str) -> Result<Box<dyn Agent>, CliError> {
-        Ok(store.build_agent(spec, &self.options())?)
+        Ok(store.engine().build_agent(spec, &self.options())?)
     }
 }
 
@@ -180,7 +182,7 @@ pub fn drive(
     if resume.is_some() {
         // A thread that cannot be resumed says so (with its status) before
         // anything is said about its agent.
-        store.check_resumable(id)?;
+        store.engine().check_resumable(id)?;
     }
     let (mut a, spec) = agent.agent_for(store, id)?;
     let options = DriveOptions {
@@ -190,7 +192,7 @@ pub fn drive(
         agent_spec: Some(spec),
         cancel: cancel.clone(),
     };
-    let report = store.drive(id, &options, a.as_mut());
+    let report = store.engine().drive(id, &options, a.as_mut());
     if report.stopped_by_request {
         say_stopped(out, id)?;
     }
@@ -257,7 +259,9 @@ pub fn run(
         labels,
         cancel: cancel.clone(),
     };
-    let (record, outcome) = store.run_workflow(hash, prompt, &options, a.as_mut())?;
+    let (record, outcome) = store
+        .engine()
+        .run_workflow(hash, prompt, &options, a.as_mut())?;
     let stopped = outcome.stopped_by_request;
     let (results, failure) = (outcome.results, outcome.error);
     if !out.json {

@@ -236,7 +236,7 @@ pub fn run(
                 labels: label_map(labels),
                 ..StartOptions::default()
             };
-            let r = store.start_workflow(hash, prompt, &options)?;
+            let r = store.engine().start_workflow(hash, prompt, &options)?;
             if out.json {
                 out.json_value(&api::ThreadStarted::from(&r))?;
             } else {
@@ -251,7 +251,7 @@ pub fn run(
         }
         ThreadCommand::Step { id, agent, count } => {
             let store = cli.open(true)?;
-            let id = store.resolve_thread(id)?;
+            let id = store.threads().resolve(id)?;
             crate::drive::drive(&store, id, agent, *count, None, cancel, out)
         }
         ThreadCommand::Resume {
@@ -261,7 +261,7 @@ pub fn run(
             count,
         } => {
             let store = cli.open(true)?;
-            let id = store.resolve_thread(id)?;
+            let id = store.threads().resolve(id)?;
             crate::drive::drive(
                 &store,
                 id,
@@ -274,17 +274,20 @@ pub fn run(
         }
         ThreadCommand::Cancel { id, force } => {
             let store = cli.open(true)?;
-            let id = store.resolve_thread(id)?;
-            let r = store.cancel_thread(id, &CancelOptions { force: *force })?;
+            let id = store.threads().resolve(id)?;
+            let r = store
+                .engine()
+                .cancel_thread(id, &CancelOptions { force: *force })?;
             crate::drive::report(out, &[r], false, None)
         }
         ThreadCommand::Compact { id, summary } => {
             let store = cli.open(true)?;
-            let id = store.resolve_thread(id)?;
+            let id = store.threads().resolve(id)?;
             let record = store
-                .thread(id)?
+                .threads()
+                .get(id)?
                 .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
-            let (hash, _) = store.stage_compact(id, record.head, summary)?;
+            let (hash, _) = store.threads().stage_compact(id, record.head, summary)?;
             if out.json {
                 out.json_value(&api::SummaryStaged {
                     summary: hash,
@@ -300,13 +303,13 @@ pub fn run(
         }
         ThreadCommand::Fork { id, at, from_role } => {
             let store = cli.open(true)?;
-            let id = store.resolve_thread(id)?;
+            let id = store.threads().resolve(id)?;
             let at = match (at, from_role) {
                 (Some(p), _) => ForkAt::Node(store.resolve(p)?),
                 (None, Some(role)) => ForkAt::BeforeRole(role.clone()),
                 (None, None) => ForkAt::Head,
             };
-            let r = store.fork(id, at)?;
+            let r = store.engine().fork(id, at)?;
             let origin = r.forked_from.map(|f| f.node);
             if out.json {
                 out.json_value(&api::ThreadForked::of(id, &r))?;
@@ -349,13 +352,13 @@ pub fn run(
             if *watch {
                 return crate::watch::list(&store, &query, cancel, out);
             }
-            let records = store.list_threads(&query)?;
+            let records = store.threads().list(&query)?;
             list(&records, out)
         }
         ThreadCommand::Label { id, labels, remove } => {
             let store = cli.open(true)?;
-            let id = store.resolve_thread(id)?;
-            let r = store.set_labels(id, &label_map(labels), remove)?;
+            let id = store.threads().resolve(id)?;
+            let r = store.threads().set_labels(id, &label_map(labels), remove)?;
             if out.json {
                 out.json_value(&api::LabelsSet {
                     labels: r.labels,
@@ -368,23 +371,23 @@ pub fn run(
         }
         ThreadCommand::Show { id } => {
             let store = cli.open(false)?;
-            let id = store.resolve_thread(id)?;
-            let tree = store.thread_tree(id)?;
+            let id = store.threads().resolve(id)?;
+            let tree = store.threads().tree(id)?;
             let driver_alive = uwf_db::engine::claim::is_held(&store, id)?;
             show(&tree, driver_alive, out)
         }
         ThreadCommand::Log { id, limit, before } => {
             let store = cli.open(false)?;
-            let id = store.resolve_thread(id)?;
+            let id = store.threads().resolve(id)?;
             let before = before.as_ref().map(|p| store.resolve(p)).transpose()?;
-            let entries = store.thread_log(id, *limit, before)?;
+            let entries = store.threads().log(id, *limit, before)?;
             log(&store, &entries, out)
         }
         ThreadCommand::Watch { id, after } => crate::watch::thread(cli, id, *after, cancel, out),
         ThreadCommand::Tree { id } => {
             let store = cli.open(false)?;
-            let id = store.resolve_thread(id)?;
-            let tree = store.thread_tree(id)?;
+            let id = store.threads().resolve(id)?;
+            let tree = store.threads().tree(id)?;
             if out.json {
                 return Ok(out.json_value(&api::TreeView::of(&tree))?);
             }
@@ -402,8 +405,8 @@ pub fn run(
         }
         ThreadCommand::Stop { id } => {
             let store = cli.open(false)?;
-            let id = store.resolve_thread(id)?;
-            let record = store.request_stop(id)?;
+            let id = store.threads().resolve(id)?;
+            let record = store.engine().request_stop(id)?;
             if out.json {
                 out.json_value(&api::StopRequested {
                     stop_requested_at: record.stop_requested_at,
@@ -418,8 +421,8 @@ pub fn run(
         }
         ThreadCommand::Rm { id } => {
             let store = cli.open(false)?;
-            let id = store.resolve_thread(id)?;
-            let removed = store.remove_undriven_thread(id)?;
+            let id = store.threads().resolve(id)?;
+            let removed = store.engine().remove_undriven_thread(id)?;
             if out.json {
                 out.json_value(&api::ThreadRemoved {
                     head: removed.head,
@@ -530,7 +533,7 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
     if !r.labels.is_empty() {
         rows.push(("labels", labels_text(&r.labels)));
     }
-    let usage = Store::tree_usage(tree);
+    let usage = uwf_db::thread::Threads::tree_usage(tree);
     if !usage.is_empty() {
         let own = r.usage.clone().unwrap_or_default();
         rows.push((

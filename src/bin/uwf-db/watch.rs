@@ -1,5 +1,5 @@
 //! `thread watch` and `thread list --watch`: print what the library's
-//! watches hand over (`Store::watch_steps`, `Store::watch_threads`;
+//! watches hand over (`Engine::watch_steps`, `Engine::watch_threads`;
 //! `docs/design.md` §7d).
 
 use std::ops::ControlFlow;
@@ -37,10 +37,10 @@ pub fn thread(
     out: &mut Output,
 ) -> Result<(), CliError> {
     let store = cli.open(false)?;
-    let id = store.resolve_thread(id)?;
+    let id = store.threads().resolve(id)?;
     let mut last = after;
     let mut failed = None;
-    let end = store.watch_steps(id, after, cancel, &mut |e| {
+    let end = store.engine().watch_steps(id, after, cancel, &mut |e| {
         let line = if out.json {
             uwf_db::api::LogEntry::read(&store, e)
                 .map_err(CliError::from)
@@ -73,7 +73,7 @@ pub fn list(
     out: &mut Output,
 ) -> Result<(), CliError> {
     let mut failed = None;
-    store.watch_threads(query, cancel, &mut |r| {
+    store.engine().watch_threads(query, cancel, &mut |r| {
         let at = r.last_activity();
         let line = if out.json {
             out.json_value(&uwf_db::api::ThreadActivity::from(r))

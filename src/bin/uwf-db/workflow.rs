@@ -38,7 +38,7 @@ pub fn load_file(store: Option<&Store>, file: &Path) -> Result<Workflow, CliErro
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let stem = file.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
     let registered =
-        |name: &str| store.is_some_and(|s| matches!(s.workflow_by_name(name), Ok(Some(_))));
+        |name: &str| store.is_some_and(|s| matches!(s.workflows().by_name(name), Ok(Some(_))));
     parse_workflow(&text, stem.as_deref(), &registered).map_err(|problems| {
         WorkflowError::Invalid {
             source_name: file.display().to_string(),
@@ -53,11 +53,12 @@ pub fn resolve(store: &Store, arg: &str) -> Result<(Hash, Arc<Workflow>), CliErr
     let path = Path::new(arg);
     if arg.ends_with(".yaml") || arg.ends_with(".yml") || path.is_file() {
         let wf = load_file(Some(store), path)?;
-        let (hash, _) = store.add_workflow(&wf)?;
+        let (hash, _) = store.workflows().add(&wf)?;
         return Ok((hash, Arc::new(wf)));
     }
     store
-        .workflow_by_name(arg)?
+        .workflows()
+        .by_name(arg)?
         .ok_or_else(|| WorkflowError::Unknown(arg.to_owned()).into())
 }
 
@@ -66,7 +67,7 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
         WorkflowCommand::Add { file } => {
             let store = cli.open(true)?;
             let wf = load_file(Some(&store), file)?;
-            let (hash, changed) = store.add_workflow(&wf)?;
+            let (hash, changed) = store.workflows().add(&wf)?;
             if out.json {
                 out.json_value(&api::WorkflowAdded {
                     changed,
@@ -85,7 +86,7 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
         }
         WorkflowCommand::List => {
             let store = cli.open(false)?;
-            let list = store.list_workflows()?;
+            let list = store.workflows().list()?;
             if out.json {
                 let rows: Vec<_> = list
                     .iter()
@@ -107,14 +108,14 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
         }
         WorkflowCommand::Show { workflow } => {
             let store = cli.open(false)?;
-            let (hash, wf) = match store.workflow_by_name(workflow)? {
+            let (hash, wf) = match store.workflows().by_name(workflow)? {
                 Some(found) => found,
                 None => {
                     let prefix = workflow
                         .parse()
                         .map_err(|_| WorkflowError::Unknown(workflow.clone()))?;
                     let hash = store.resolve(&prefix)?;
-                    (hash, store.load_workflow(hash)?)
+                    (hash, store.workflows().load(hash)?)
                 }
             };
             if out.json {

@@ -221,17 +221,17 @@ pub enum AgentError {
 /// ";
 /// let store = Store::memory();
 /// let wf = parse_workflow(yaml, Some("judge"), &|_| false).map_err(|p| format!("{p:?}"))?;
-/// let (workflow, _) = store.add_workflow(&wf)?;
+/// let (workflow, _) = store.workflows().add(&wf)?;
 /// let mut judge = Judge::default();
 /// let (thread, report) =
-///     store.run_workflow(workflow, "Add a --json flag", &StartOptions::default(), &mut judge)?;
+///     store.engine().run_workflow(workflow, "Add a --json flag", &StartOptions::default(), &mut judge)?;
 /// assert_eq!(report.into_result()?[0].status, ThreadStatus::Completed);
 /// // The prompt holds the task; the second one says why the first reply was refused.
 /// assert!(judge.prompts[0].contains("Add a --json flag"));
 /// assert!(judge.prompts[1].contains("Your previous reply was invalid"));
 ///
 /// // The stored step is the accepted reply, frontmatter and all.
-/// let log = store.thread_log(thread.id, 10, None)?;
+/// let log = store.threads().log(thread.id, 10, None)?;
 /// let step = log.iter().find(|e| e.node.role == "judge").ok_or("no judge step")?;
 /// assert_eq!(step.node.meta["$status"], uwf_db::Value::Str("approved".into()));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -258,12 +258,12 @@ pub enum AgentError {
 /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
 /// # let store = Store::memory();
 /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
-/// # let (workflow, _) = store.add_workflow(&wf)?;
+/// # let (workflow, _) = store.workflows().add(&wf)?;
 /// let (thread, report) =
-///     store.run_workflow(workflow, "a task", &StartOptions::default(), &mut Offline)?;
+///     store.engine().run_workflow(workflow, "a task", &StartOptions::default(), &mut Offline)?;
 /// assert!(report.results.is_empty());
 /// assert!(matches!(report.error, Some(EngineError::StepFailed { .. })));
-/// let record = store.thread(thread.id)?.ok_or("no thread")?;
+/// let record = store.threads().get(thread.id)?.ok_or("no thread")?;
 /// assert_eq!(record.status, ThreadStatus::Idle);
 /// assert!(record.last_error.is_some_and(|e| e.contains("the model is offline")));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -323,7 +323,7 @@ impl AgentSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentOptions {
     /// The store directory, given to `cmd:` programs as `UWF_STORE`
-    /// ([`Store::build_agent`](crate::Store::build_agent) fills it in).
+    /// ([`Engine::build_agent`](crate::engine::Engine::build_agent) fills it in).
     pub store: PathBuf,
     /// How long a `cmd:` program may take before its process group is
     /// killed.
@@ -359,7 +359,7 @@ pub const DEFAULT_REASKS: usize = 2;
 
 impl AgentSpec {
     /// The agent this spec names: a loaded scenario, or a command agent.
-    /// ([`Store::build_agent`](crate::Store::build_agent) parses and builds
+    /// ([`Engine::build_agent`](crate::engine::Engine::build_agent) parses and builds
     /// in one call, with the store's directory filled in.)
     ///
     /// ```

@@ -58,9 +58,9 @@ impl ScriptAgent {
     /// # let yaml = "name: one\nroles:\n  worker: { goal: Work }\ngraph:\n  $START: { _: { role: worker, prompt: 'Work' } }\n  worker: { _: { role: $END, prompt: 'Done' } }\n";
     /// # let store = Store::memory();
     /// # let wf = parse_workflow(yaml, Some("one"), &|_| false).map_err(|p| format!("{p:?}"))?;
-    /// # let (workflow, _) = store.add_workflow(&wf)?;
+    /// # let (workflow, _) = store.workflows().add(&wf)?;
     /// let options = StartOptions::default();
-    /// let (_, report) = store.run_workflow(workflow, "a task", &options, &mut agent)?;
+    /// let (_, report) = store.engine().run_workflow(workflow, "a task", &options, &mut agent)?;
     /// assert_eq!(report.into_result()?[0].status, ThreadStatus::Completed);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
