@@ -60,16 +60,16 @@ fn build(store: &Store, threads: usize) -> Vec<ThreadId> {
 }
 
 fn collect(store: &Store, threads: usize) -> GcReport {
-    store
-        .collect_garbage(
-            &GcOptions {
-                grace: Duration::ZERO,
-                dry_run: false,
-                threads: Some(threads),
-            },
-            &|_| {},
-        )
-        .unwrap()
+    uwf_db::gc::collect_garbage(
+        store,
+        &GcOptions {
+            grace: Duration::ZERO,
+            dry_run: false,
+            threads: Some(threads),
+        },
+        &|_| {},
+    )
+    .unwrap()
 }
 
 fn main() {

@@ -168,7 +168,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         );
     }
 
-    let verified = store.verify(|_| {})?;
+    let verified = uwf_db::verify::verify(&store, |_| {})?;
     println!(
         "\nverify: {} blobs, {} refs, {} index entries, {} problems",
         verified.blobs_checked,

@@ -12,11 +12,11 @@
 //! anyone can recompute it, so it detects accidents (a cut-short copy, a
 //! flipped bit) and nothing else. A signed bundle's trailer is BLAKE3 in
 //! keyed mode (a MAC) under a [`BundleKey`] derived from a secret key file:
-//! only a holder of the key can make one that [`Store::import`] with
+//! only a holder of the key can make one that [`import`] with
 //! [`ImportOptions::verify`] accepts.
 //!
 //! A bundle is data from a stranger whichever it is. Import checks every
-//! record against the chain it points to (see [`Store::import`]) and never
+//! record against the chain it points to (see [`import`]) and never
 //! keeps the agent a record names, nor the directory its agents worked in,
 //! unless [`ImportOptions::trust_agents`] asks for it: an agent spec is a
 //! command line.
@@ -132,7 +132,7 @@ impl BundleKey {
     }
 }
 
-/// How [`Store::export_with`] writes a bundle.
+/// How [`export_with`] writes a bundle.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct ExportOptions {
@@ -140,7 +140,7 @@ pub struct ExportOptions {
     pub sign: Option<BundleKey>,
 }
 
-/// How [`Store::import_with`] reads a bundle.
+/// How [`import_with`] reads a bundle.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct ImportOptions {
@@ -306,418 +306,413 @@ impl Hashing<'_> {
     }
 }
 
-impl Store {
-    /// Writes an unsigned bundle of the threads `ids`, their children and
-    /// every blob they reach to `out` ([`Store::export_with`] with default
-    /// options).
-    ///
-    /// ```
-    /// # let store = uwf_db::Store::memory();
-    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
-    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.workflows().add(&wf)?;
-    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
-    /// let mut bundle = Vec::new();
-    /// let report = store.export(&[started.id], &mut bundle)?;
-    /// assert_eq!(report.threads, vec![started.id]);
-    /// let other = uwf_db::Store::memory();
-    /// assert_eq!(other.import(&bundle, false)?.threads.len(), 1);
-    /// assert!(other.threads().get(started.id)?.is_some());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn export(
-        &self,
-        ids: &[ThreadId],
-        out: &mut dyn Write,
-    ) -> Result<ExportReport, BundleError> {
-        self.export_with(ids, out, &ExportOptions::default())
-    }
+/// Writes an unsigned bundle of the threads `ids`, their children and
+/// every blob they reach to `out` ([`export_with`] with default
+/// options).
+///
+/// ```
+/// # let store = uwf_db::Store::memory();
+/// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+/// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+/// # let (hash, _) = store.workflows().add(&wf)?;
+/// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+/// let mut bundle = Vec::new();
+/// let report = uwf_db::bundle::export(&store, &[started.id], &mut bundle)?;
+/// assert_eq!(report.threads, vec![started.id]);
+/// let other = uwf_db::Store::memory();
+/// assert_eq!(uwf_db::bundle::import(&other, &bundle, false)?.threads.len(), 1);
+/// assert!(other.threads().get(started.id)?.is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn export(
+    store: &Store,
+    ids: &[ThreadId],
+    out: &mut dyn Write,
+) -> Result<ExportReport, BundleError> {
+    export_with(store, ids, out, &ExportOptions::default())
+}
 
-    /// Writes a bundle of the threads `ids`, their children and every blob
-    /// they reach to `out`, signed when `options.sign` holds a key;
-    /// deterministic: the same threads in the same state (and the same
-    /// key) give the same bytes. A driver's claim does not travel: a
-    /// thread being driven is written with the status underneath it, and
-    /// without a pending stop request.
-    ///
-    /// ```
-    /// # use uwf_db::Store;
-    /// use uwf_db::bundle::{BundleKey, ExportOptions, ImportOptions};
-    /// # let store = Store::memory();
-    /// let key = BundleKey::from_secret(&[42; 32])?;
-    /// let mut bytes = Vec::new();
-    /// let mut options = ExportOptions::default();
-    /// options.sign = Some(key.clone());
-    /// store.export_with(&[], &mut bytes, &options)?;
-    /// // Only the key's holder can check it.
-    /// assert!(Store::memory().import(&bytes, false).is_err());
-    /// let mut import = ImportOptions::default();
-    /// import.verify = Some(key);
-    /// assert!(Store::memory().import_with(&bytes, &import)?.signed);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn export_with(
-        &self,
-        ids: &[ThreadId],
-        out: &mut dyn Write,
-        options: &ExportOptions,
-    ) -> Result<ExportReport, BundleError> {
-        // The threads: those asked for, then their children, recursively.
-        let mut records: BTreeMap<ThreadId, ThreadRecord> = BTreeMap::new();
-        let mut queue: Vec<ThreadId> = ids.to_vec();
-        while let Some(id) = queue.pop() {
-            if records.contains_key(&id) {
+/// Writes a bundle of the threads `ids`, their children and every blob
+/// they reach to `out`, signed when `options.sign` holds a key;
+/// deterministic: the same threads in the same state (and the same
+/// key) give the same bytes. A driver's claim does not travel: a
+/// thread being driven is written with the status underneath it, and
+/// without a pending stop request.
+///
+/// ```
+/// # use uwf_db::Store;
+/// use uwf_db::bundle::{BundleKey, ExportOptions, ImportOptions};
+/// # let store = Store::memory();
+/// let key = BundleKey::from_secret(&[42; 32])?;
+/// let mut bytes = Vec::new();
+/// let mut options = ExportOptions::default();
+/// options.sign = Some(key.clone());
+/// uwf_db::bundle::export_with(&store, &[], &mut bytes, &options)?;
+/// // Only the key's holder can check it.
+/// assert!(uwf_db::bundle::import(&Store::memory(), &bytes, false).is_err());
+/// let mut import = ImportOptions::default();
+/// import.verify = Some(key);
+/// assert!(uwf_db::bundle::import_with(&Store::memory(), &bytes, &import)?.signed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn export_with(
+    store: &Store,
+    ids: &[ThreadId],
+    out: &mut dyn Write,
+    options: &ExportOptions,
+) -> Result<ExportReport, BundleError> {
+    // The threads: those asked for, then their children, recursively.
+    let mut records: BTreeMap<ThreadId, ThreadRecord> = BTreeMap::new();
+    let mut queue: Vec<ThreadId> = ids.to_vec();
+    while let Some(id) = queue.pop() {
+        if records.contains_key(&id) {
+            continue;
+        }
+        let (record, children) = store.read(|r| {
+            let (record, _) =
+                index::find(r.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+            Ok::<_, ThreadError>((record, index::children(r.tables(), id)?))
+        })?;
+        records.insert(id, record);
+        queue.extend(children);
+    }
+    // A claim is a local driver's, not part of the thread.
+    for record in records.values_mut() {
+        if record.status == ThreadStatus::Running {
+            record.status = record.underlying_status();
+        }
+        record.claimed_status = None;
+        record.stop_requested_at = None;
+    }
+    // Every blob they reach, in hash order.
+    let mut hashes: BTreeSet<Hash> = BTreeSet::new();
+    for record in records.values() {
+        for root in [
+            Some(record.start),
+            Some(record.head),
+            Some(record.workflow_hash),
+            record.staged_compact,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if hashes.contains(&root) {
                 continue;
             }
-            let (record, children) = self.read(|r| {
-                let (record, _) = index::find(r.tables(), id)?
-                    .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
-                Ok::<_, ThreadError>((record, index::children(r.tables(), id)?))
+            store.walk::<StoreError>(&root, |b| {
+                hashes.insert(b.hash);
+                Ok(())
             })?;
-            records.insert(id, record);
-            queue.extend(children);
         }
-        // A claim is a local driver's, not part of the thread.
-        for record in records.values_mut() {
-            if record.status == ThreadStatus::Running {
-                record.status = record.underlying_status();
-            }
-            record.claimed_status = None;
-            record.stop_requested_at = None;
-        }
-        // Every blob they reach, in hash order.
-        let mut hashes: BTreeSet<Hash> = BTreeSet::new();
-        for record in records.values() {
-            for root in [
-                Some(record.start),
-                Some(record.head),
-                Some(record.workflow_hash),
-                record.staged_compact,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                if hashes.contains(&root) {
-                    continue;
-                }
-                self.walk::<StoreError>(&root, |b| {
-                    hashes.insert(b.hash);
-                    Ok(())
-                })?;
-            }
-        }
-        let mut w = Hashing {
-            out,
-            hasher: match &options.sign {
-                Some(key) => blake3::Hasher::new_keyed(&key.0),
-                None => blake3::Hasher::new(),
-            },
-            bytes: 0,
-        };
-        w.put(if options.sign.is_some() {
-            MAGIC_SIGNED
-        } else {
-            MAGIC
-        })?;
-        let count = u32::try_from(records.len())
-            .map_err(|_| BundleError::Malformed("more than 2^32 threads".into()))?;
-        w.put(&count.to_le_bytes())?;
-        for record in records.values() {
-            let bytes = record.encode().map_err(ThreadError::from)?;
-            w.put_len(bytes.len())?;
-            w.put(&bytes)?;
-        }
-        w.put(&(hashes.len() as u64).to_le_bytes())?;
-        let all: Vec<Hash> = hashes.into_iter().collect();
-        for batch in all.chunks(BATCH) {
-            let blobs = self.read(|r| {
-                batch
-                    .iter()
-                    .map(|h| {
-                        r.get_stored(h)?.ok_or(StoreError::UnknownHash {
-                            prefix: h.to_string(),
-                        })
-                    })
-                    .collect::<Result<Vec<_>, StoreError>>()
-            })?;
-            for b in blobs {
-                w.put(b.hash.as_bytes())?;
-                w.put_len(b.bytes.len())?;
-                w.put(&b.bytes)?;
-            }
-        }
-        let digest = w.hasher.finalize();
-        w.out
-            .write_all(digest.as_bytes())
-            .map_err(BundleError::Write)?;
-        w.out.flush().map_err(BundleError::Write)?;
-        Ok(ExportReport {
-            threads: records.keys().copied().collect(),
-            blobs: all.len() as u64,
-            bytes: w.bytes + 32,
-        })
     }
-
-    /// Imports an unsigned or signed bundle without checking a signature,
-    /// keeping no agent ([`Store::import_with`] with `new_ids` and the
-    /// other options at their defaults).
-    ///
-    /// ```
-    /// # let store = uwf_db::Store::memory();
-    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
-    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.workflows().add(&wf)?;
-    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
-    /// # let mut bundle = Vec::new();
-    /// # store.export(&[started.id], &mut bundle)?;
-    /// // Into the store it came from: the id exists, so give it a new one.
-    /// assert!(store.import(&bundle, false).is_err());
-    /// let (old, new) = store.import(&bundle, true)?.threads[0];
-    /// assert!(old == started.id && new != old);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn import(&self, bundle: &[u8], new_ids: bool) -> Result<ImportReport, BundleError> {
-        self.import_with(bundle, &ImportOptions::new_ids(new_ids))
+    let mut w = Hashing {
+        out,
+        hasher: match &options.sign {
+            Some(key) => blake3::Hasher::new_keyed(&key.0),
+            None => blake3::Hasher::new(),
+        },
+        bytes: 0,
+    };
+    w.put(if options.sign.is_some() {
+        MAGIC_SIGNED
+    } else {
+        MAGIC
+    })?;
+    let count = u32::try_from(records.len())
+        .map_err(|_| BundleError::Malformed("more than 2^32 threads".into()))?;
+    w.put(&count.to_le_bytes())?;
+    for record in records.values() {
+        let bytes = record.encode().map_err(ThreadError::from)?;
+        w.put_len(bytes.len())?;
+        w.put(&bytes)?;
     }
-
-    /// Checks `bundle` whole, then writes its blobs and threads in one
-    /// transaction (all or nothing). A bundle is data from a stranger:
-    ///
-    /// - its trailer must match (with [`ImportOptions::verify`], it must be
-    ///   signed with that key); a signed bundle is refused without a key;
-    /// - every blob must hash to its key, be canonical, and have its refs in
-    ///   the bundle or the store;
-    /// - every record must agree with the chain it points to: its start,
-    ///   head and workflow of the right kinds, `seq` equal to the chain's
-    ///   length (every node one after its parent, on the same start, with
-    ///   the ancestor list the engine writes), the status the head gives
-    ///   (an ended thread's head is an end node with that return code, a
-    ///   thread whose head is not an end node is not ended; nothing is
-    ///   `running`), `last_end_seq` the newest end on the chain,
-    ///   `completed_at` set exactly when ended, parent, active child and
-    ///   fork origin present in the bundle or the store (an active child
-    ///   naming this thread as its parent), labels and usage in their
-    ///   allowed shapes;
-    /// - no thread id may exist (unless `new_ids`: then every thread gets a
-    ///   new id, and the links between the bundle's threads follow).
-    ///
-    /// Any failure refuses the bundle whole, naming the thread and the
-    /// field. Unless [`ImportOptions::trust_agents`], no record keeps the
-    /// agent spec or working directory it names.
-    ///
-    /// ```
-    /// # use uwf_db::Store;
-    /// use uwf_db::bundle::{BundleError, ImportOptions};
-    /// let store = Store::memory();
-    /// let err = store.import_with(b"not a bundle", &ImportOptions::default()).unwrap_err();
-    /// assert!(matches!(err, BundleError::Malformed(_)));
-    /// ```
-    pub fn import_with(
-        &self,
-        bundle: &[u8],
-        options: &ImportOptions,
-    ) -> Result<ImportReport, BundleError> {
-        let new_ids = options.new_ids;
-        let parsed = decode_with(bundle, options.verify.as_ref())?;
-        // Blobs: hash, canonical form, refs.
-        let mut blobs: HashMap<Hash, (crate::node::EncodedBlob, Kind)> = HashMap::new();
-        let mut raw: HashMap<Hash, &[u8]> = HashMap::new();
-        for (hash, bytes) in &parsed.blobs {
-            let bad = |detail: String| BundleError::BadBlob {
-                hash: *hash,
-                detail,
-            };
-            if Hash::of(bytes) != *hash {
-                return Err(bad(format!("its bytes hash to {}", Hash::of(bytes))));
-            }
-            let blob = Blob::decode(bytes).map_err(|e| bad(e.to_string()))?;
-            let encoded = blob.encode().map_err(|e| bad(e.to_string()))?;
-            let kind = blob.kind();
-            blobs.insert(*hash, (encoded, kind));
-            raw.insert(*hash, bytes);
-        }
-        let stored = |h: &Hash| self.contains(h);
-        for (hash, (encoded, _)) in &blobs {
-            for target in encoded.refs() {
-                if !blobs.contains_key(target) && !stored(target)? {
-                    return Err(BundleError::MissingRef {
-                        blob: *hash,
-                        missing: *target,
-                    });
-                }
-            }
-        }
-        // A node of the bundle, else of the store.
-        let mut node = |h: &Hash| -> Result<Option<Blob>, BundleError> {
-            match raw.get(h) {
-                // Checked above: it decodes.
-                Some(bytes) => Ok(Blob::decode(bytes).ok()),
-                None => Ok(self.get(h)?),
-            }
-        };
-        // Records: decode, nodes present and of the right kinds, and in
-        // agreement with their chains.
-        let mut records = Vec::with_capacity(parsed.records.len());
-        for (i, bytes) in parsed.records.iter().enumerate() {
-            let record = ThreadRecord::decode(bytes).map_err(|e| BundleError::BadRecord {
-                thread: format!("#{}", i + 1),
-                detail: e.to_string(),
-            })?;
-            let bad = |detail: String| BundleError::BadRecord {
-                thread: record.id.to_string(),
-                detail,
-            };
-            // Labels become index keys and terminal output; a cost is summed.
-            crate::thread::check_labels(&record.labels).map_err(|e| bad(format!("labels: {e}")))?;
-            if let Some(u) = &record.usage
-                && !(u.cost_usd.is_finite() && u.cost_usd >= 0.0)
-            {
-                return Err(bad(
-                    "usage: its cost is not a finite, non-negative number".into()
-                ));
-            }
-            for (what, hash, want) in record.blob_refs() {
-                let Some(hash) = hash else { continue };
-                let kind = match blobs.get(&hash) {
-                    Some((_, kind)) => Some(*kind),
-                    None => self.get_stored(&hash)?.map(|b| b.kind),
-                };
-                match kind {
-                    None => return Err(bad(format!("its {what} {hash} is missing"))),
-                    Some(k) if !want.is_empty() && !want.contains(&k) => {
-                        return Err(bad(format!("its {what} {hash} is a {k} blob")));
-                    }
-                    Some(_) => {}
-                }
-            }
-            if record.status == ThreadStatus::Running || record.claimed_status.is_some() {
-                return Err(bad(
-                    "status: it is held by a driver (running); a driver's claim is never imported"
-                        .into(),
-                ));
-            }
-            if let Some(detail) =
-                crate::thread::check_against_chain(&record, usize::MAX, &mut node)?
-            {
-                return Err(bad(detail));
-            }
-            records.push(record);
-        }
-        let mut seen = HashSet::new();
-        if let Some(dup) = records.iter().find(|r| !seen.insert(r.id)) {
-            return Err(BundleError::BadRecord {
-                thread: dup.id.to_string(),
-                detail: "the bundle holds it twice".into(),
-            });
-        }
-        // Links between threads: inside the bundle, else in the store.
-        let in_bundle: HashMap<ThreadId, &ThreadRecord> =
-            records.iter().map(|r| (r.id, r)).collect();
-        for record in &records {
-            let bad = |detail: String| BundleError::BadRecord {
-                thread: record.id.to_string(),
-                detail,
-            };
-            let known = |id: ThreadId| -> Result<bool, BundleError> {
-                Ok(in_bundle.contains_key(&id) || self.threads().get(id)?.is_some())
-            };
-            if let Some(parent) = record.parent_thread
-                && !known(parent)?
-            {
-                return Err(bad(format!(
-                    "parent_thread: {parent} is neither in the bundle nor in the store"
-                )));
-            }
-            if let Some(child) = record.active_child {
-                let parent_of_child = match in_bundle.get(&child) {
-                    Some(c) => Some(c.parent_thread),
-                    None => self.threads().get(child)?.map(|c| c.parent_thread),
-                };
-                match parent_of_child {
-                    None => {
-                        return Err(bad(format!(
-                            "active_child: {child} is neither in the bundle nor in the store"
-                        )));
-                    }
-                    Some(p) if p != Some(record.id) => {
-                        return Err(bad(format!(
-                            "active_child: {child} is not a child of this thread"
-                        )));
-                    }
-                    Some(_) => {}
-                }
-            }
-            if let Some(origin) = &record.forked_from
-                && !(blobs.contains_key(&origin.node) || self.contains(&origin.node)?)
-            {
-                return Err(bad(format!(
-                    "forked_from: node {} is neither in the bundle nor in the store",
-                    origin.node
-                )));
-            }
-        }
-        // Ids.
-        let map: HashMap<ThreadId, ThreadId> = if new_ids {
-            records
+    w.put(&(hashes.len() as u64).to_le_bytes())?;
+    let all: Vec<Hash> = hashes.into_iter().collect();
+    for batch in all.chunks(BATCH) {
+        let blobs = store.read(|r| {
+            batch
                 .iter()
-                .map(|r| (r.id, ThreadId::generate()))
-                .collect()
-        } else {
-            records.iter().map(|r| (r.id, r.id)).collect()
-        };
-        // Blobs in an order where every ref comes before its referrer.
-        let order = topological(&blobs);
-        let trust = options.trust_agents;
-        let report = self.write(|w| {
-            if !new_ids {
-                let mut exists = Vec::new();
-                for r in &records {
-                    if index::find(w.tables(), r.id)?.is_some() {
-                        exists.push(r.id);
-                    }
-                }
-                if !exists.is_empty() {
-                    return Err(BundleError::Exists { ids: exists });
-                }
-            }
-            let mut new_blobs = 0;
-            for hash in &order {
-                if let Some((encoded, _)) = blobs.get(hash)
-                    && w.put_encoded(encoded)?
-                {
-                    new_blobs += 1;
-                }
-            }
-            let mut threads = Vec::with_capacity(records.len());
-            let mut agents_dropped = 0;
-            for record in &records {
-                let mut r = record.clone();
-                let follow = |id: ThreadId| *map.get(&id).unwrap_or(&id);
-                r.id = follow(r.id);
-                r.parent_thread = r.parent_thread.map(follow);
-                r.active_child = r.active_child.map(follow);
-                if let Some(origin) = &mut r.forked_from {
-                    origin.thread = follow(origin.thread);
-                }
-                if !trust {
-                    if r.agent.take().is_some() {
-                        agents_dropped += 1;
-                    }
-                    r.cwd = None;
-                }
-                index::put(w, None, &r)?;
-                threads.push((record.id, r.id));
-            }
-            Ok::<_, BundleError>(ImportReport {
-                threads,
-                blobs: blobs.len() as u64,
-                new_blobs,
-                agents_dropped,
-                signed: options.verify.is_some(),
-            })
+                .map(|h| {
+                    r.get_stored(h)?.ok_or(StoreError::UnknownHash {
+                        prefix: h.to_string(),
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()
         })?;
-        Ok(report)
+        for b in blobs {
+            w.put(b.hash.as_bytes())?;
+            w.put_len(b.bytes.len())?;
+            w.put(&b.bytes)?;
+        }
     }
+    let digest = w.hasher.finalize();
+    w.out
+        .write_all(digest.as_bytes())
+        .map_err(BundleError::Write)?;
+    w.out.flush().map_err(BundleError::Write)?;
+    Ok(ExportReport {
+        threads: records.keys().copied().collect(),
+        blobs: all.len() as u64,
+        bytes: w.bytes + 32,
+    })
+}
+
+/// Imports an unsigned or signed bundle without checking a signature,
+/// keeping no agent ([`import_with`] with `new_ids` and the
+/// other options at their defaults).
+///
+/// ```
+/// # let store = uwf_db::Store::memory();
+/// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+/// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+/// # let (hash, _) = store.workflows().add(&wf)?;
+/// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+/// # let mut bundle = Vec::new();
+/// # uwf_db::bundle::export(&store, &[started.id], &mut bundle)?;
+/// // Into the store it came from: the id exists, so give it a new one.
+/// assert!(uwf_db::bundle::import(&store, &bundle, false).is_err());
+/// let (old, new) = uwf_db::bundle::import(&store, &bundle, true)?.threads[0];
+/// assert!(old == started.id && new != old);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn import(store: &Store, bundle: &[u8], new_ids: bool) -> Result<ImportReport, BundleError> {
+    import_with(store, bundle, &ImportOptions::new_ids(new_ids))
+}
+
+/// Checks `bundle` whole, then writes its blobs and threads in one
+/// transaction (all or nothing). A bundle is data from a stranger:
+///
+/// - its trailer must match (with [`ImportOptions::verify`], it must be
+///   signed with that key); a signed bundle is refused without a key;
+/// - every blob must hash to its key, be canonical, and have its refs in
+///   the bundle or the store;
+/// - every record must agree with the chain it points to: its start,
+///   head and workflow of the right kinds, `seq` equal to the chain's
+///   length (every node one after its parent, on the same start, with
+///   the ancestor list the engine writes), the status the head gives
+///   (an ended thread's head is an end node with that return code, a
+///   thread whose head is not an end node is not ended; nothing is
+///   `running`), `last_end_seq` the newest end on the chain,
+///   `completed_at` set exactly when ended, parent, active child and
+///   fork origin present in the bundle or the store (an active child
+///   naming this thread as its parent), labels and usage in their
+///   allowed shapes;
+/// - no thread id may exist (unless `new_ids`: then every thread gets a
+///   new id, and the links between the bundle's threads follow).
+///
+/// Any failure refuses the bundle whole, naming the thread and the
+/// field. Unless [`ImportOptions::trust_agents`], no record keeps the
+/// agent spec or working directory it names.
+///
+/// ```
+/// # use uwf_db::Store;
+/// use uwf_db::bundle::{BundleError, ImportOptions};
+/// let store = Store::memory();
+/// let err = uwf_db::bundle::import_with(&store, b"not a bundle", &ImportOptions::default()).unwrap_err();
+/// assert!(matches!(err, BundleError::Malformed(_)));
+/// ```
+pub fn import_with(
+    store: &Store,
+    bundle: &[u8],
+    options: &ImportOptions,
+) -> Result<ImportReport, BundleError> {
+    let new_ids = options.new_ids;
+    let parsed = decode_with(bundle, options.verify.as_ref())?;
+    // Blobs: hash, canonical form, refs.
+    let mut blobs: HashMap<Hash, (crate::node::EncodedBlob, Kind)> = HashMap::new();
+    let mut raw: HashMap<Hash, &[u8]> = HashMap::new();
+    for (hash, bytes) in &parsed.blobs {
+        let bad = |detail: String| BundleError::BadBlob {
+            hash: *hash,
+            detail,
+        };
+        if Hash::of(bytes) != *hash {
+            return Err(bad(format!("its bytes hash to {}", Hash::of(bytes))));
+        }
+        let blob = Blob::decode(bytes).map_err(|e| bad(e.to_string()))?;
+        let encoded = blob.encode().map_err(|e| bad(e.to_string()))?;
+        let kind = blob.kind();
+        blobs.insert(*hash, (encoded, kind));
+        raw.insert(*hash, bytes);
+    }
+    let stored = |h: &Hash| store.contains(h);
+    for (hash, (encoded, _)) in &blobs {
+        for target in encoded.refs() {
+            if !blobs.contains_key(target) && !stored(target)? {
+                return Err(BundleError::MissingRef {
+                    blob: *hash,
+                    missing: *target,
+                });
+            }
+        }
+    }
+    // A node of the bundle, else of the store.
+    let mut node = |h: &Hash| -> Result<Option<Blob>, BundleError> {
+        match raw.get(h) {
+            // Checked above: it decodes.
+            Some(bytes) => Ok(Blob::decode(bytes).ok()),
+            None => Ok(store.get(h)?),
+        }
+    };
+    // Records: decode, nodes present and of the right kinds, and in
+    // agreement with their chains.
+    let mut records = Vec::with_capacity(parsed.records.len());
+    for (i, bytes) in parsed.records.iter().enumerate() {
+        let record = ThreadRecord::decode(bytes).map_err(|e| BundleError::BadRecord {
+            thread: format!("#{}", i + 1),
+            detail: e.to_string(),
+        })?;
+        let bad = |detail: String| BundleError::BadRecord {
+            thread: record.id.to_string(),
+            detail,
+        };
+        // Labels become index keys and terminal output; a cost is summed.
+        crate::thread::check_labels(&record.labels).map_err(|e| bad(format!("labels: {e}")))?;
+        if let Some(u) = &record.usage
+            && !(u.cost_usd.is_finite() && u.cost_usd >= 0.0)
+        {
+            return Err(bad(
+                "usage: its cost is not a finite, non-negative number".into()
+            ));
+        }
+        for (what, hash, want) in record.blob_refs() {
+            let Some(hash) = hash else { continue };
+            let kind = match blobs.get(&hash) {
+                Some((_, kind)) => Some(*kind),
+                None => store.get_stored(&hash)?.map(|b| b.kind),
+            };
+            match kind {
+                None => return Err(bad(format!("its {what} {hash} is missing"))),
+                Some(k) if !want.is_empty() && !want.contains(&k) => {
+                    return Err(bad(format!("its {what} {hash} is a {k} blob")));
+                }
+                Some(_) => {}
+            }
+        }
+        if record.status == ThreadStatus::Running || record.claimed_status.is_some() {
+            return Err(bad(
+                "status: it is held by a driver (running); a driver's claim is never imported"
+                    .into(),
+            ));
+        }
+        if let Some(detail) = crate::thread::check_against_chain(&record, usize::MAX, &mut node)? {
+            return Err(bad(detail));
+        }
+        records.push(record);
+    }
+    let mut seen = HashSet::new();
+    if let Some(dup) = records.iter().find(|r| !seen.insert(r.id)) {
+        return Err(BundleError::BadRecord {
+            thread: dup.id.to_string(),
+            detail: "the bundle holds it twice".into(),
+        });
+    }
+    // Links between threads: inside the bundle, else in the store.
+    let in_bundle: HashMap<ThreadId, &ThreadRecord> = records.iter().map(|r| (r.id, r)).collect();
+    for record in &records {
+        let bad = |detail: String| BundleError::BadRecord {
+            thread: record.id.to_string(),
+            detail,
+        };
+        let known = |id: ThreadId| -> Result<bool, BundleError> {
+            Ok(in_bundle.contains_key(&id) || store.threads().get(id)?.is_some())
+        };
+        if let Some(parent) = record.parent_thread
+            && !known(parent)?
+        {
+            return Err(bad(format!(
+                "parent_thread: {parent} is neither in the bundle nor in the store"
+            )));
+        }
+        if let Some(child) = record.active_child {
+            let parent_of_child = match in_bundle.get(&child) {
+                Some(c) => Some(c.parent_thread),
+                None => store.threads().get(child)?.map(|c| c.parent_thread),
+            };
+            match parent_of_child {
+                None => {
+                    return Err(bad(format!(
+                        "active_child: {child} is neither in the bundle nor in the store"
+                    )));
+                }
+                Some(p) if p != Some(record.id) => {
+                    return Err(bad(format!(
+                        "active_child: {child} is not a child of this thread"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(origin) = &record.forked_from
+            && !(blobs.contains_key(&origin.node) || store.contains(&origin.node)?)
+        {
+            return Err(bad(format!(
+                "forked_from: node {} is neither in the bundle nor in the store",
+                origin.node
+            )));
+        }
+    }
+    // Ids.
+    let map: HashMap<ThreadId, ThreadId> = if new_ids {
+        records
+            .iter()
+            .map(|r| (r.id, ThreadId::generate()))
+            .collect()
+    } else {
+        records.iter().map(|r| (r.id, r.id)).collect()
+    };
+    // Blobs in an order where every ref comes before its referrer.
+    let order = topological(&blobs);
+    let trust = options.trust_agents;
+    let report = store.write(|w| {
+        if !new_ids {
+            let mut exists = Vec::new();
+            for r in &records {
+                if index::find(w.tables(), r.id)?.is_some() {
+                    exists.push(r.id);
+                }
+            }
+            if !exists.is_empty() {
+                return Err(BundleError::Exists { ids: exists });
+            }
+        }
+        let mut new_blobs = 0;
+        for hash in &order {
+            if let Some((encoded, _)) = blobs.get(hash)
+                && w.put_encoded(encoded)?
+            {
+                new_blobs += 1;
+            }
+        }
+        let mut threads = Vec::with_capacity(records.len());
+        let mut agents_dropped = 0;
+        for record in &records {
+            let mut r = record.clone();
+            let follow = |id: ThreadId| *map.get(&id).unwrap_or(&id);
+            r.id = follow(r.id);
+            r.parent_thread = r.parent_thread.map(follow);
+            r.active_child = r.active_child.map(follow);
+            if let Some(origin) = &mut r.forked_from {
+                origin.thread = follow(origin.thread);
+            }
+            if !trust {
+                if r.agent.take().is_some() {
+                    agents_dropped += 1;
+                }
+                r.cwd = None;
+            }
+            index::put(w, None, &r)?;
+            threads.push((record.id, r.id));
+        }
+        Ok::<_, BundleError>(ImportReport {
+            threads,
+            blobs: blobs.len() as u64,
+            new_blobs,
+            agents_dropped,
+            signed: options.verify.is_some(),
+        })
+    })?;
+    Ok(report)
 }
 
 /// A bundle's parts.

@@ -21,7 +21,7 @@
 //!    up equal to the new snapshot — never a mix, never a duplicate.
 //! 3. **Compare**: the row count and a BLAKE3 digest of every table,
 //!    computed from the source rows as they were streamed and from a fresh
-//!    snapshot of the destination ([`Store::table_digests`]), must agree.
+//!    snapshot of the destination ([`table_digests`]), must agree.
 //! 4. **Verify** the destination ([`crate::verify`]), then delete the
 //!    marker. Until that commit the destination says it is unfinished.
 //!
@@ -159,7 +159,7 @@ pub struct TableCopy {
     pub digest: String,
 }
 
-/// A table's contents in brief: what [`Store::table_digests`] returns and
+/// A table's contents in brief: what [`table_digests`] returns and
 /// what a copy compares.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct TableDigest {
@@ -210,7 +210,7 @@ pub struct CopyReport {
 /// but a store's own files: `copy` (which creates the store) writes its
 /// files only into a new or empty directory, or a store. A path that does
 /// not exist, or a store (it has `data.mdb`), passes; what a store holds
-/// is [`Store::copy_to`]'s to check.
+/// is [`copy_to`]'s to check.
 pub fn check_destination_dir(dir: &std::path::Path) -> Result<(), CopyError> {
     let location = dir.display().to_string();
     let entries = match std::fs::read_dir(dir) {
@@ -481,159 +481,155 @@ struct ChunkOutcome {
 
 type Row = (Vec<u8>, Vec<u8>);
 
-impl Store {
-    /// Copies this whole store into `dst` (`docs/design.md` §4c): every
-    /// table from one snapshot of this store, in bounded chunks, then
-    /// compares both sides table by table and verifies `dst`.
-    ///
-    /// `dst` must be empty (a new store) or an unfinished copy of this
-    /// store, which the copy then continues. Other writers should leave
-    /// `dst` alone until the copy returns; writers of this store may go on
-    /// (the copy is of the snapshot taken when it started), but a long
-    /// snapshot keeps LMDB from reusing pages and PostgreSQL from vacuuming
-    /// rows, so copy a busy store when it is quiet.
-    ///
-    /// ```
-    /// use uwf_db::{Blob, Store};
-    /// use uwf_db::copy::CopyOptions;
-    ///
-    /// let src = Store::memory();
-    /// let hash = src.put(&Blob::content("a reply", [])).unwrap();
-    /// src.pin(&hash).unwrap();
-    /// let dst = Store::memory();
-    /// let report = src.copy_to(&dst, &CopyOptions::default(), |_| {}).unwrap();
-    /// assert!(report.verify.is_ok());
-    /// assert_eq!(dst.get(&hash).unwrap(), Some(Blob::content("a reply", [])));
-    /// assert_eq!(src.table_digests().unwrap(), dst.table_digests().unwrap());
-    /// assert_eq!(dst.unfinished_copy().unwrap(), None);
-    /// ```
-    pub fn copy_to(
-        &self,
-        dst: &Store,
-        options: &CopyOptions,
-        mut progress: impl FnMut(CopyProgress),
-    ) -> Result<CopyReport, CopyError> {
-        let started = Instant::now();
-        let from = self.location().to_owned();
-        let to = dst.location().to_owned();
-        let in_memory = |s: &Store| s.backend().as_any().is::<MemoryBackend>();
-        if self.same_store(dst) || (from == to && !in_memory(self)) {
-            return Err(CopyError::SameStore { location: from });
-        }
-        let source_err = |source| CopyError::Source {
-            location: from.clone(),
-            source,
-        };
-        let dest_err = |source: StoreError| CopyError::Destination {
+/// Copies this whole store into `dst` (`docs/design.md` §4c): every
+/// table from one snapshot of this store, in bounded chunks, then
+/// compares both sides table by table and verifies `dst`.
+///
+/// `dst` must be empty (a new store) or an unfinished copy of this
+/// store, which the copy then continues. Other writers should leave
+/// `dst` alone until the copy returns; writers of this store may go on
+/// (the copy is of the snapshot taken when it started), but a long
+/// snapshot keeps LMDB from reusing pages and PostgreSQL from vacuuming
+/// rows, so copy a busy store when it is quiet.
+///
+/// ```
+/// use uwf_db::{Blob, Store};
+/// use uwf_db::copy::CopyOptions;
+///
+/// let src = Store::memory();
+/// let hash = src.put(&Blob::content("a reply", [])).unwrap();
+/// src.pin(&hash).unwrap();
+/// let dst = Store::memory();
+/// let report = uwf_db::copy::copy_to(&src, &dst, &CopyOptions::default(), |_| {}).unwrap();
+/// assert!(report.verify.is_ok());
+/// assert_eq!(dst.get(&hash).unwrap(), Some(Blob::content("a reply", [])));
+/// assert_eq!(uwf_db::copy::table_digests(&src).unwrap(), uwf_db::copy::table_digests(&dst).unwrap());
+/// assert_eq!(dst.unfinished_copy().unwrap(), None);
+/// ```
+pub fn copy_to(
+    store: &Store,
+    dst: &Store,
+    options: &CopyOptions,
+    mut progress: impl FnMut(CopyProgress),
+) -> Result<CopyReport, CopyError> {
+    let started = Instant::now();
+    let from = store.location().to_owned();
+    let to = dst.location().to_owned();
+    let in_memory = |s: &Store| s.backend().as_any().is::<MemoryBackend>();
+    if store.same_store(dst) || (from == to && !in_memory(store)) {
+        return Err(CopyError::SameStore { location: from });
+    }
+    let source_err = |source| CopyError::Source {
+        location: from.clone(),
+        source,
+    };
+    let dest_err = |source: StoreError| CopyError::Destination {
+        location: to.clone(),
+        source,
+    };
+    let chunk = Chunk {
+        rows: options.chunk_rows.max(1),
+        bytes: options.chunk_bytes.max(1),
+    };
+
+    // Held to the end: no collection (which would free blobs whose
+    // threads are not copied yet) and no second copy meanwhile.
+    let _lock = dst
+        .backend()
+        .try_lock_gc()
+        .map_err(|e| dest_err(e.into()))?
+        .ok_or_else(|| CopyError::Busy {
             location: to.clone(),
-            source,
-        };
-        let chunk = Chunk {
-            rows: options.chunk_rows.max(1),
-            bytes: options.chunk_bytes.max(1),
-        };
+        })?;
 
-        // Held to the end: no collection (which would free blobs whose
-        // threads are not copied yet) and no second copy meanwhile.
-        let _lock = dst
-            .backend()
-            .try_lock_gc()
-            .map_err(|e| dest_err(e.into()))?
-            .ok_or_else(|| CopyError::Busy {
-                location: to.clone(),
-            })?;
+    let copy = Copy {
+        dst,
+        from: &from,
+        to: &to,
+        chunk,
+        cancel: options.cancel.as_ref(),
+    };
+    // One read transaction: the whole copy is of one snapshot.
+    let (resumed, copied) = store
+        .read(|r| Ok::<_, StoreError>(copy.all_tables(r.tables(), &mut progress)))
+        .map_err(source_err)??;
 
-        let copy = Copy {
-            dst,
-            from: &from,
-            to: &to,
-            chunk,
-            cancel: options.cancel.as_ref(),
-        };
-        // One read transaction: the whole copy is of one snapshot.
-        let (resumed, copied) = self
-            .read(|r| Ok::<_, StoreError>(copy.all_tables(r.tables(), &mut progress)))
-            .map_err(source_err)??;
-
-        let theirs = dst
-            .digests(|table| progress(CopyProgress::Comparing { table }))
-            .map_err(dest_err)?;
-        for (ours, theirs) in copied.iter().zip(&theirs) {
-            if (ours.rows, &ours.digest) != (theirs.rows, &theirs.digest) {
-                return Err(CopyError::Mismatch {
-                    table: ours.table,
-                    detail: format!(
-                        "the source has {} rows (digest {}), the destination {} (digest {})",
-                        ours.rows, ours.digest, theirs.rows, theirs.digest
-                    ),
-                });
-            }
-        }
-
-        let mut verify = dst
-            .verify(|p| progress(CopyProgress::Verifying(p)))
-            .map_err(dest_err)?;
-        // The marker is ours and goes next.
-        verify
-            .problems
-            .retain(|p| !matches!(p, Problem::UnfinishedCopy { .. }));
-        if !verify.is_ok() {
-            return Err(CopyError::Problems {
-                location: to,
-                problems: verify.problems,
+    let theirs =
+        digests(dst, |table| progress(CopyProgress::Comparing { table })).map_err(dest_err)?;
+    for (ours, theirs) in copied.iter().zip(&theirs) {
+        if (ours.rows, &ours.digest) != (theirs.rows, &theirs.digest) {
+            return Err(CopyError::Mismatch {
+                table: ours.table,
+                detail: format!(
+                    "the source has {} rows (digest {}), the destination {} (digest {})",
+                    ours.rows, ours.digest, theirs.rows, theirs.digest
+                ),
             });
         }
-        copy.finish()?;
-
-        Ok(CopyReport {
-            rows: copied.iter().map(|t| t.rows).sum(),
-            bytes: copied.iter().map(|t| t.bytes).sum(),
-            written: copied.iter().map(|t| t.written).sum(),
-            deleted: copied.iter().map(|t| t.deleted).sum(),
-            source: from.clone(),
-            destination: to.clone(),
-            resumed,
-            tables: copied,
-            verify,
-            elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        })
     }
 
-    /// The row count, size and digest of every table, in [`copy_order`],
-    /// read from one snapshot (`meta` without the keys a copy does not
-    /// move). Two stores with equal digests hold the same bytes in every
-    /// table.
-    ///
-    /// ```
-    /// use uwf_db::{Blob, Store};
-    /// let a = Store::memory();
-    /// let b = Store::memory();
-    /// assert_eq!(a.table_digests().unwrap(), b.table_digests().unwrap());
-    /// a.put(&Blob::content("only in a", [])).unwrap();
-    /// assert_ne!(a.table_digests().unwrap(), b.table_digests().unwrap());
-    /// ```
-    pub fn table_digests(&self) -> Result<Vec<TableDigest>, StoreError> {
-        self.digests(|_| {})
+    let mut verify =
+        crate::verify::verify(dst, |p| progress(CopyProgress::Verifying(p))).map_err(dest_err)?;
+    // The marker is ours and goes next.
+    verify
+        .problems
+        .retain(|p| !matches!(p, Problem::UnfinishedCopy { .. }));
+    if !verify.is_ok() {
+        return Err(CopyError::Problems {
+            location: to,
+            problems: verify.problems,
+        });
     }
+    copy.finish()?;
 
-    fn digests(&self, mut each: impl FnMut(Table)) -> Result<Vec<TableDigest>, StoreError> {
-        self.read(|r| {
-            copy_order()
-                .into_iter()
-                .map(|table| {
-                    each(table);
-                    let mut digest = Digest::new();
-                    r.tables().visit_range(table, KeyRange::ALL, &mut |k, v| {
-                        if copied(table, k) {
-                            digest.add(k, v);
-                        }
-                        Ok(true)
-                    })?;
-                    Ok(digest.finish(table))
-                })
-                .collect()
-        })
-    }
+    Ok(CopyReport {
+        rows: copied.iter().map(|t| t.rows).sum(),
+        bytes: copied.iter().map(|t| t.bytes).sum(),
+        written: copied.iter().map(|t| t.written).sum(),
+        deleted: copied.iter().map(|t| t.deleted).sum(),
+        source: from.clone(),
+        destination: to.clone(),
+        resumed,
+        tables: copied,
+        verify,
+        elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// The row count, size and digest of every table, in [`copy_order`],
+/// read from one snapshot (`meta` without the keys a copy does not
+/// move). Two stores with equal digests hold the same bytes in every
+/// table.
+///
+/// ```
+/// use uwf_db::{Blob, Store};
+/// let a = Store::memory();
+/// let b = Store::memory();
+/// assert_eq!(uwf_db::copy::table_digests(&a).unwrap(), uwf_db::copy::table_digests(&b).unwrap());
+/// a.put(&Blob::content("only in a", [])).unwrap();
+/// assert_ne!(uwf_db::copy::table_digests(&a).unwrap(), uwf_db::copy::table_digests(&b).unwrap());
+/// ```
+pub fn table_digests(store: &Store) -> Result<Vec<TableDigest>, StoreError> {
+    digests(store, |_| {})
+}
+
+fn digests(store: &Store, mut each: impl FnMut(Table)) -> Result<Vec<TableDigest>, StoreError> {
+    store.read(|r| {
+        copy_order()
+            .into_iter()
+            .map(|table| {
+                each(table);
+                let mut digest = Digest::new();
+                r.tables().visit_range(table, KeyRange::ALL, &mut |k, v| {
+                    if copied(table, k) {
+                        digest.add(k, v);
+                    }
+                    Ok(true)
+                })?;
+                Ok(digest.finish(table))
+            })
+            .collect()
+    })
 }
 
 /// One copy in progress: the destination and how to write it.
@@ -1069,7 +1065,7 @@ mod tests {
                     (differing, extra),
                     "{case}"
                 );
-                let digests = src.table_digests().unwrap();
+                let digests = table_digests(&src).unwrap();
                 let workflows = digests.iter().find(|d| d.table == Table::Workflows);
                 assert_eq!(workflows.map(|d| &d.digest), Some(&report.digest), "{case}");
             }
@@ -1085,7 +1081,7 @@ mod tests {
             &[(GC_EPOCH_KEY, "12345678"), (COPY_MARKER_KEY, "{}")],
         );
         assert_eq!(store.read(|r| first_content(r.tables())).unwrap(), None);
-        let meta = store.table_digests().unwrap()[0].clone();
+        let meta = table_digests(&store).unwrap()[0].clone();
         assert_eq!(
             (meta.table, meta.rows),
             (Table::Meta, 1),

@@ -81,9 +81,9 @@ pub mod workflow;
 pub mod yaml;
 
 pub use codec::CodecError;
+pub use engine::Engine;
 pub use hash::{Hash, HashPrefix, ParseHashError};
 pub use node::{Blob, ContentNode, EncodedBlob, Kind, StartNode, StateNode, Value, WorkflowNode};
-pub use engine::Engine;
 pub use store::{Durability, Stats, Store, StoreError, StoreOptions};
 pub use thread::Threads;
 pub use workflow::Workflows;

@@ -452,7 +452,7 @@ pub fn salvage(
         recover(source, table, &mut report, take)?;
     }
     progress("verify");
-    report.verify = dst.verify(|_| {})?;
+    report.verify = crate::verify::verify(dst, |_| {})?;
     Ok(report)
 }
 

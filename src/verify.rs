@@ -165,27 +165,19 @@ pub struct VerifyProgress {
     pub total: u64,
 }
 
-impl Store {
-    /// Checks the whole store (every hash against its bytes, every ref,
-    /// every index entry; `docs/design.md` §6) and reports every problem
-    /// found; `progress` is called after each batch. Reads in short
-    /// transactions, so writers keep going.
-    ///
-    /// ```
-    /// use uwf_db::{Blob, Store};
-    /// let store = Store::memory();
-    /// store.put(&Blob::content("a reply", [])).unwrap();
-    /// let report = store.verify(|_| {}).unwrap();
-    /// assert!(report.is_ok());
-    /// assert_eq!(report.blobs_checked, 1);
-    /// ```
-    pub fn verify(&self, progress: impl FnMut(VerifyProgress)) -> Result<VerifyReport, StoreError> {
-        verify(self, progress)
-    }
-}
-
-/// Checks the whole store; `progress` is called after each batch (the
-/// same as [`Store::verify`]).
+/// Checks the whole store (every hash against its bytes, every ref,
+/// every index entry; `docs/design.md` §6) and reports every problem
+/// found; `progress` is called after each batch. Reads in short
+/// transactions, so writers keep going.
+///
+/// ```
+/// use uwf_db::{Blob, Store};
+/// let store = Store::memory();
+/// store.put(&Blob::content("a reply", [])).unwrap();
+/// let report = uwf_db::verify::verify(&store, |_| {}).unwrap();
+/// assert!(report.is_ok());
+/// assert_eq!(report.blobs_checked, 1);
+/// ```
 pub fn verify(
     store: &Store,
     mut progress: impl FnMut(VerifyProgress),

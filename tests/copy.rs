@@ -100,7 +100,10 @@ fn all_threads(store: &Store) -> Vec<uwf_db::thread::ThreadRecord> {
 /// Both stores hold the same bytes in every table, and the engine reads
 /// the same threads and logs from both.
 fn assert_same(a: &Store, b: &Store) {
-    assert_eq!(a.table_digests().unwrap(), b.table_digests().unwrap());
+    assert_eq!(
+        uwf_db::copy::table_digests(a).unwrap(),
+        uwf_db::copy::table_digests(b).unwrap()
+    );
     let threads = all_threads(a);
     assert_eq!(threads, all_threads(b));
     for t in &threads {
@@ -113,7 +116,7 @@ fn assert_same(a: &Store, b: &Store) {
 }
 
 fn copy(src: &Store, dst: &Store) -> CopyReport {
-    src.copy_to(dst, &CopyOptions::default(), |_| {}).unwrap()
+    uwf_db::copy::copy_to(src, dst, &CopyOptions::default(), |_| {}).unwrap()
 }
 
 fn a_store_copied_into_this_backend_and_back_is_identical(b: TestBackend) {
@@ -143,7 +146,7 @@ fn a_store_copied_into_this_backend_and_back_is_identical(b: TestBackend) {
         assert_eq!(report.deleted, 0);
         // Everything but the format version, which a new store has.
         assert_eq!(report.written, report.rows - 1);
-        let digests = src.table_digests().unwrap();
+        let digests = uwf_db::copy::table_digests(&src).unwrap();
         let reported: Vec<(u64, &str)> = report
             .tables
             .iter()
@@ -157,7 +160,7 @@ fn a_store_copied_into_this_backend_and_back_is_identical(b: TestBackend) {
     }
     assert!(there.verify.blobs_checked > 10);
     assert_eq!(mid.unfinished_copy().unwrap(), None);
-    assert!(mid.verify(|_| {}).unwrap().is_ok());
+    assert!(uwf_db::verify::verify(&mid, |_| {}).unwrap().is_ok());
     let stats = mid.stats().unwrap();
     assert_eq!(stats.unfinished_copy, None);
     assert_eq!(stats.blob_count, src.stats().unwrap().blob_count);
@@ -187,19 +190,18 @@ fn interrupt(
     };
     let mut chunks = 0;
     let mut handled = 0;
-    let err = src
-        .copy_to(dst, &options, |p| {
-            if let CopyProgress::Copied { table: t, done, .. } = p {
-                handled = done;
-                if table.is_none_or(|want| want == t) {
-                    chunks += 1;
-                    if chunks == after {
-                        cancel.cancel();
-                    }
+    let err = uwf_db::copy::copy_to(src, dst, &options, |p| {
+        if let CopyProgress::Copied { table: t, done, .. } = p {
+            handled = done;
+            if table.is_none_or(|want| want == t) {
+                chunks += 1;
+                if chunks == after {
+                    cancel.cancel();
                 }
             }
-        })
-        .unwrap_err();
+        }
+    })
+    .unwrap_err();
     (err, handled)
 }
 
@@ -216,7 +218,7 @@ fn an_interrupted_copy_is_marked_and_a_rerun_continues_it(b: TestBackend) {
     let marker = dst.unfinished_copy().unwrap().unwrap();
     assert_eq!(marker.source, src.location());
     assert_eq!(dst.stats().unwrap().unfinished_copy, Some(marker.clone()));
-    let problems = dst.verify(|_| {}).unwrap().problems;
+    let problems = uwf_db::verify::verify(&dst, |_| {}).unwrap().problems;
     assert!(
         problems.contains(&Problem::UnfinishedCopy {
             source: src.location().to_owned()
@@ -224,7 +226,8 @@ fn an_interrupted_copy_is_marked_and_a_rerun_continues_it(b: TestBackend) {
         "{problems:?}"
     );
     for dry_run in [true, false] {
-        let gc = dst.collect_garbage(
+        let gc = uwf_db::gc::collect_garbage(
+            &dst,
             &GcOptions {
                 grace: Duration::ZERO,
                 dry_run,
@@ -235,23 +238,21 @@ fn an_interrupted_copy_is_marked_and_a_rerun_continues_it(b: TestBackend) {
         assert!(matches!(gc, Err(GcError::UnfinishedCopy { .. })), "{gc:?}");
     }
     // An unfinished copy is not a source.
-    let err = dst
-        .copy_to(&Store::memory(), &CopyOptions::default(), |_| {})
-        .unwrap_err();
+    let err =
+        uwf_db::copy::copy_to(&dst, &Store::memory(), &CopyOptions::default(), |_| {}).unwrap_err();
     assert!(matches!(err, CopyError::SourceUnfinished { .. }), "{err}");
     assert!(
-        dst.table_digests().unwrap()[1].rows > 0,
+        uwf_db::copy::table_digests(&dst).unwrap()[1].rows > 0,
         "some blobs were copied before the interruption"
     );
 
     let mut resumed_seen = false;
-    let report = src
-        .copy_to(&dst, &CopyOptions::default(), |p| {
-            if let CopyProgress::Started { resumed, .. } = p {
-                resumed_seen = resumed;
-            }
-        })
-        .unwrap();
+    let report = uwf_db::copy::copy_to(&src, &dst, &CopyOptions::default(), |p| {
+        if let CopyProgress::Started { resumed, .. } = p {
+            resumed_seen = resumed;
+        }
+    })
+    .unwrap();
     assert!(report.resumed && resumed_seen);
     // Nothing twice: the rerun wrote exactly what the first run had not.
     assert_eq!(report.written, report.rows - handled);
@@ -261,9 +262,7 @@ fn an_interrupted_copy_is_marked_and_a_rerun_continues_it(b: TestBackend) {
     assert_same(&src, &dst);
     // And a rerun of a finished copy is refused: the store is no longer
     // an unfinished copy, and not empty.
-    let err = src
-        .copy_to(&dst, &CopyOptions::default(), |_| {})
-        .unwrap_err();
+    let err = uwf_db::copy::copy_to(&src, &dst, &CopyOptions::default(), |_| {}).unwrap_err();
     assert!(
         matches!(err, CopyError::DestinationNotEmpty { .. }),
         "{err}"
@@ -277,7 +276,7 @@ fn a_rerun_after_the_source_changed_copies_the_new_source(b: TestBackend) {
     // Stop once the thread records are partly copied.
     let (err, _) = interrupt(&src, &dst, 2, Some(uwf_db::backend::Table::Threads), 1);
     assert!(matches!(err, CopyError::Cancelled { .. }), "{err}");
-    let copied = dst.table_digests().unwrap();
+    let copied = uwf_db::copy::table_digests(&dst).unwrap();
     let threads = copied
         .iter()
         .find(|d| d.table == uwf_db::backend::Table::Threads);
@@ -298,33 +297,33 @@ fn a_rerun_after_the_source_changed_copies_the_new_source(b: TestBackend) {
     for pin in src.pins().unwrap() {
         src.unpin(&pin).unwrap();
     }
-    let gc = src
-        .collect_garbage(
-            &GcOptions {
-                grace: Duration::ZERO,
-                ..GcOptions::default()
-            },
-            &|_| {},
-        )
-        .unwrap();
+    let gc = uwf_db::gc::collect_garbage(
+        &src,
+        &GcOptions {
+            grace: Duration::ZERO,
+            ..GcOptions::default()
+        },
+        &|_| {},
+    )
+    .unwrap();
     assert!(gc.swept > 0);
     src.put(&Blob::content("new since the first run", []))
         .unwrap();
 
-    let report = src
-        .copy_to(
-            &dst,
-            &CopyOptions {
-                chunk_rows: 3,
-                ..CopyOptions::default()
-            },
-            |_| {},
-        )
-        .unwrap();
+    let report = uwf_db::copy::copy_to(
+        &src,
+        &dst,
+        &CopyOptions {
+            chunk_rows: 3,
+            ..CopyOptions::default()
+        },
+        |_| {},
+    )
+    .unwrap();
     assert!(report.resumed);
     assert!(report.deleted > 0, "{report:?}");
     assert_same(&src, &dst);
-    assert!(dst.verify(|_| {}).unwrap().is_ok());
+    assert!(uwf_db::verify::verify(&dst, |_| {}).unwrap().is_ok());
 }
 
 fn a_copy_refuses_destinations_that_are_not_its_own(b: TestBackend) {
@@ -334,14 +333,14 @@ fn a_copy_refuses_destinations_that_are_not_its_own(b: TestBackend) {
     // Unrelated data: refused, untouched.
     let used = b.fast();
     let theirs = used.put(&Blob::content("someone else's", [])).unwrap();
-    let before = used.table_digests().unwrap();
+    let before = uwf_db::copy::table_digests(&used).unwrap();
     let err = copy_err(&src, &used);
     assert!(
         matches!(err, CopyError::DestinationNotEmpty { .. }),
         "{err}"
     );
     assert!(err.to_string().contains("blobs table has rows"), "{err}");
-    assert_eq!(used.table_digests().unwrap(), before);
+    assert_eq!(uwf_db::copy::table_digests(&used).unwrap(), before);
     assert_eq!(used.unfinished_copy().unwrap(), None);
     assert!(used.contains(&theirs).unwrap());
 
@@ -364,8 +363,7 @@ fn a_copy_refuses_destinations_that_are_not_its_own(b: TestBackend) {
 }
 
 fn copy_err(src: &Store, dst: &Store) -> CopyError {
-    src.copy_to(dst, &CopyOptions::default(), |_| {})
-        .unwrap_err()
+    uwf_db::copy::copy_to(src, dst, &CopyOptions::default(), |_| {}).unwrap_err()
 }
 
 fn any_chunk_size_gives_the_same_copy(b: TestBackend) {
@@ -374,21 +372,21 @@ fn any_chunk_size_gives_the_same_copy(b: TestBackend) {
     for (chunk_rows, chunk_bytes) in [(1, usize::MAX), (7, usize::MAX), (1000, 1), (5, 700)] {
         let dst = Store::memory();
         let mut last = None;
-        let report = src
-            .copy_to(
-                &dst,
-                &CopyOptions {
-                    chunk_rows,
-                    chunk_bytes,
-                    cancel: None,
-                },
-                |p| {
-                    if let CopyProgress::Copied { done, total, .. } = p {
-                        last = Some((done, total));
-                    }
-                },
-            )
-            .unwrap();
+        let report = uwf_db::copy::copy_to(
+            &src,
+            &dst,
+            &CopyOptions {
+                chunk_rows,
+                chunk_bytes,
+                cancel: None,
+            },
+            |p| {
+                if let CopyProgress::Copied { done, total, .. } = p {
+                    last = Some((done, total));
+                }
+            },
+        )
+        .unwrap();
         assert_eq!(report.written, report.rows - 1);
         assert_eq!(
             last,

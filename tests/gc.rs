@@ -29,7 +29,7 @@ fn gc_with(store: &Store, grace_ms: u64, progress: &(dyn Fn(GcProgress) + Sync))
         grace: Duration::from_millis(grace_ms),
         ..GcOptions::default()
     };
-    store.collect_garbage(&options, progress).unwrap()
+    uwf_db::gc::collect_garbage(store, &options, progress).unwrap()
 }
 
 fn settle() {
@@ -133,16 +133,16 @@ fn a_removed_thread_is_freed_and_history_shared_with_a_fork_stays(b: TestBackend
     assert_eq!(blob_count(&store), before, "removal only unlinks");
 
     settle();
-    let dry = store
-        .collect_garbage(
-            &GcOptions {
-                grace: Duration::ZERO,
-                dry_run: true,
-                threads: None,
-            },
-            &|_| {},
-        )
-        .unwrap();
+    let dry = uwf_db::gc::collect_garbage(
+        &store,
+        &GcOptions {
+            grace: Duration::ZERO,
+            dry_run: true,
+            threads: None,
+        },
+        &|_| {},
+    )
+    .unwrap();
     assert_eq!(dry.swept, before - keep.len() as u64);
     assert!(dry.bytes_freed > 0);
     assert_eq!(blob_count(&store), before, "a dry run deletes nothing");
@@ -274,16 +274,15 @@ fn one_collection_at_a_time(b: TestBackend) {
     let checked = AtomicBool::new(false);
     gc_with(&store, 0, &|p| {
         if let GcProgress::Roots { .. } = p {
-            let err = store
-                .collect_garbage(&GcOptions::default(), &|_| {})
-                .unwrap_err();
+            let err =
+                uwf_db::gc::collect_garbage(&store, &GcOptions::default(), &|_| {}).unwrap_err();
             assert!(matches!(err, GcError::Busy { .. }), "{err}");
             // A dry run takes no lock.
             let dry = GcOptions {
                 dry_run: true,
                 ..GcOptions::default()
             };
-            store.collect_garbage(&dry, &|_| {}).unwrap();
+            uwf_db::gc::collect_garbage(&store, &dry, &|_| {}).unwrap();
             checked.store(true, Ordering::SeqCst);
         }
     });
@@ -301,16 +300,16 @@ fn worker_counts_give_the_same_result(b: TestBackend) {
     }
     settle();
     let dry = |threads| {
-        let mut r = store
-            .collect_garbage(
-                &GcOptions {
-                    grace: Duration::ZERO,
-                    dry_run: true,
-                    threads: Some(threads),
-                },
-                &|_| {},
-            )
-            .unwrap();
+        let mut r = uwf_db::gc::collect_garbage(
+            &store,
+            &GcOptions {
+                grace: Duration::ZERO,
+                dry_run: true,
+                threads: Some(threads),
+            },
+            &|_| {},
+        )
+        .unwrap();
         r.elapsed_ms = 0;
         r.epoch_ms = 0;
         r

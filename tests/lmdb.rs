@@ -406,15 +406,15 @@ fn a_corrupt_record_stops_the_collection_before_anything_is_deleted() {
     }
     let store = fast_store(dir.path());
     settle();
-    let err = store
-        .collect_garbage(
-            &GcOptions {
-                grace: Duration::ZERO,
-                ..GcOptions::default()
-            },
-            &|_| {},
-        )
-        .unwrap_err();
+    let err = uwf_db::gc::collect_garbage(
+        &store,
+        &GcOptions {
+            grace: Duration::ZERO,
+            ..GcOptions::default()
+        },
+        &|_| {},
+    )
+    .unwrap_err();
     assert!(matches!(err, GcError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("uwf-db verify"), "{err}");
     assert_eq!(blob_count(&store), before, "nothing was deleted");

@@ -219,10 +219,8 @@ fn a_whole_workload_runs_behind_pgbouncer_in_transaction_mode() {
         })
         .unwrap();
     assert_eq!(completed.len(), 40);
-    store
-        .collect_garbage(&GcOptions::default(), &|_| {})
-        .unwrap();
-    let report = store.verify(|_| {}).unwrap();
+    uwf_db::gc::collect_garbage(&store, &GcOptions::default(), &|_| {}).unwrap();
+    let report = uwf_db::verify::verify(&store, |_| {}).unwrap();
     assert!(report.is_ok(), "{report:?}");
     drop((store, other));
     drop(bouncer);

@@ -102,14 +102,16 @@ pub fn thread_record(data: &[u8]) {
 pub fn bundle(data: &[u8]) {
     let _ = uwf_db::bundle::decode(data);
     let store = Store::memory();
-    match store.import(data, false) {
+    match uwf_db::bundle::import(&store, data, false) {
         Ok(report) => {
             assert_eq!(
                 store.blob_count().expect("count"),
                 report.new_blobs,
                 "an import writes the blobs it reports"
             );
-            let problems = store.verify(|_| {}).expect("verify runs").problems;
+            let problems = uwf_db::verify::verify(&store, |_| {})
+                .expect("verify runs")
+                .problems;
             assert!(
                 problems.is_empty(),
                 "an accepted bundle verifies: {problems:?}"
@@ -585,8 +587,7 @@ pub mod model {
                         grace: Duration::ZERO,
                         ..GcOptions::default()
                     };
-                    store
-                        .collect_garbage(&options, &|_| {})
+                    uwf_db::gc::collect_garbage(&store, &options, &|_| {})
                         .map(|_| ())
                         .map_err(|e| e.to_string())
                 }
@@ -633,7 +634,7 @@ pub mod model {
                 threads.len(),
                 "the listing holds the modelled threads"
             );
-            let report = store.verify(|_| {}).expect("verify runs");
+            let report = uwf_db::verify::verify(&store, |_| {}).expect("verify runs");
             assert!(report.problems.is_empty(), "verify: {:?}", report.problems);
             for id in threads.keys() {
                 store

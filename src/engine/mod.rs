@@ -5,7 +5,8 @@
 //!
 //! # The engine surface
 //!
-//! What an embedder calls, all on [`Store`], each with an example that runs:
+//! What an embedder calls, on an [`Engine`] (from [`Store::engine`]), each
+//! with an example that runs:
 //!
 //! - [`Engine::start_workflow`] starts a thread of a registered workflow;
 //!   [`Engine::run_workflow`] starts one and drives it to its end.
@@ -19,7 +20,7 @@
 //!   built from a spec (`script:FILE`, `cmd:PROGRAM ARGS`) by
 //!   [`Engine::build_agent`] or [`Engine::agent_for`].
 //! - [`Cancel`] is the token a drive or a batch runs under (for Ctrl-C).
-//! - [`Store::collect_garbage`] and [`Store::verify`] look after the store.
+//! - [`crate::gc::collect_garbage`] and [`crate::verify::verify`] look after the store.
 //!
 //! Raw record mutation without routing or claims is below this layer, in
 //! [`Threads::low_level`]. `examples/embed.rs` puts the surface together: an

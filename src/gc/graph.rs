@@ -224,42 +224,42 @@ impl Marks {
     }
 }
 
-impl Store {
-    /// Reads every blob header, one key range per task, each in its own
-    /// short read transaction.
-    pub(super) fn scan_blobs(
-        &self,
-        progress: &(dyn Fn(GcProgress) + Sync),
-    ) -> Result<Graph, GcError> {
-        let total = self.blob_count()?;
-        let per_range = usize::try_from(total / u64::from(SCAN_RANGES)).unwrap_or(0);
-        let done = AtomicU64::new(0);
-        let chunks: Vec<Chunk> = (0..SCAN_RANGES)
-            .into_par_iter()
-            .map(|first| {
-                let chunk = self.scan_range(first, per_range + per_range / 8 + 16);
-                progress(GcProgress::Scanning {
-                    done: done.fetch_add(1, Ordering::Relaxed) + 1,
-                    total: u64::from(SCAN_RANGES),
-                });
-                chunk
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Graph { chunks })
-    }
+/// Reads every blob header, one key range per task, each in its own
+/// short read transaction.
+pub(super) fn scan_blobs(
+    store: &Store,
+    progress: &(dyn Fn(GcProgress) + Sync),
+) -> Result<Graph, GcError> {
+    let total = store.blob_count()?;
+    let per_range = usize::try_from(total / u64::from(SCAN_RANGES)).unwrap_or(0);
+    let done = AtomicU64::new(0);
+    let chunks: Vec<Chunk> = (0..SCAN_RANGES)
+        .into_par_iter()
+        .map(|first| {
+            let chunk = scan_range(store, first, per_range + per_range / 8 + 16);
+            progress(GcProgress::Scanning {
+                done: done.fetch_add(1, Ordering::Relaxed) + 1,
+                total: u64::from(SCAN_RANGES),
+            });
+            chunk
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Graph { chunks })
+}
 
-    pub(super) fn scan_range(&self, first: u16, capacity: usize) -> Result<Chunk, GcError> {
-        let lower = [first as u8];
-        let upper = [first as u8 + u8::from(first < 255)];
-        let range = KeyRange {
-            lower: Bound::Included(&lower[..]),
-            upper: if first < 255 {
-                Bound::Excluded(&upper[..])
-            } else {
-                Bound::Unbounded
-            },
-        };
-        let mut chunk = self.read(|r| {
+pub(super) fn scan_range(store: &Store, first: u16, capacity: usize) -> Result<Chunk, GcError> {
+    let lower = [first as u8];
+    let upper = [first as u8 + u8::from(first < 255)];
+    let range = KeyRange {
+        lower: Bound::Included(&lower[..]),
+        upper: if first < 255 {
+            Bound::Excluded(&upper[..])
+        } else {
+            Bound::Unbounded
+        },
+    };
+    let mut chunk =
+        store.read(|r| {
             let mut c = Chunk::with_capacity(capacity);
             let mut damaged = None;
             r.tables()
@@ -277,14 +277,13 @@ impl Store {
                 None => Ok::<_, GcError>(c),
             }
         })?;
-        if chunk.keys.len() >= 1 << LOCAL_BITS {
-            return Err(GcError::TooLarge {
-                blobs: chunk.keys.len(),
-            });
-        }
-        chunk.index();
-        Ok(chunk)
+    if chunk.keys.len() >= 1 << LOCAL_BITS {
+        return Err(GcError::TooLarge {
+            blobs: chunk.keys.len(),
+        });
     }
+    chunk.index();
+    Ok(chunk)
 }
 
 /// The refs the mark follows: the header's, except that a state node's

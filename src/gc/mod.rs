@@ -199,205 +199,210 @@ impl Drop for Running<'_> {
     }
 }
 
-impl Store {
-    /// Collects garbage: deletes every blob that no root reaches and that
-    /// was not touched within the grace period. Safe while other threads and
-    /// processes write (`docs/design.md` §7 states the invariant and why it
-    /// holds). `progress` is called between phases, after each key range
-    /// of the scan (from worker threads) and after each sweep transaction,
-    /// always outside any transaction.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use uwf_db::gc::GcOptions;
-    /// use uwf_db::{Blob, Store};
-    ///
-    /// let store = Store::memory();
-    /// let kept = store.put(&Blob::content("pinned", [])).unwrap();
-    /// store.pin(&kept).unwrap();
-    /// let lost = store.put(&Blob::content("unreachable", [])).unwrap();
-    /// // A blob touched at or after (start − grace) is young and kept.
-    /// std::thread::sleep(Duration::from_millis(5));
-    ///
-    /// let options = GcOptions { grace: Duration::ZERO, ..GcOptions::default() };
-    /// let report = store.collect_garbage(&options, &|_| {}).unwrap();
-    /// assert_eq!(report.swept, 1);
-    /// assert!(store.contains(&kept).unwrap());
-    /// assert!(!store.contains(&lost).unwrap());
-    /// ```
-    pub fn collect_garbage(
-        &self,
-        options: &GcOptions,
-        progress: &(dyn Fn(GcProgress) + Sync),
-    ) -> Result<GcReport, GcError> {
-        match options.threads {
-            None => self.collect(options, progress),
-            Some(threads) => rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .map_err(|source| GcError::Pool { threads, source })?
-                .install(|| self.collect(options, progress)),
-        }
+/// Collects garbage: deletes every blob that no root reaches and that
+/// was not touched within the grace period. Safe while other threads and
+/// processes write (`docs/design.md` §7 states the invariant and why it
+/// holds). `progress` is called between phases, after each key range
+/// of the scan (from worker threads) and after each sweep transaction,
+/// always outside any transaction.
+///
+/// ```
+/// use std::time::Duration;
+/// use uwf_db::gc::GcOptions;
+/// use uwf_db::{Blob, Store};
+///
+/// let store = Store::memory();
+/// let kept = store.put(&Blob::content("pinned", [])).unwrap();
+/// store.pin(&kept).unwrap();
+/// let lost = store.put(&Blob::content("unreachable", [])).unwrap();
+/// // A blob touched at or after (start − grace) is young and kept.
+/// std::thread::sleep(Duration::from_millis(5));
+///
+/// let options = GcOptions { grace: Duration::ZERO, ..GcOptions::default() };
+/// let report = uwf_db::gc::collect_garbage(&store, &options, &|_| {}).unwrap();
+/// assert_eq!(report.swept, 1);
+/// assert!(store.contains(&kept).unwrap());
+/// assert!(!store.contains(&lost).unwrap());
+/// ```
+pub fn collect_garbage(
+    store: &Store,
+    options: &GcOptions,
+    progress: &(dyn Fn(GcProgress) + Sync),
+) -> Result<GcReport, GcError> {
+    match options.threads {
+        None => collect(store, options, progress),
+        Some(threads) => rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|source| GcError::Pool { threads, source })?
+            .install(|| collect(store, options, progress)),
     }
+}
 
-    fn collect(
-        &self,
-        options: &GcOptions,
-        progress: &(dyn Fn(GcProgress) + Sync),
-    ) -> Result<GcReport, GcError> {
-        let started = Instant::now();
-        let running = if options.dry_run {
-            self.refuse_unfinished_copy(self.unfinished_copy()?)?;
-            None
-        } else {
-            Some(self.start_gc()?)
-        };
-        // The stored retention policy first, so that what only the pruned
-        // threads reached is collected now.
-        let pruned = match self
+fn collect(
+    store: &Store,
+    options: &GcOptions,
+    progress: &(dyn Fn(GcProgress) + Sync),
+) -> Result<GcReport, GcError> {
+    let started = Instant::now();
+    let running = if options.dry_run {
+        refuse_unfinished_copy(store, store.unfinished_copy()?)?;
+        None
+    } else {
+        Some(start_gc(store)?)
+    };
+    // The stored retention policy first, so that what only the pruned
+    // threads reached is collected now.
+    let pruned = match store
+        .threads()
+        .retention_policy()
+        .map_err(GcError::Retention)?
+    {
+        Some(policy) => store
             .threads()
-            .retention_policy()
+            .prune(&policy, options.dry_run)
             .map_err(GcError::Retention)?
-        {
-            Some(policy) => self
-                .threads()
-                .prune(&policy, options.dry_run)
-                .map_err(GcError::Retention)?
-                .pruned
-                .len() as u64,
-            None => 0,
-        };
-        let epoch = running.as_ref().map_or_else(now_ms, |r| r.epoch);
-        let grace_ms = u64::try_from(options.grace.as_millis()).unwrap_or(u64::MAX);
-        let keep_after = epoch.saturating_sub(grace_ms);
+            .pruned
+            .len() as u64,
+        None => 0,
+    };
+    let epoch = running.as_ref().map_or_else(now_ms, |r| r.epoch);
+    let grace_ms = u64::try_from(options.grace.as_millis()).unwrap_or(u64::MAX);
+    let keep_after = epoch.saturating_sub(grace_ms);
 
-        let roots = self.gc_roots()?;
-        progress(GcProgress::Roots {
-            roots: roots.len() as u64,
-        });
-        let graph = self.scan_blobs(progress)?;
-        progress(GcProgress::Scanned {
-            blobs: graph.len() as u64,
-        });
+    let roots = gc_roots(store)?;
+    progress(GcProgress::Roots {
+        roots: roots.len() as u64,
+    });
+    let graph = graph::scan_blobs(store, progress)?;
+    progress(GcProgress::Scanned {
+        blobs: graph.len() as u64,
+    });
 
-        let marks = Marks::new(&graph);
-        let young = graph.select(|c, i, _| c.touched_at(i) >= keep_after);
-        let mut frontier: Vec<Id> = roots
-            .iter()
-            .flat_map(|h| graph.targets(key_of(h.as_bytes())))
-            .chain(young.iter().copied())
-            .filter(|&i| marks.set(i))
+    let marks = Marks::new(&graph);
+    let young = graph.select(|c, i, _| c.touched_at(i) >= keep_after);
+    let mut frontier: Vec<Id> = roots
+        .iter()
+        .flat_map(|h| graph.targets(key_of(h.as_bytes())))
+        .chain(young.iter().copied())
+        .filter(|&i| marks.set(i))
+        .collect();
+    while !frontier.is_empty() {
+        frontier = frontier
+            .par_iter()
+            .flat_map_iter(|&i| {
+                graph
+                    .refs_of(i)
+                    .iter()
+                    .flat_map(|&k| graph.targets(k))
+                    .filter(|&j| marks.set(j))
+            })
             .collect();
-        while !frontier.is_empty() {
-            frontier = frontier
-                .par_iter()
-                .flat_map_iter(|&i| {
-                    graph
-                        .refs_of(i)
-                        .iter()
-                        .flat_map(|&k| graph.targets(k))
-                        .filter(|&j| marks.set(j))
-                })
-                .collect();
-        }
-        let candidates = graph.select(|_, _, id| !marks.get(id));
-        let marked = (graph.len() - candidates.len()) as u64;
-        progress(GcProgress::Marked {
-            marked,
-            candidates: candidates.len() as u64,
+    }
+    let candidates = graph.select(|_, _, id| !marks.get(id));
+    let marked = (graph.len() - candidates.len()) as u64;
+    progress(GcProgress::Marked {
+        marked,
+        candidates: candidates.len() as u64,
+    });
+
+    let mut report = GcReport {
+        dry_run: options.dry_run,
+        grace_ms,
+        epoch_ms: epoch,
+        roots: roots.len() as u64,
+        blobs: graph.len() as u64,
+        young: young.len() as u64,
+        marked,
+        swept: 0,
+        rescued: 0,
+        bytes_freed: 0,
+        elapsed_ms: 0,
+        pruned,
+    };
+    if options.dry_run {
+        report.swept = candidates.len() as u64;
+        report.bytes_freed = candidates
+            .iter()
+            .map(|&i| HASH_LEN as u64 + u64::from(graph.size(i)))
+            .sum();
+    } else if !candidates.is_empty() {
+        sweep::sweep(
+            store,
+            &graph,
+            &candidates,
+            keep_after,
+            &mut report,
+            progress,
+        )?;
+    }
+    drop(running);
+    report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    Ok(report)
+}
+
+/// Takes the GC lock and commits the `gc_epoch` marker.
+fn start_gc(store: &Store) -> Result<Running<'_>, GcError> {
+    let Some(lock) = store.backend().try_lock_gc()? else {
+        return Err(GcError::Busy {
+            store: store.location().to_owned(),
         });
+    };
+    let epoch = store.write(|w| {
+        // Under the lock, so a copy (which holds it while it runs)
+        // cannot start between this check and the collection.
+        refuse_unfinished_copy(store, UnfinishedCopy::read(w.tables())?)?;
+        // Never behind a marker a dead collection left: writers may
+        // have stamped blobs with it.
+        let epoch = w.gc_epoch()?.map_or(w.now_ms(), |e| e.max(w.now_ms()));
+        w.tables_mut()
+            .put(Table::Meta, GC_EPOCH_KEY.as_bytes(), &epoch.to_be_bytes())?;
+        Ok::<_, GcError>(epoch)
+    })?;
+    Ok(Running {
+        store,
+        epoch,
+        _lock: lock,
+    })
+}
 
-        let mut report = GcReport {
-            dry_run: options.dry_run,
-            grace_ms,
-            epoch_ms: epoch,
-            roots: roots.len() as u64,
-            blobs: graph.len() as u64,
-            young: young.len() as u64,
-            marked,
-            swept: 0,
-            rescued: 0,
-            bytes_freed: 0,
-            elapsed_ms: 0,
-            pruned,
-        };
-        if options.dry_run {
-            report.swept = candidates.len() as u64;
-            report.bytes_freed = candidates
-                .iter()
-                .map(|&i| HASH_LEN as u64 + u64::from(graph.size(i)))
-                .sum();
-        } else if !candidates.is_empty() {
-            self.sweep(&graph, &candidates, keep_after, &mut report, progress)?;
-        }
-        drop(running);
-        report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        Ok(report)
+/// Refuses to collect an unfinished copy (`docs/design.md` §4c).
+fn refuse_unfinished_copy(store: &Store, marker: Option<UnfinishedCopy>) -> Result<(), GcError> {
+    match marker {
+        Some(copy) => Err(GcError::UnfinishedCopy {
+            store: store.location().to_owned(),
+            from: copy.source,
+        }),
+        None => Ok(()),
     }
+}
 
-    /// Takes the GC lock and commits the `gc_epoch` marker.
-    fn start_gc(&self) -> Result<Running<'_>, GcError> {
-        let Some(lock) = self.backend().try_lock_gc()? else {
-            return Err(GcError::Busy {
-                store: self.location().to_owned(),
-            });
-        };
-        let epoch = self.write(|w| {
-            // Under the lock, so a copy (which holds it while it runs)
-            // cannot start between this check and the collection.
-            self.refuse_unfinished_copy(UnfinishedCopy::read(w.tables())?)?;
-            // Never behind a marker a dead collection left: writers may
-            // have stamped blobs with it.
-            let epoch = w.gc_epoch()?.map_or(w.now_ms(), |e| e.max(w.now_ms()));
-            w.tables_mut()
-                .put(Table::Meta, GC_EPOCH_KEY.as_bytes(), &epoch.to_be_bytes())?;
-            Ok::<_, GcError>(epoch)
+/// Every root hash, deduplicated and sorted.
+fn gc_roots(store: &Store) -> Result<Vec<Hash>, GcError> {
+    let mut roots = Vec::new();
+    for table in [Table::Threads, Table::History] {
+        store.scan_table::<GcError>(table, |_, key, value| {
+            let r = ThreadRecord::decode(value).map_err(|e| GcError::Corrupt {
+                what: format!("the thread record under key {}", hex(key)),
+                detail: e.to_string(),
+            })?;
+            roots.extend([r.head, r.start]);
+            roots.extend(r.staged_compact);
+            Ok(())
         })?;
-        Ok(Running {
-            store: self,
-            epoch,
-            _lock: lock,
-        })
     }
-
-    /// Refuses to collect an unfinished copy (`docs/design.md` §4c).
-    fn refuse_unfinished_copy(&self, marker: Option<UnfinishedCopy>) -> Result<(), GcError> {
-        match marker {
-            Some(copy) => Err(GcError::UnfinishedCopy {
-                store: self.location().to_owned(),
-                from: copy.source,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Every root hash, deduplicated and sorted.
-    fn gc_roots(&self) -> Result<Vec<Hash>, GcError> {
-        let mut roots = Vec::new();
-        for table in [Table::Threads, Table::History] {
-            self.scan_table::<GcError>(table, |_, key, value| {
-                let r = ThreadRecord::decode(value).map_err(|e| GcError::Corrupt {
-                    what: format!("the thread record under key {}", hex(key)),
-                    detail: e.to_string(),
-                })?;
-                roots.extend([r.head, r.start]);
-                roots.extend(r.staged_compact);
-                Ok(())
+    for (table, what) in [(Table::Workflows, "workflow"), (Table::Pins, "pin")] {
+        store.scan_table::<GcError>(table, |_, key, value| {
+            let bytes = if what == "pin" { key } else { value };
+            let h = Hash::from_slice(bytes).ok_or_else(|| GcError::Corrupt {
+                what: format!("the {what} entry {}", hex(key)),
+                detail: format!("{} bytes, not a hash", bytes.len()),
             })?;
-        }
-        for (table, what) in [(Table::Workflows, "workflow"), (Table::Pins, "pin")] {
-            self.scan_table::<GcError>(table, |_, key, value| {
-                let bytes = if what == "pin" { key } else { value };
-                let h = Hash::from_slice(bytes).ok_or_else(|| GcError::Corrupt {
-                    what: format!("the {what} entry {}", hex(key)),
-                    detail: format!("{} bytes, not a hash", bytes.len()),
-                })?;
-                roots.push(h);
-                Ok(())
-            })?;
-        }
-        roots.sort_unstable();
-        roots.dedup();
-        Ok(roots)
+            roots.push(h);
+            Ok(())
+        })?;
     }
+    roots.sort_unstable();
+    roots.dedup();
+    Ok(roots)
 }

@@ -12,63 +12,61 @@ use crate::hash::HASH_LEN;
 use crate::store::record::touched_at;
 use crate::store::{Store, StoreError};
 
-impl Store {
-    /// Deletes the candidates, every candidate before those it refers to,
-    /// re-reading each in the deleting transaction and rescuing those a
-    /// writer touched since the scan (with every candidate they reach).
-    pub(super) fn sweep(
-        &self,
-        graph: &Graph,
-        candidates: &[Id],
-        keep_after: u64,
-        report: &mut GcReport,
-        progress: &(dyn Fn(GcProgress) + Sync),
-    ) -> Result<(), GcError> {
-        let order = referrers_first(graph, candidates);
-        let is_candidate = Marks::new(graph);
-        for &c in candidates {
-            is_candidate.set(c);
-        }
-        let rescued = Marks::new(graph);
-        let total = order.len() as u64;
-        let mut done = 0u64;
-        for batch in order.chunks(SWEEP_BATCH) {
-            let (swept, freed, saved) = self.write(|w| {
-                let t = w.tables_mut();
-                let (mut swept, mut freed, mut saved) = (0u64, 0u64, 0u64);
-                // Decide in sweep order (a rescue reaches only later
-                // candidates), then delete in key order, which touches each
-                // B-tree page once per batch.
-                let mut doomed = Vec::with_capacity(batch.len());
-                for &i in batch {
-                    if rescued.get(i) {
-                        continue;
-                    }
-                    let Some(value) = t.get(Table::Blobs, graph.hash(i).as_bytes())? else {
-                        continue;
-                    };
-                    if touched_at(&value).unwrap_or(u64::MAX) >= keep_after {
-                        saved += rescue(graph, &is_candidate, &rescued, i);
-                    } else {
-                        doomed.push((i, value.len()));
-                    }
-                }
-                doomed.sort_unstable();
-                for (i, len) in doomed {
-                    t.delete(Table::Blobs, graph.hash(i).as_bytes())?;
-                    swept += 1;
-                    freed += (HASH_LEN + len) as u64;
-                }
-                Ok::<_, StoreError>((swept, freed, saved))
-            })?;
-            report.swept += swept;
-            report.bytes_freed += freed;
-            report.rescued += saved;
-            done += batch.len() as u64;
-            progress(GcProgress::Swept { done, total });
-        }
-        Ok(())
+/// Deletes the candidates, every candidate before those it refers to,
+/// re-reading each in the deleting transaction and rescuing those a
+/// writer touched since the scan (with every candidate they reach).
+pub(super) fn sweep(
+    store: &Store,
+    graph: &Graph,
+    candidates: &[Id],
+    keep_after: u64,
+    report: &mut GcReport,
+    progress: &(dyn Fn(GcProgress) + Sync),
+) -> Result<(), GcError> {
+    let order = referrers_first(graph, candidates);
+    let is_candidate = Marks::new(graph);
+    for &c in candidates {
+        is_candidate.set(c);
     }
+    let rescued = Marks::new(graph);
+    let total = order.len() as u64;
+    let mut done = 0u64;
+    for batch in order.chunks(SWEEP_BATCH) {
+        let (swept, freed, saved) = store.write(|w| {
+            let t = w.tables_mut();
+            let (mut swept, mut freed, mut saved) = (0u64, 0u64, 0u64);
+            // Decide in sweep order (a rescue reaches only later
+            // candidates), then delete in key order, which touches each
+            // B-tree page once per batch.
+            let mut doomed = Vec::with_capacity(batch.len());
+            for &i in batch {
+                if rescued.get(i) {
+                    continue;
+                }
+                let Some(value) = t.get(Table::Blobs, graph.hash(i).as_bytes())? else {
+                    continue;
+                };
+                if touched_at(&value).unwrap_or(u64::MAX) >= keep_after {
+                    saved += rescue(graph, &is_candidate, &rescued, i);
+                } else {
+                    doomed.push((i, value.len()));
+                }
+            }
+            doomed.sort_unstable();
+            for (i, len) in doomed {
+                t.delete(Table::Blobs, graph.hash(i).as_bytes())?;
+                swept += 1;
+                freed += (HASH_LEN + len) as u64;
+            }
+            Ok::<_, StoreError>((swept, freed, saved))
+        })?;
+        report.swept += swept;
+        report.bytes_freed += freed;
+        report.rescued += saved;
+        done += batch.len() as u64;
+        progress(GcProgress::Swept { done, total });
+    }
+    Ok(())
 }
 
 /// Marks `from` and every candidate it reaches as rescued; returns how many

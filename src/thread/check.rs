@@ -6,7 +6,7 @@ use crate::node::{Blob, Value};
 
 /// What is wrong with `record` against the chain it points to (`None`:
 /// nothing), as the field, a colon, then the problem: the checks
-/// [`Store::import_with`](crate::Store::import_with) makes of every record
+/// [`crate::bundle::import_with`](crate::crate::bundle::import_with) makes of every record
 /// of a bundle, and `verify` of every stored one. `node` reads a node;
 /// the walk from the head reads at most `max_nodes` of them (`verify`
 /// reads the head alone; what needs the whole chain — every node's

@@ -53,7 +53,7 @@ pub fn gc(
         dry_run,
         threads: None,
     };
-    let report = store.collect_garbage(&options, &|p| match p {
+    let report = uwf_db::gc::collect_garbage(&store, &options, &|p| match p {
         GcProgress::Scanning { done, total } => {
             bar.set_length(total);
             bar.set_position(done);
@@ -270,7 +270,7 @@ pub fn copy(
         ..CopyOptions::default()
     };
     let bar = output::progress_bar(0, "copying");
-    let report = src.copy_to(&dst, &options, |p| match p {
+    let report = uwf_db::copy::copy_to(&src, &dst, &options, |p| match p {
         CopyProgress::Started { total, resumed } => {
             bar.set_length(total);
             if resumed {
@@ -508,7 +508,7 @@ pub fn export(
                     .create_new(true)
                     .open(&tmp)?;
                 let mut w = std::io::BufWriter::new(&file);
-                let report = store.export_with(&ids, &mut w, &options)?;
+                let report = uwf_db::bundle::export_with(&store, &ids, &mut w, &options)?;
                 w.flush()?;
                 drop(w);
                 file.sync_all()?;
@@ -523,7 +523,7 @@ pub fn export(
         None => {
             let stdout = std::io::stdout();
             let mut w = std::io::BufWriter::new(stdout.lock());
-            let report = store.export_with(&ids, &mut w, &options)?;
+            let report = uwf_db::bundle::export_with(&store, &ids, &mut w, &options)?;
             w.flush()?;
             // The bundle is stdout: the summary goes to stderr.
             eprintln!(
@@ -585,7 +585,7 @@ pub fn import(
     // The framing and checksum first: a damaged bundle creates no store.
     uwf_db::bundle::decode_with(&bytes, options.verify.as_ref())?;
     let store = cli.open(true)?;
-    let report = store.import_with(&bytes, &options)?;
+    let report = uwf_db::bundle::import_with(&store, &bytes, &options)?;
     if out.json {
         return Ok(out.json_value(&report)?);
     }
