@@ -726,6 +726,16 @@ pub struct Parsed<'b> {
 
 /// Splits an unsigned bundle into its parts ([`decode_with`] without a
 /// key): a signed one is refused, as its trailer cannot be checked.
+///
+/// ```
+/// let store = uwf_db::Store::memory();
+/// let mut bytes = Vec::new();
+/// uwf_db::bundle::export(&store, &[], &mut bytes)?;
+/// let parts = uwf_db::bundle::decode(&bytes)?;
+/// assert!(parts.records.is_empty() && parts.blobs.is_empty());
+/// assert!(uwf_db::bundle::decode(b"not a bundle").is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn decode(bundle: &[u8]) -> Result<Parsed<'_>, BundleError> {
     decode_with(bundle, None)
 }
@@ -735,6 +745,20 @@ pub fn decode(bundle: &[u8]) -> Result<Parsed<'_>, BundleError> {
 /// trailer: with `key`, the bundle must be signed with it; without, it
 /// must be unsigned (a signed bundle's trailer says nothing to one without
 /// the key). Never panics, never allocates more than the input's size.
+///
+/// ```
+/// use uwf_db::bundle::{BundleKey, ExportOptions};
+/// let store = uwf_db::Store::memory();
+/// let key = BundleKey::from_secret(&[7; 32])?;
+/// let mut bytes = Vec::new();
+/// let mut options = ExportOptions::default();
+/// options.sign = Some(key.clone());
+/// uwf_db::bundle::export_with(&store, &[], &mut bytes, &options)?;
+/// assert!(uwf_db::bundle::decode_with(&bytes, Some(&key)).is_ok());
+/// let other = BundleKey::from_secret(&[8; 32])?;
+/// assert!(uwf_db::bundle::decode_with(&bytes, Some(&other)).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn decode_with<'b>(
     bundle: &'b [u8],
     key: Option<&BundleKey>,

@@ -76,6 +76,15 @@ const fn copy_rank(table: Table) -> usize {
 }
 
 /// Every table, in the order a copy writes them (see `docs/design.md` §4c).
+///
+/// ```
+/// use uwf_db::backend::Table;
+/// let order = uwf_db::copy::copy_order();
+/// assert_eq!(order.len(), Table::ALL.len());
+/// // Blobs before anything that names them.
+/// let at = |t| order.iter().position(|x| *x == t);
+/// assert!(at(Table::Blobs) < at(Table::Threads));
+/// ```
 pub fn copy_order() -> [Table; 10] {
     let mut tables = Table::ALL;
     tables.sort_by_key(|t| copy_rank(*t));
@@ -211,6 +220,14 @@ pub struct CopyReport {
 /// files only into a new or empty directory, or a store. A path that does
 /// not exist, or a store (it has `data.mdb`), passes; what a store holds
 /// is [`copy_to`]'s to check.
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// uwf_db::copy::check_destination_dir(dir.path())?; // empty: fine
+/// std::fs::write(dir.path().join("notes.txt"), "mine")?;
+/// assert!(uwf_db::copy::check_destination_dir(dir.path()).is_err()); // not a store
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn check_destination_dir(dir: &std::path::Path) -> Result<(), CopyError> {
     let location = dir.display().to_string();
     let entries = match std::fs::read_dir(dir) {

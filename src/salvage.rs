@@ -159,6 +159,11 @@ pub fn open_damaged(dir: &Path) -> Result<Store, StoreError> {
 
 /// The tables a salvage reads, in order: blobs first, then what names
 /// them, then the thread records.
+///
+/// ```
+/// use uwf_db::backend::Table;
+/// assert_eq!(uwf_db::salvage::salvage_order()[0], Table::Blobs);
+/// ```
 pub fn salvage_order() -> [Table; 5] {
     [
         Table::Blobs,
@@ -317,6 +322,17 @@ impl From<crate::backend::BackendError> for SalvageError {
 /// Copies everything readable from `source` into `dst`, which must be
 /// empty, and reports what was kept and what was lost; `progress` is
 /// called with each table's name as it starts.
+///
+/// ```
+/// use uwf_db::salvage::{StoreSource, salvage};
+/// let source = uwf_db::Store::memory();
+/// let hash = source.put(&uwf_db::Blob::content("worth keeping", []))?;
+/// let dst = uwf_db::Store::memory();
+/// let report = salvage(&mut StoreSource(&source), &dst, |_table| {})?;
+/// assert!(report.is_complete());
+/// assert!(dst.contains(&hash)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn salvage(
     source: &mut dyn SalvageSource,
     dst: &Store,

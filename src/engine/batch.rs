@@ -199,6 +199,29 @@ impl Engine {
     /// [`Engine::run_batch`] with labels per prompt: each thread gets
     /// [`BatchOptions::labels`] and then its prompt's own. Every prompt's
     /// labels are checked before any thread starts.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::batch::{BatchOptions, BatchPrompt};
+    /// struct Echo;
+    /// impl Agent for Echo {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         Ok(format!("{} did it", req.role_name).into())
+    ///     }
+    /// }
+    /// let labels: uwf_db::thread::Labels = [("team".to_string(), "docs".to_string())].into_iter().collect();
+    /// let prompts = vec![BatchPrompt { prompt: "a haiku".into(), labels }];
+    /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo)];
+    /// let report = store.engine().run_batch_prompts(hash, &prompts, &BatchOptions::default(), agents, &mut |_| {})?;
+    /// assert_eq!((report.threads, report.completed), (1, 1));
+    /// let only = store.threads().list(&Default::default())?;
+    /// assert_eq!(only[0].labels.get("team").map(String::as_str), Some("docs"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn run_batch_prompts<R: ItemFlow>(
         &self,
         workflow: Hash,
@@ -350,6 +373,29 @@ impl Engine {
     /// a thread of the workflow, polling every `wait`: if that runner dies,
     /// its threads are finished here. Without it, the run ends when a
     /// listing finds nothing this runner can take.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// use uwf_db::engine::batch::BatchOptions;
+    /// struct Echo;
+    /// impl Agent for Echo {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         Ok(format!("{} did it", req.role_name).into())
+    ///     }
+    /// }
+    /// // Two threads started and left for any runner to finish.
+    /// for task in ["one", "two"] {
+    ///     store.engine().start_workflow(hash, task, &Default::default())?;
+    /// }
+    /// let agents: Vec<Box<dyn Agent>> = vec![Box::new(Echo)];
+    /// let report = store.engine().continue_workflow("two", &BatchOptions::default(), None, agents, &mut |_| {})?;
+    /// assert_eq!((report.threads, report.completed, report.skipped), (2, 2, 0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn continue_workflow<R: ItemFlow>(
         &self,
         name: &str,

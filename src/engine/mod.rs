@@ -83,6 +83,13 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// The engine of `store` (the same as [`Store::engine`]).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// let engine = uwf_db::Engine::new(&store);
+    /// assert!(engine.store().same_store(&store));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(store: &Store) -> Engine {
         Engine {
             store: store.clone(),
@@ -91,6 +98,12 @@ impl Engine {
     }
 
     /// The store this engine drives.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// assert!(store.engine().store().same_store(&store));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn store(&self) -> &Store {
         &self.store
     }

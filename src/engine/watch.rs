@@ -57,6 +57,32 @@ impl Engine {
     /// restarted with the `seq` of the last step it handled misses nothing
     /// and repeats nothing. Memory stays bounded however far behind
     /// `after` is ([`Threads::steps_after`](crate::thread::Threads::steps_after) pages).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// use std::ops::ControlFlow;
+    /// use uwf_db::engine::{Cancel, watch::WatchEnd};
+    /// use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+    /// struct Echo;
+    /// impl Agent for Echo {
+    ///     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+    ///         Ok(format!("{} did it", req.role_name).into())
+    ///     }
+    /// }
+    /// let (thread, _) = store.engine().run_workflow(hash, "task", &Default::default(), &mut Echo)?;
+    /// // From the start (after seq 0): the step, then the end; then it has settled.
+    /// let mut roles = Vec::new();
+    /// let end = store.engine().watch_steps(thread.id, 0, &Cancel::new(), &mut |entry| {
+    ///     roles.push(entry.node.role.clone());
+    ///     Ok(ControlFlow::Continue(()))
+    /// })?;
+    /// assert!(matches!(end, WatchEnd::Settled(_)));
+    /// assert_eq!(roles.len(), 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn watch_steps(
         &self,
         id: ThreadId,
@@ -99,6 +125,25 @@ impl Engine {
     /// thread's last activity, so none is missed unless its commit becomes
     /// visible more than [`WINDOW_MS`] after its timestamp. Memory is
     /// bounded by the threads changed within twice that window.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// use std::ops::ControlFlow;
+    /// use uwf_db::engine::{Cancel, watch::WatchEnd};
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// // The first call hands over every thread the query matches; stop there.
+    /// let mut seen = Vec::new();
+    /// let end = store.engine().watch_threads(&Default::default(), &Cancel::new(), &mut |record| {
+    ///     seen.push(record.id);
+    ///     Ok(ControlFlow::Break(()))
+    /// })?;
+    /// assert!(matches!(end, WatchEnd::Stopped));
+    /// assert_eq!(seen, [started.id]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn watch_threads(
         &self,
         query: &ThreadQuery,

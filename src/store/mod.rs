@@ -186,6 +186,15 @@ impl Store {
     /// for backend-specific figures, such as
     /// `backend().as_any().downcast_ref::<PostgresBackend>()` and its
     /// round trips. Writing through it bypasses every check of the store.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// // Below every check of the store: count the rows of a table.
+    /// store.put(&uwf_db::Blob::content("a reply", []))?;
+    /// let rows = store.backend().begin_read()?.count(uwf_db::backend::Table::Blobs)?;
+    /// assert_eq!(rows, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn backend(&self) -> &dyn Backend {
         &*self.inner.backend
     }

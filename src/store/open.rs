@@ -128,6 +128,15 @@ impl Store {
     /// `options.durability` applies to both; the map size only to LMDB.
     /// Each call to a URL makes a new handle with its own connections and
     /// engine state.
+    ///
+    /// ```
+    /// let dir = tempfile::tempdir()?;
+    /// let location = dir.path().to_str().ok_or("not UTF-8")?;
+    /// // Not a postgres:// URL: an LMDB directory.
+    /// let store = uwf_db::Store::open_location(location, Default::default())?;
+    /// assert_eq!(store.path(), dir.path());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open_location(location: &str, options: StoreOptions) -> Result<Store, StoreError> {
         if !crate::backend::is_postgres_url(location) {
             return Store::open(location, options);
@@ -152,6 +161,13 @@ impl Store {
     /// A store on any backend (see [`crate::backend`] for what a backend
     /// must guarantee). Each call makes a new handle with its own engine
     /// state; the backend should not be shared with another handle.
+    ///
+    /// ```
+    /// let store = uwf_db::Store::from_backend(uwf_db::backend::memory::MemoryBackend::new());
+    /// let hash = store.put(&uwf_db::Blob::content("kept in memory", []))?;
+    /// assert!(store.contains(&hash)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_backend(backend: impl Backend + 'static) -> Store {
         Store {
             inner: Arc::new(StoreInner::new(Box::new(backend))),

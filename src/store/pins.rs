@@ -47,6 +47,14 @@ impl Store {
     }
 
     /// The pinned hashes, in order.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// let hash = store.put(&uwf_db::Blob::content("keep me", []))?;
+    /// store.pin(&hash)?;
+    /// assert_eq!(store.pins()?, [hash]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn pins(&self) -> Result<Vec<Hash>, StoreError> {
         let mut out = Vec::new();
         self.scan_table::<StoreError>(Table::Pins, |_, key, _| {

@@ -13,6 +13,25 @@ impl LowLevel<'_> {
     /// an end node): a new record pointing at the shared node, nothing
     /// copied. Checking that `at` is on the chain reads about
     /// `distance / 11` nodes back from the head (none for a fork at the head).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// let fork = low.fork_thread(t.id, head, again())?;
+    /// assert_ne!(fork.id, t.id);
+    /// assert_eq!(fork.head, head); // nothing copied: the fork shares the chain
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fork_thread(
         &self,
         source: ThreadId,

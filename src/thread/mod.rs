@@ -52,11 +52,24 @@ pub struct Threads<'s> {
 
 impl<'s> Threads<'s> {
     /// The thread layer of `store` (the same as [`Store::threads`]).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// let threads = uwf_db::Threads::new(&store);
+    /// assert!(threads.list(&Default::default())?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(store: &'s Store) -> Threads<'s> {
         Threads { store }
     }
 
     /// The store these threads live in.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// assert!(store.threads().store().same_store(&store));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn store(&self) -> &'s Store {
         self.store
     }

@@ -472,6 +472,24 @@ impl Threads<'_> {
 
     /// Ended threads whose UTC completion day is in `from_day..to_day`,
     /// reading only that range of `history`.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// let done = EndSpec { return_code: 0, summary: "done".into(), prompt: "Done".into() };
+    /// low.end_thread(t.id, t.head, done)?;
+    /// let page = store.threads().history(0, u32::MAX)?; // every day
+    /// assert_eq!(page.records.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn history(&self, from_day: u32, to_day: u32) -> Result<HistoryPage, ThreadError> {
         self.store.read(|r| {
             let lower = history_key(from_day, ThreadId::NIL);
@@ -622,6 +640,28 @@ impl Threads<'_> {
     /// Like [`Threads::log`] without decoding: `visit` gets each state
     /// node's hash and canonical bytes, borrowed from the map inside one
     /// short read transaction (keep `visit` quick). Returns the count.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// let mut sizes = Vec::new();
+    /// let n = store.threads().visit_log(t.id, 10, None, |_hash, bytes| {
+    ///     sizes.push(bytes.len());
+    ///     Ok::<_, uwf_db::thread::ThreadError>(())
+    /// })?;
+    /// assert_eq!((n, sizes.len()), (1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn visit_log<E: From<ThreadError> + From<StoreError>>(
         &self,
         id: ThreadId,
@@ -636,6 +676,25 @@ impl Threads<'_> {
     }
 
     /// State nodes newest first from any node (a child's end node, say).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// let entries = store.threads().log_from(head, 10)?;
+    /// assert_eq!(entries.len(), 1);
+    /// assert_eq!(entries[0].hash, head);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn log_from(&self, node: Hash, limit: usize) -> Result<Vec<LogEntry>, ThreadError> {
         self.store.read(|r| page_from(r, node, limit))
     }
@@ -644,11 +703,48 @@ impl Threads<'_> {
     /// there is one (it covers everything up to the head); else walking back
     /// from the head, the steps after the newest node carrying `compact` (that
     /// node included) and its summary; at most `max_steps` steps.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// let context = store.threads().context(t.id, 10)?;
+    /// assert!(context.summary.is_none()); // nothing compacted yet
+    /// assert_eq!(context.steps.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn context(&self, id: ThreadId, max_steps: usize) -> Result<Context, ThreadError> {
         self.store.read(|r| context_in(r, &need(r, id)?, max_steps))
     }
 
     /// [`Threads::context`] for a record the caller has already read.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// let context = store.threads().context_of(&w.record, 10)?;
+    /// assert_eq!(context.steps.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn context_of(
         &self,
         record: &ThreadRecord,
@@ -659,6 +755,25 @@ impl Threads<'_> {
 
     /// The Merkle call stack of any node, innermost first: the node's own
     /// thread level, then each parent state up to the top-level thread.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// let frames = store.threads().call_stack(head)?;
+    /// assert_eq!(frames.len(), 1); // a top-level thread: one level
+    /// assert_eq!((frames[0].node, frames[0].start), (head, t.start));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn call_stack(&self, node: Hash) -> Result<Vec<Frame>, ThreadError> {
         self.store.read(|r| {
             let mut frames = Vec::new();
@@ -700,6 +815,24 @@ impl Threads<'_> {
 
     /// From a parent's step that ran a child workflow: the child's chain,
     /// newest first (its end node first), at most `limit` nodes.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// # let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// # let head = w.record.head;
+    /// // This step ran no child workflow.
+    /// assert!(store.threads().child_history(head, 10)?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn child_history(
         &self,
         parent_step: Hash,

@@ -35,6 +35,20 @@ pub struct LowLevel<'s>(pub(super) &'s Store);
 
 impl<'s> LowLevel<'s> {
     /// The store these writes go to.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// assert!(low.store().same_store(&store));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn store(&self) -> &'s Store {
         self.0
     }
@@ -43,6 +57,13 @@ impl<'s> LowLevel<'s> {
 impl<'s> Threads<'s> {
     /// Raw record mutation, below the engine (no routing, no claims):
     /// [`LowLevel`]. For tests, tools and the engine itself.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// let low = store.threads().low_level();
+    /// assert!(low.store().same_store(&store));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn low_level(&self) -> LowLevel<'s> {
         LowLevel(self.store)
     }
@@ -327,6 +348,21 @@ fn load_checked(
 impl LowLevel<'_> {
     /// Creates a thread: the prompt, the start node and the record, in one
     /// transaction. The workflow blob (and `parent_state`) must exist.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// assert_eq!((t.status, t.next_role.as_deref()), (ThreadStatus::Idle, Some("writer")));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start_thread(&self, new: NewThread) -> Result<ThreadRecord, ThreadError> {
         self.start_thread_as(new, ThreadId::generate(), false)
     }
@@ -334,6 +370,22 @@ impl LowLevel<'_> {
     /// `start_thread` with a given id, optionally already claimed by a
     /// driver (status `running` over `idle`): the caller holds the driver's
     /// lock for `id`, so a start-and-drive costs no separate claim commit.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let id = uwf_db::thread::ThreadId::generate();
+    /// let t = low.start_thread_as(new, id, true)?; // claimed: status running
+    /// assert_eq!((t.id, t.status), (id, ThreadStatus::Running));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start_thread_as(
         &self,
         new: NewThread,
@@ -396,6 +448,24 @@ impl LowLevel<'_> {
     /// content nodes, the state node, the head move and the status change in
     /// one transaction; with [`Next::End`] also the end node and the move to
     /// history. A moved head is [`ThreadError::Conflict`] and writes nothing.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// assert_eq!(Some(w.record.head), w.step);
+    /// // The head moved: a writer that read the old one is refused.
+    /// assert!(low.append_step(t.id, t.head, step("late"), again()).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn append_step(
         &self,
         id: ThreadId,
@@ -422,6 +492,25 @@ impl LowLevel<'_> {
     /// from history to the active index and appends the step after its end
     /// node, in one transaction. If anything fails the thread stays in
     /// history unchanged.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let done = EndSpec { return_code: 0, summary: "done".into(), prompt: "Done".into() };
+    /// let ended = low.end_thread(t.id, t.head, done)?;
+    /// assert_eq!(ended.record.status, ThreadStatus::Completed);
+    /// let w = low.resume_ended(t.id, ended.record.head, step("one more"), again())?;
+    /// assert_eq!(w.record.status, ThreadStatus::Idle);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resume_ended(
         &self,
         id: ThreadId,
@@ -450,6 +539,23 @@ impl LowLevel<'_> {
 
     /// Ends an active thread without a step (cancel, or an end decided
     /// outside a step): writes the end node and moves it to history.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let done = EndSpec { return_code: 0, summary: "done".into(), prompt: "Done".into() };
+    /// let w = low.end_thread(t.id, t.head, done)?;
+    /// assert_eq!((w.record.status, Some(w.record.head)), (ThreadStatus::Completed, w.end));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn end_thread(
         &self,
         id: ThreadId,
@@ -482,12 +588,45 @@ impl LowLevel<'_> {
     /// An error longer than [`MAX_LAST_ERROR`] keeps its start and its end
     /// around a `[… N bytes cut …]` marker: the record is rewritten on
     /// every claim, so it must stay small whatever an agent printed.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let r = low.record_failure(t.id, "the agent timed out")?;
+    /// assert_eq!((r.last_error.as_deref(), r.head), (Some("the agent timed out"), t.head));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn record_failure(&self, id: ThreadId, error: &str) -> Result<ThreadRecord, ThreadError> {
         self.record_failure_counted(id, error, None)
     }
 
     /// [`LowLevel::record_failure`], adding the failed attempt's agent
     /// calls to the thread's usage totals.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let paid = uwf_db::usage::StepUsage { calls: 2, ..Default::default() };
+    /// let r = low.record_failure_counted(t.id, "HTTP 429", Some(paid))?;
+    /// assert_eq!(r.usage.map(|u| u.calls), Some(2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn record_failure_counted(
         &self,
         id: ThreadId,
@@ -506,6 +645,25 @@ impl LowLevel<'_> {
 
     /// Changes fields of a record that move no head (status claims, the
     /// active child, the agent spec), in one transaction.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let r = low.update_record(t.id, |r| {
+    ///     r.agent = Some("cmd:true".into());
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!((r.agent.as_deref(), r.head), (Some("cmd:true"), t.head));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn update_record(
         &self,
         id: ThreadId,

@@ -33,6 +33,12 @@ pub struct Workflows<'s> {
 
 impl<'s> Workflows<'s> {
     /// The workflow layer of `store` (the same as [`Store::workflows`]).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// assert!(uwf_db::Workflows::new(&store).list()?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(store: &'s Store) -> Workflows<'s> {
         Workflows { store }
     }
@@ -40,6 +46,12 @@ impl<'s> Workflows<'s> {
 
 impl Store {
     /// The workflow layer of this store: see [`Workflows`].
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// assert!(store.workflows().by_name("review")?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn workflows(&self) -> Workflows<'_> {
         Workflows::new(self)
     }
