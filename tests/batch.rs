@@ -376,12 +376,91 @@ fn two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart(
     }
 }
 
+/// A step that fails says why in a type (`StepFailure`), not only in
+/// words; the thread's `last_error` is that failure's text, word for word.
+fn step_failures_are_typed_and_recorded_in_their_words(b: TestBackend) {
+    use uwf_db::engine::{EngineError, StartOptions, StepFailure};
+    struct Says(&'static str);
+    impl Agent for Says {
+        fn call(&mut self, _: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+            Ok(self.0.to_owned().into())
+        }
+    }
+    struct Down;
+    impl Agent for Down {
+        fn call(&mut self, _: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+            Err(AgentError::Other("HTTP 429".into()))
+        }
+    }
+    let store = b.fast();
+    let review = review(&store);
+    let gone = StartOptions {
+        cwd: Some("/no/such/directory".into()),
+        ..StartOptions::default()
+    };
+    let cases: [(StartOptions, &mut dyn Agent); 3] = [
+        (StartOptions::default(), &mut Down),
+        (
+            StartOptions::default(),
+            &mut Says("no frontmatter, so no $status"),
+        ),
+        (gone, &mut Says("never asked")),
+    ];
+    let mut causes = Vec::new();
+    for (options, agent) in cases {
+        let (thread, report) = store
+            .engine()
+            .run_workflow(review, "a task", &options, agent)
+            .unwrap();
+        let Some(EngineError::StepFailed { thread: id, cause }) = report.error else {
+            panic!("not a step failure: {:?}", report.error);
+        };
+        assert_eq!(id, thread.id);
+        let record = store.threads().get(id).unwrap().unwrap();
+        assert_eq!(record.last_error, Some(cause.to_string()));
+        assert_eq!(record.status, ThreadStatus::Idle, "nothing committed");
+        causes.push(cause);
+    }
+    assert!(
+        matches!(&causes[0], StepFailure::Agent { role, source: AgentError::Other(m) }
+            if role == "developer" && m.to_string() == "HTTP 429"),
+        "{:?}",
+        causes[0]
+    );
+    assert_eq!(
+        causes[0].to_string(),
+        "agent failed on role 'developer': HTTP 429"
+    );
+    assert!(
+        matches!(&causes[1], StepFailure::InvalidReply { role, .. } if role == "developer"),
+        "{:?}",
+        causes[1]
+    );
+    assert!(
+        causes[1]
+            .to_string()
+            .starts_with("invalid reply from role 'developer': "),
+        "{}",
+        causes[1]
+    );
+    assert!(
+        matches!(&causes[2], StepFailure::MissingDirectory { dir, .. }
+            if dir == std::path::Path::new("/no/such/directory")),
+        "{:?}",
+        causes[2]
+    );
+    // The cause chain goes on below the failure: the agent's own error.
+    let source = std::error::Error::source(&causes[0]).map(ToString::to_string);
+    assert_eq!(source.as_deref(), Some("HTTP 429"));
+}
+
 conformance!(
     a_durable_batch_commits_every_step_in_groups,
     a_failing_request_is_rolled_back_alone,
     a_panicking_request_is_rolled_back_alone_and_panics_its_sender,
     without_a_group_write_op_is_a_plain_write,
     a_step_failure_stops_its_thread_only,
+    step_failures_are_typed_and_recorded_in_their_words,
     a_batch_without_agents_is_refused,
     two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart,
 );

@@ -4,7 +4,7 @@
 //! its parent (`docs/design.md` §5c).
 
 use super::drive::{Driver, Mode, StepResult, with_max_rounds};
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, StepFailure};
 use crate::node::Blob;
 use crate::thread::{NewThread, StepWrite, ThreadId, ThreadRecord, ThreadStatus};
 use crate::workflow::Workflow;
@@ -28,21 +28,35 @@ impl Engine {
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
         if matches!(mode, Mode::ResumeEnded) {
-            return Err(self.fail(id, format!("role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread")));
+            return Err(self.fail(
+                id,
+                StepFailure::ChildOnResumedEnd {
+                    role: role.to_owned(),
+                },
+            ));
         }
         let child = match record.active_child {
             Some(c) => c,
             None => {
                 let depth = self.start_node(record.start)?.depth + 1;
                 if depth > MAX_DEPTH {
-                    return Err(self.fail(id, format!("role '{role}' would nest workflow '{child_workflow}' at depth {depth}; the limit is {MAX_DEPTH}")));
+                    return Err(self.fail(
+                        id,
+                        StepFailure::TooDeep {
+                            role: role.to_owned(),
+                            workflow: child_workflow.to_owned(),
+                            depth,
+                            limit: MAX_DEPTH,
+                        },
+                    ));
                 }
                 let Some((hash, child_wf)) = self.store.workflows().by_name(child_workflow)? else {
                     return Err(self.fail(
                         id,
-                        format!(
-                            "child workflow '{child_workflow}' of role '{role}' is not registered"
-                        ),
+                        StepFailure::ChildNotRegistered {
+                            workflow: child_workflow.to_owned(),
+                            role: role.to_owned(),
+                        },
                     ));
                 };
                 let templates = Some(&self.engine_state().templates);
@@ -98,8 +112,13 @@ impl Engine {
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
         let child_failed = |e: EngineError| {
-            let message = format!("child workflow thread {child}: {e}");
-            self.fail_with(id, message, Some(Box::new(e)))
+            self.fail(
+                id,
+                StepFailure::Child {
+                    child,
+                    source: Box::new(e),
+                },
+            )
         };
         if let Some(text) = resume
             && let Err(e) = self.resume_inner(child, text, agent, cancel)
@@ -150,7 +169,7 @@ impl Engine {
                     &summary,
                 ) {
                     Ok(r) => r,
-                    Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
+                    Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
                 };
                 let (_, max_rounds) = self.task_of(record.start)?;
                 let after = with_max_rounds(route, record.rounds() + 1, max_rounds);
@@ -172,7 +191,10 @@ impl Engine {
             }
             other => Err(self.fail(
                 id,
-                format!("child workflow thread {child} stopped while {other}"),
+                StepFailure::ChildStopped {
+                    child,
+                    status: other,
+                },
             )),
         }
     }

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::EngineError;
 use super::agent::{Agent, AgentRequest};
 use super::cancel::Cancel;
 use super::extract::{extract_with, reported_usage};
 use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
+use super::{EngineError, StepFailure};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::thread::{
@@ -638,39 +638,24 @@ impl Engine {
     }
 
     /// Records a failed attempt and returns the error for it.
-    pub(super) fn fail(&self, id: ThreadId, message: String) -> EngineError {
-        self.fail_with(id, message, None)
+    pub(super) fn fail(&self, id: ThreadId, cause: StepFailure) -> EngineError {
+        self.fail_counted(id, cause, None)
     }
 
-    /// [`Self::fail`] keeping the cause as the error's source.
-    pub(super) fn fail_with(
-        &self,
-        id: ThreadId,
-        message: String,
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> EngineError {
-        self.fail_counted(id, message, source, None)
-    }
-
-    /// [`Self::fail_with`], adding the failed attempt's agent calls to the
+    /// [`Self::fail`], adding the failed attempt's agent calls to the
     /// thread's usage.
     pub(super) fn fail_counted(
         &self,
         id: ThreadId,
-        message: String,
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        cause: StepFailure,
         usage: Option<StepUsage>,
     ) -> EngineError {
         match self
             .threads()
             .low_level()
-            .record_failure_counted(id, &message, usage)
+            .record_failure_counted(id, &cause.to_string(), usage)
         {
-            Ok(_) => EngineError::StepFailed {
-                thread: id,
-                message,
-                source,
-            },
+            Ok(_) => EngineError::StepFailed { thread: id, cause },
             Err(e) => e.into(),
         }
     }
@@ -740,7 +725,10 @@ impl Engine {
         let Some(role_def) = wf.roles.get(role) else {
             return Err(self.fail(
                 id,
-                format!("role '{role}' is not in workflow '{}'", wf.name),
+                StepFailure::UnknownRole {
+                    role: role.to_owned(),
+                    workflow: wf.name.clone(),
+                },
             ));
         };
         if let Some(child_workflow) = &role_def.workflow {
@@ -775,7 +763,10 @@ impl Engine {
             };
             return Err(self.fail(
                 id,
-                format!("directory '{}' does not exist ({what})", dir.display()),
+                StepFailure::MissingDirectory {
+                    dir: dir.clone(),
+                    what,
+                },
             ));
         }
         let (task, max_rounds) = self.task_of(record.start)?;
@@ -822,8 +813,11 @@ impl Engine {
                 Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
                 Err(e) => {
                     usage.add_call(wall_ms, None);
-                    let message = format!("agent failed on role '{role}': {e}");
-                    return Err(self.fail_counted(id, message, Some(Box::new(e)), Some(usage)));
+                    let cause = StepFailure::Agent {
+                        role: role.to_owned(),
+                        source: e,
+                    };
+                    return Err(self.fail_counted(id, cause, Some(usage)));
                 }
             };
             let extracted = extract_with(
@@ -847,8 +841,11 @@ impl Engine {
                     );
                 }
                 Err(e) => {
-                    let message = format!("invalid reply from role '{role}': {e}");
-                    return Err(self.fail_counted(id, message, Some(Box::new(e)), Some(usage)));
+                    let cause = StepFailure::InvalidReply {
+                        role: role.to_owned(),
+                        source: e,
+                    };
+                    return Err(self.fail_counted(id, cause, Some(usage)));
                 }
             }
         };
@@ -859,7 +856,7 @@ impl Engine {
             &extracted.body,
         ) {
             Ok(r) => r,
-            Err(e) => return Err(self.fail_with(id, e.to_string(), Some(Box::new(e)))),
+            Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
         };
         let rounds = match mode {
             Mode::ResumeEnded => 1,
@@ -900,9 +897,10 @@ impl Engine {
             Err(ThreadError::Store(crate::store::StoreError::MissingRef { missing, .. })) => {
                 return Err(self.fail(
                     id,
-                    format!(
-                        "role '{role}' referred to artifact {missing}, which is not in the store"
-                    ),
+                    StepFailure::MissingArtifact {
+                        role: role.to_owned(),
+                        missing,
+                    },
                 ));
             }
             Err(e) => return Err(e.into()),

@@ -158,18 +158,15 @@ pub enum EngineError {
         node: Hash,
     },
     /// A step failed (agent error, invalid reply, unknown status): nothing
-    /// was committed; the error is recorded as the thread's `last_error`.
-    #[error("step of thread {thread} failed: {message}")]
+    /// was committed; the failure's text is recorded as the thread's
+    /// `last_error`.
+    #[error("step of thread {thread} failed: {cause}")]
     StepFailed {
         /// The thread.
         thread: ThreadId,
-        /// What went wrong (as recorded in `last_error`).
-        message: String,
-        /// The cause (an [`agent::AgentError`], an
-        /// [`extract::ExtractError`], a [`WorkflowError`], or a child
-        /// thread's [`EngineError`]), when there is one.
+        /// What went wrong.
         #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        cause: StepFailure,
     },
     /// The thread cannot take a step in its status.
     #[error(
@@ -267,6 +264,107 @@ pub enum EngineError {
         role: String,
         /// The roles that did run on the chain, in the order each first ran.
         ran: Vec<String>,
+    },
+}
+
+/// Why a step failed: the cause of [`EngineError::StepFailed`], typed so a
+/// caller can tell an agent's failure from an invalid reply or a workflow
+/// that routes nowhere without reading the text. Its text is what the
+/// thread's `last_error` records.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepFailure {
+    /// The agent's call failed (its program exited non-zero, timed out,
+    /// wrote too much; a Rust agent returned an error).
+    #[error("agent failed on role '{role}': {source}")]
+    Agent {
+        /// The role it was called for.
+        role: String,
+        /// What the agent reported.
+        source: agent::AgentError,
+    },
+    /// The reply stayed invalid after every re-ask (frontmatter, schema).
+    #[error("invalid reply from role '{role}': {source}")]
+    InvalidReply {
+        /// The role that replied.
+        role: String,
+        /// What is wrong with the reply.
+        source: extract::ExtractError,
+    },
+    /// The workflow could not route the reply (an unknown status, a
+    /// template that failed).
+    #[error("{0}")]
+    Route(#[source] WorkflowError),
+    /// The role to run is not in the thread's workflow.
+    #[error("role '{role}' is not in workflow '{workflow}'")]
+    UnknownRole {
+        /// The role.
+        role: String,
+        /// The workflow's name.
+        workflow: String,
+    },
+    /// The directory the step's agent would work in does not exist.
+    #[error("directory '{}' does not exist ({what})", dir.display())]
+    MissingDirectory {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Where it came from (the thread's cwd, or an edge's location).
+        what: String,
+    },
+    /// The reply names an artifact the store does not hold.
+    #[error("role '{role}' referred to artifact {missing}, which is not in the store")]
+    MissingArtifact {
+        /// The role that replied.
+        role: String,
+        /// The artifact's hash.
+        missing: Hash,
+    },
+    /// A child-workflow role cannot be the first step of a resumed
+    /// ended thread.
+    #[error(
+        "role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread"
+    )]
+    ChildOnResumedEnd {
+        /// The role.
+        role: String,
+    },
+    /// Starting the child would nest workflows deeper than the limit.
+    #[error(
+        "role '{role}' would nest workflow '{workflow}' at depth {depth}; the limit is {limit}"
+    )]
+    TooDeep {
+        /// The role.
+        role: String,
+        /// The child workflow.
+        workflow: String,
+        /// The depth the child would have.
+        depth: u32,
+        /// The limit.
+        limit: u32,
+    },
+    /// The role's child workflow is not registered.
+    #[error("child workflow '{workflow}' of role '{role}' is not registered")]
+    ChildNotRegistered {
+        /// The child workflow's name.
+        workflow: String,
+        /// The role.
+        role: String,
+    },
+    /// Driving the child thread failed.
+    #[error("child workflow thread {child}: {source}")]
+    Child {
+        /// The child thread.
+        child: ThreadId,
+        /// Its error.
+        source: Box<EngineError>,
+    },
+    /// The child thread stopped in a status its parent cannot go on from.
+    #[error("child workflow thread {child} stopped while {status}")]
+    ChildStopped {
+        /// The child thread.
+        child: ThreadId,
+        /// Its status.
+        status: crate::thread::ThreadStatus,
     },
 }
 
