@@ -84,6 +84,6 @@ pub use codec::CodecError;
 pub use engine::Engine;
 pub use hash::{Hash, HashPrefix, ParseHashError};
 pub use node::{Blob, ContentNode, EncodedBlob, Kind, StartNode, StateNode, Value, WorkflowNode};
-pub use store::{Durability, Stats, Store, StoreError, StoreOptions};
+pub use store::{Durability, OpenError, Stats, Store, StoreError, StoreOptions};
 pub use thread::Threads;
 pub use workflow::Workflows;

@@ -153,7 +153,7 @@ impl SalvageSource for StoreSource<'_> {
 /// assert!(report.is_complete());
 /// assert_eq!(new.stats().unwrap().blob_count, 1);
 /// ```
-pub fn open_damaged(dir: &Path) -> Result<Store, StoreError> {
+pub fn open_damaged(dir: &Path) -> Result<Store, crate::store::OpenError> {
     Store::open_damaged(dir)
 }
 

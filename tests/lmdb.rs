@@ -21,7 +21,7 @@ use uwf_db::gc::{GcError, GcOptions};
 use uwf_db::store::{FORMAT_VERSION, FORMAT_VERSION_KEY};
 use uwf_db::thread::EndSpec;
 use uwf_db::verify::{Problem, verify};
-use uwf_db::{Blob, Durability, Store, StoreError, StoreOptions};
+use uwf_db::{Blob, Durability, OpenError, Store, StoreError, StoreOptions};
 
 /// A durable store in `dir` (the default options).
 fn open(dir: &Path) -> Store {
@@ -123,7 +123,7 @@ fn opening_twice_in_one_process_shares_the_environment() {
         },
     )
     .unwrap_err();
-    assert!(matches!(err, StoreError::OptionsConflict { .. }), "{err}");
+    assert!(matches!(err, OpenError::OptionsConflict { .. }), "{err}");
     // Handles work from other threads.
     let c = a.clone();
     std::thread::spawn(move || c.put(&Blob::content("from a thread", [])).unwrap())
@@ -145,7 +145,7 @@ fn reading_a_missing_store_asks_for_init() {
     .unwrap_err();
     assert!(matches!(
         err,
-        StoreError::Backend(BackendError::NotInitialized { .. })
+        OpenError::Backend(BackendError::NotInitialized { .. })
     ));
     assert!(err.to_string().contains("uwf-db init"));
     assert!(!dir.path().join("nope").exists(), "a read creates nothing");
@@ -223,7 +223,7 @@ fn unknown_format_versions_are_refused() {
     }
     let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
     assert!(
-        matches!(err, StoreError::Backend(BackendError::UnsupportedFormat { found, .. }) if found == FORMAT_VERSION + 1),
+        matches!(err, OpenError::Backend(BackendError::UnsupportedFormat { found, .. }) if found == FORMAT_VERSION + 1),
         "{err}"
     );
 }

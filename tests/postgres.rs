@@ -69,7 +69,7 @@ use common::{append_n, new_thread, next, step, workflow};
 use uwf_db::backend::BackendError;
 use uwf_db::thread::{EndSpec, NewThread, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
 use uwf_db::workflow::parse_workflow;
-use uwf_db::{Store, StoreError, StoreOptions};
+use uwf_db::{OpenError, Store, StoreOptions};
 
 /// A thread as its typed columns say it is.
 #[derive(Debug, PartialEq)]
@@ -476,7 +476,7 @@ fn a_version_1_store_is_migrated_on_first_use() {
     .unwrap();
     let err = Store::open_location(&url, reader_options()).unwrap_err();
     assert!(
-        matches!(&err, StoreError::Backend(BackendError::UndecodableRecord { thread, table: "uwf_threads", .. }) if *thread == bad.to_string()),
+        matches!(&err, OpenError::Backend(BackendError::UndecodableRecord { thread, table: "uwf_threads", .. }) if *thread == bad.to_string()),
         "{err}"
     );
     assert!(err.to_string().contains(&bad.to_string()), "{err}");
@@ -622,7 +622,7 @@ fn a_newer_schema_is_refused() {
         assert!(
             matches!(
                 err,
-                StoreError::Backend(BackendError::UnsupportedSchema {
+                OpenError::Backend(BackendError::UnsupportedSchema {
                     found: 4,
                     supported: 3,
                     ..

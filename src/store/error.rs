@@ -20,10 +20,13 @@ pub enum Damage {
     Encoding(#[from] CodecError),
 }
 
-/// What went wrong in the store.
+/// What went wrong opening a store ([`Store::open`](crate::Store::open),
+/// [`Store::open_location`](crate::Store::open_location)): the store's own
+/// reasons, and the backend's (no store there, a newer format, a damaged
+/// or planted file, a server that refuses).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum StoreError {
+pub enum OpenError {
     /// The store is open in this process with different options.
     #[error(
         "the store at {path} is already open in this process with {existing}; requested {requested}"
@@ -36,6 +39,49 @@ pub enum StoreError {
         /// The options requested.
         requested: String,
     },
+    /// A `postgres://` store was named but this build has no PostgreSQL
+    /// support (the `postgres` cargo feature is off).
+    #[error(
+        "{location} is a PostgreSQL store, but this build of uwf-db has no PostgreSQL support (the `postgres` feature)"
+    )]
+    NoPostgres {
+        /// The URL given.
+        location: String,
+    },
+    /// The backend could not open the store.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+impl OpenError {
+    /// Whether the store's data file is damaged
+    /// ([`BackendError::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, OpenError::Backend(b) if b.is_damage())
+    }
+
+    /// Whether the server connection was lost while opening.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(self, OpenError::Backend(b) if b.is_connection_lost())
+    }
+}
+
+impl From<OpenError> for StoreError {
+    /// A backend's open error stays a [`StoreError::Backend`] (the same
+    /// words, the same `is_damage`); the store's own open errors are kept
+    /// whole in [`StoreError::Open`].
+    fn from(e: OpenError) -> StoreError {
+        match e {
+            OpenError::Backend(b) => StoreError::Backend(b),
+            other => StoreError::Open(Box::new(other)),
+        }
+    }
+}
+
+/// What went wrong in the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
     /// A blob refers to a blob that is not stored.
     #[error("blob {blob} refers to {missing}, which is not in the store; nothing was written")]
     MissingRef {
@@ -83,15 +129,10 @@ pub enum StoreError {
         /// The failure, shared by every request of the group.
         source: Arc<StoreError>,
     },
-    /// A `postgres://` store was named but this build has no PostgreSQL
-    /// support (the `postgres` cargo feature is off).
-    #[error(
-        "{location} is a PostgreSQL store, but this build of uwf-db has no PostgreSQL support (the `postgres` feature)"
-    )]
-    NoPostgres {
-        /// The URL given.
-        location: String,
-    },
+    /// Opening a store failed (what [`OpenError`] says; an open error of
+    /// the backend itself converts to [`StoreError::Backend`]).
+    #[error(transparent)]
+    Open(Box<OpenError>),
     /// The backend failed (an open, a page, the disk, the server).
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -109,7 +150,11 @@ impl StoreError {
     /// Whether the error says the store's data file is damaged
     /// ([`BackendError::is_damage`]): the CLI exits 3 for these.
     pub fn is_damage(&self) -> bool {
-        matches!(self, StoreError::Backend(b) if b.is_damage())
+        match self {
+            StoreError::Backend(b) => b.is_damage(),
+            StoreError::Open(o) => o.is_damage(),
+            _ => false,
+        }
     }
 
     /// Whether the store has no room left (its maximum map size or its

@@ -38,7 +38,7 @@ use crate::node::Blob;
 
 pub use crate::backend::lmdb::{DEFAULT_MAP_SIZE, MAX_MAP_SIZE};
 pub use copy_marker::{COPY_MARKER_KEY, UnfinishedCopy};
-pub use error::{Damage, StoreError};
+pub use error::{Damage, OpenError, StoreError};
 pub use group::{DEFAULT_MAX_GROUP, GroupStats};
 pub use options::{Durability, StoreOptions};
 pub use record::{BlobRecord, RecordError};

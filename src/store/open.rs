@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use super::{Durability, Store, StoreError, StoreInner, StoreOptions};
+use super::{Durability, OpenError, Store, StoreInner, StoreOptions};
 use crate::backend::lmdb::{LmdbBackend, LmdbOptions, OpenFor};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, BackendError};
@@ -23,7 +23,7 @@ impl Store {
     ///
     /// Opening a store that this process already has open returns a handle to
     /// the same environment; asking for different durability or a different
-    /// maximum size then is an [`StoreError::OptionsConflict`].
+    /// maximum size then is an [`OpenError::OptionsConflict`].
     ///
     /// ```
     /// use uwf_db::{Store, StoreOptions};
@@ -31,7 +31,7 @@ impl Store {
     /// let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     /// assert_eq!(store.stats().unwrap().blob_count, 0);
     /// ```
-    pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store, StoreError> {
+    pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store, OpenError> {
         Store::open_for(path.as_ref(), options, OpenFor::Use)
     }
 
@@ -39,7 +39,7 @@ impl Store {
     /// [`salvage`](crate::salvage): a format version that cannot be read
     /// (its page is damaged) is no reason to refuse, the layout is told
     /// from the rows. Nothing is created and nothing is written.
-    pub(crate) fn open_damaged(path: &Path) -> Result<Store, StoreError> {
+    pub(crate) fn open_damaged(path: &Path) -> Result<Store, OpenError> {
         let options = StoreOptions {
             create: false,
             ..StoreOptions::default()
@@ -47,10 +47,10 @@ impl Store {
         Store::open_for(path, options, OpenFor::Salvage)
     }
 
-    fn open_for(path: &Path, options: StoreOptions, purpose: OpenFor) -> Result<Store, StoreError> {
+    fn open_for(path: &Path, options: StoreOptions, purpose: OpenFor) -> Result<Store, OpenError> {
         let io = |op| {
             let path = path.to_path_buf();
-            move |source| StoreError::from(BackendError::Io { op, path, source })
+            move |source| OpenError::from(BackendError::Io { op, path, source })
         };
         // Only a data file that is not there means "no store": one that
         // cannot be looked at (permission denied, say) is reported as such.
@@ -104,7 +104,7 @@ impl Store {
                     .max_map_size
                     .is_none_or(|m| Some(m) == existing.max_map_size);
                 if existing.durability != requested.durability || !same_max {
-                    return Err(StoreError::OptionsConflict {
+                    return Err(OpenError::OptionsConflict {
                         path: canonical,
                         existing: describe(existing.durability, existing.max_map_size),
                         requested: describe(requested.durability, requested.max_map_size),
@@ -137,7 +137,7 @@ impl Store {
     /// assert_eq!(store.path(), dir.path());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn open_location(location: &str, options: StoreOptions) -> Result<Store, StoreError> {
+    pub fn open_location(location: &str, options: StoreOptions) -> Result<Store, OpenError> {
         if !crate::backend::is_postgres_url(location) {
             return Store::open(location, options);
         }
@@ -152,7 +152,7 @@ impl Store {
         }
         #[cfg(not(feature = "postgres"))]
         {
-            Err(StoreError::NoPostgres {
+            Err(OpenError::NoPostgres {
                 location: location.to_owned(),
             })
         }

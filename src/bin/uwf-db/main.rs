@@ -341,12 +341,12 @@ impl Cli {
         };
         match location.to_str() {
             Some(url) if uwf_db::backend::is_postgres_url(url) => {
-                Store::open_location(url, options)
+                Store::open_location(url, options).map_err(StoreError::from)
             }
             _ => {
                 // Opening already reads pages: guard before it.
                 fault::guard_lmdb_store(location);
-                Store::open(location, options)
+                Store::open(location, options).map_err(StoreError::from)
             }
         }
     }

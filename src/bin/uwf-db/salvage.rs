@@ -621,7 +621,7 @@ pub fn read_worker(cli: &Cli, table: &str, from: Option<&str>) -> Result<(), Cli
         _ => {
             // Opening already reads pages: guard before it.
             crate::fault::guard_lmdb_store(&location);
-            uwf_db::salvage::open_damaged(&location)?
+            uwf_db::salvage::open_damaged(&location).map_err(uwf_db::StoreError::from)?
         }
     };
     // Unbuffered frames (one write each): a page that crashes this
