@@ -58,6 +58,17 @@ pub fn guard_lmdb_store(dir: &Path) {
         dir = dir.display(),
         data = data.display(),
     );
+    install(text);
+}
+
+/// [`guard_lmdb_store`] for a salvage's reader (`salvage-read`): the
+/// message is one short line, the reason the salvage reports for the
+/// rows this reader could not read.
+pub fn guard_lmdb_reader(dir: &Path) {
+    install(format!(" on a damaged page of {}\n", dir.join("data.mdb").display()));
+}
+
+fn install(text: String) {
     if MESSAGE.set(sealed(text.into_bytes())).is_err() {
         return;
     }
