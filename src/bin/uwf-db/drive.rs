@@ -19,7 +19,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "SPEC")]
     pub agent: Option<String>,
     /// Kill a cmd: agent's process group after this long (e.g. 90s, 10m)
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::output::parse_duration)]
     pub agent_timeout: Duration,
     /// Re-ask a cmd: agent this many times after an invalid reply
     #[arg(long, default_value_t = 2)]
@@ -36,31 +36,6 @@ fn parse_reply_size(s: &str) -> Result<usize, String> {
         0 => Err("must be at least 1 byte (0 would refuse every reply)".into()),
         n => usize::try_from(n).map_err(|_| format!("'{s}' is too large")),
     }
-}
-
-/// `90s`, `10m`, `1h`, `7d`, or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (examples: 90s, 10m, 1h)"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86_400.0,
-        _ => {
-            return Err(format!(
-                "unknown duration unit in '{s}' (use ms, s, m, h or d)"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"))
 }
 
 /// A `--count`: a whole number, at least 1 (0 would run nothing and

@@ -65,7 +65,10 @@ pub fn guard_lmdb_store(dir: &Path) {
 /// message is one short line, the reason the salvage reports for the
 /// rows this reader could not read.
 pub fn guard_lmdb_reader(dir: &Path) {
-    install(format!(" on a damaged page of {}\n", dir.join("data.mdb").display()));
+    install(format!(
+        " on a damaged page of {}\n",
+        dir.join("data.mdb").display()
+    ));
 }
 
 fn install(text: String) {

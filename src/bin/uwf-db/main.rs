@@ -144,7 +144,7 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Keep blobs stored or re-put this recently, with what they reach (e.g. 0, 90s, 30m, 1h, 7d)
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = drive::parse_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = output::parse_duration)]
         grace: std::time::Duration,
     },
     /// Re-hash every blob and check every ref and index entry; exit 1 on any problem
@@ -180,7 +180,7 @@ enum Command {
         .args(["older_than", "keep_latest", "status", "workflow", "labels", "unset", "show"]))]
     Prune {
         /// Ended more than this long ago (e.g. 90s, 30m, 24h, 30d)
-        #[arg(long, value_name = "DURATION", value_parser = drive::parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = output::parse_duration)]
         older_than: Option<std::time::Duration>,
         /// Keep the newest N ended threads of each workflow
         #[arg(long, value_name = "N")]

@@ -1,6 +1,7 @@
 //! Terminal and JSON output: one writer, sizes and times for people.
 
 use std::io::{self, BufWriter, IsTerminal, StdoutLock, Write};
+use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -158,27 +159,74 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
-/// Parses `--since`/`--until`: RFC 3339, or a duration ago (`30m`, `24h`, `7d`, `90s`, `2w`).
+/// Every duration flag's syntax, one parser (jiff's): a number and a unit
+/// (`500ms`, `90s`, `10m`, `1.5h`, `7d`, `2w`), jiff's friendly format
+/// (`1h 30m`, `2 days`), ISO 8601 (`PT90S`), or plain seconds (`90`,
+/// `0.5`). Days are 24 hours; months and years are refused (they have no
+/// fixed length).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"));
+    }
+    let span: jiff::Span = t
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (examples: 90s, 10m, 1h, 7d, 1h 30m)"))?;
+    let signed = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .map_err(|e| format!("'{s}': {e}"))?;
+    Duration::try_from(signed).map_err(|_| format!("'{s}' is negative"))
+}
+
+/// Parses `--since`/`--until`: RFC 3339, or a duration ago
+/// ([`parse_duration`]'s syntax: `30m`, `24h`, `7d`, `2w`).
 pub fn parse_time(s: &str) -> Result<u64, String> {
     let t = s.trim();
     if let Ok(ts) = t.parse::<jiff::Timestamp>() {
         return u64::try_from(ts.as_millisecond()).map_err(|_| format!("'{s}' is before 1970"));
     }
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| {
+    let ago = parse_duration(t).map_err(|_| {
         format!("'{s}' is neither RFC 3339 nor a relative time like 30m, 24h or 7d")
     })?;
-    let ms = match unit {
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        "w" => 604_800_000,
-        _ => return Err(format!("unknown time unit in '{s}' (use s, m, h, d or w)")),
-    };
-    let ago = n
-        .checked_mul(ms)
-        .ok_or_else(|| format!("'{s}' is too far back"))?;
+    let ago = u64::try_from(ago.as_millis()).map_err(|_| format!("'{s}' is too far back"))?;
     Ok(uwf_db::store::now_ms().saturating_sub(ago))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_duration_syntax_for_every_flag() {
+        let secs = |s| parse_duration(s).map(|d| d.as_secs_f64());
+        assert_eq!(secs("90"), Ok(90.0));
+        assert_eq!(secs("0.5"), Ok(0.5));
+        assert_eq!(secs("500ms"), Ok(0.5));
+        assert_eq!(secs("90s"), Ok(90.0));
+        assert_eq!(secs("10m"), Ok(600.0));
+        assert_eq!(secs("1.5h"), Ok(5400.0));
+        assert_eq!(secs("1h 30m"), Ok(5400.0));
+        assert_eq!(secs("7d"), Ok(604_800.0));
+        assert_eq!(secs("2w"), Ok(1_209_600.0));
+        assert_eq!(secs("PT90S"), Ok(90.0));
+        for bad in ["", "soon", "10x", "-5m", "1 month", "2y"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .contains("is not a duration")
+        );
+    }
+
+    #[test]
+    fn since_and_until_take_rfc_3339_or_the_same_durations_ago() {
+        assert_eq!(parse_time("2026-01-02T03:04:05Z"), Ok(1_767_323_045_000));
+        let now = uwf_db::store::now_ms();
+        let day_ago = parse_time("1d").unwrap();
+        assert!((now - 86_400_000..=now - 86_400_000 + 5_000).contains(&day_ago));
+        let ninety = parse_time("1h 30m").unwrap();
+        assert!((now - 5_400_000..=now - 5_400_000 + 5_000).contains(&ninety));
+        assert!(parse_time("yesterday").is_err());
+    }
 }
