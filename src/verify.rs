@@ -259,90 +259,125 @@ pub fn verify(
 fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), StoreError> {
     let problems = &mut report.problems;
     let mut n = 0;
+    n += check_threads_table(store, problems)?;
+    n += check_history_table(store, problems)?;
+    n += check_history_ids(store, problems)?;
+    n += check_activity_entries(store, Table::Activity, problems, |key| {
+        let (at, id) = key.split_first_chunk::<8>()?;
+        let (at, id) = (u64::from_be_bytes(*at), ThreadId::from_slice(id)?);
+        Some(ActivityRef {
+            text: format!("{at}/{id}"),
+            at,
+            id,
+            label: None,
+        })
+    })?;
+    n += check_activity_entries(store, Table::Labels, problems, |key| {
+        let (k, v, at, id) = parse_label_key(key)?;
+        Some(ActivityRef {
+            text: format!("{k}={v}/{at}/{id}"),
+            at,
+            id,
+            label: Some((k, v)),
+        })
+    })?;
+    n += check_children(store, problems)?;
+    n += check_roots(store, problems)?;
+    report.index_entries_checked = n;
+    Ok(())
+}
 
-    let check_record = |r: &ReadTxn<'_>,
-                        db: &'static str,
-                        key_text: String,
-                        id: Option<ThreadId>,
-                        value: &[u8],
-                        problems: &mut Vec<Problem>|
-     -> Result<Option<ThreadRecord>, StoreError> {
-        let mut bad = |detail: String| {
-            problems.push(Problem::ThreadIndex {
-                db,
-                key: key_text.clone(),
-                detail,
-            })
-        };
-        let record = match ThreadRecord::decode(value) {
-            Ok(rec) => rec,
-            Err(e) => {
-                bad(format!("record does not decode: {e}"));
+/// One thread record (of `threads` or `history`): it decodes, names its
+/// key's thread, its start, head, workflow and staged summary are stored
+/// blobs of the right kinds, it agrees with its head node, and its
+/// activity and labels entries agree with it. `None` when it cannot be
+/// checked further.
+fn check_record(
+    r: &ReadTxn<'_>,
+    db: &'static str,
+    key_text: String,
+    id: Option<ThreadId>,
+    value: &[u8],
+    problems: &mut Vec<Problem>,
+) -> Result<Option<ThreadRecord>, StoreError> {
+    let mut bad = |detail: String| {
+        problems.push(Problem::ThreadIndex {
+            db,
+            key: key_text.clone(),
+            detail,
+        })
+    };
+    let record = match ThreadRecord::decode(value) {
+        Ok(rec) => rec,
+        Err(e) => {
+            bad(format!("record does not decode: {e}"));
+            return Ok(None);
+        }
+    };
+    if Some(record.id) != id {
+        bad(format!("record names thread {}", record.id));
+    }
+    for (what, hash, want) in [
+        ("start", record.start, &[Kind::Start][..]),
+        ("head", record.head, &[Kind::Start, Kind::State][..]),
+        ("workflow", record.workflow_hash, &[Kind::Workflow][..]),
+    ] {
+        match r.get_stored(&hash) {
+            Err(e) if e.is_damage() => {
+                // The transaction can read nothing more.
+                bad(format!("{what} {hash} cannot be read: {e}"));
                 return Ok(None);
             }
-        };
-        if Some(record.id) != id {
-            bad(format!("record names thread {}", record.id));
-        }
-        for (what, hash, want) in [
-            ("start", record.start, &[Kind::Start][..]),
-            ("head", record.head, &[Kind::Start, Kind::State][..]),
-            ("workflow", record.workflow_hash, &[Kind::Workflow][..]),
-        ] {
-            match r.get_stored(&hash) {
-                Err(e) if e.is_damage() => {
-                    // The transaction can read nothing more.
-                    bad(format!("{what} {hash} cannot be read: {e}"));
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-                Ok(None) => bad(format!("{what} {hash} is not stored")),
-                Ok(Some(b)) if !want.contains(&b.kind) => {
-                    bad(format!("{what} {hash} is a {} blob", b.kind))
-                }
-                Ok(Some(_)) => {}
+            Err(e) => return Err(e),
+            Ok(None) => bad(format!("{what} {hash} is not stored")),
+            Ok(Some(b)) if !want.contains(&b.kind) => {
+                bad(format!("{what} {hash} is a {} blob", b.kind))
             }
+            Ok(Some(_)) => {}
         }
-        if let Some(c) = record.staged_compact
-            && !r.contains(&c)?
-        {
-            bad(format!("staged summary {c} is not stored"));
+    }
+    if let Some(c) = record.staged_compact
+        && !r.contains(&c)?
+    {
+        bad(format!("staged summary {c} is not stored"));
+    }
+    // The record against its head node (the head alone: the whole
+    // chain is import's check).
+    let mut node = |h: &crate::hash::Hash| match r.get_blob(h) {
+        Err(e) if e.is_damage() => Ok(None),
+        other => other,
+    };
+    if let Some(detail) = crate::thread::check_against_chain(&record, 1, &mut node)? {
+        bad(detail);
+    }
+    let activity = r.tables().get(
+        Table::Activity,
+        &activity_key(record.last_activity(), record.id),
+    )?;
+    match activity.as_deref().and_then(ActivityEntry::parse) {
+        None => bad("no activity entry at its last activity time".into()),
+        Some(a) if a != ActivityEntry::of(&record) => {
+            bad("activity entry disagrees with the record".into())
         }
-        // The record against its head node (the head alone: the whole
-        // chain is import's check).
-        let mut node = |h: &crate::hash::Hash| match r.get_blob(h) {
-            Err(e) if e.is_damage() => Ok(None),
-            other => other,
-        };
-        if let Some(detail) = crate::thread::check_against_chain(&record, 1, &mut node)? {
-            bad(detail);
-        }
-        let activity = r.tables().get(
-            Table::Activity,
-            &activity_key(record.last_activity(), record.id),
-        )?;
-        match activity.as_deref().and_then(ActivityEntry::parse) {
-            None => bad("no activity entry at its last activity time".into()),
-            Some(a) if a != ActivityEntry::of(&record) => {
-                bad("activity entry disagrees with the record".into())
-            }
+        Some(_) => {}
+    }
+    let suffix = activity_key(record.last_activity(), record.id);
+    for (k, v) in &record.labels {
+        let entry = r.tables().get(Table::Labels, &label_key(k, v, &suffix))?;
+        match entry.as_deref().and_then(ActivityEntry::parse) {
+            None => bad(format!("no labels entry for {k}={v}")),
+            Some(a) if a != ActivityEntry::of(&record) => bad(format!(
+                "labels entry for {k}={v} disagrees with the record"
+            )),
             Some(_) => {}
         }
-        let suffix = activity_key(record.last_activity(), record.id);
-        for (k, v) in &record.labels {
-            let entry = r.tables().get(Table::Labels, &label_key(k, v, &suffix))?;
-            match entry.as_deref().and_then(ActivityEntry::parse) {
-                None => bad(format!("no labels entry for {k}={v}")),
-                Some(a) if a != ActivityEntry::of(&record) => bad(format!(
-                    "labels entry for {k}={v} disagrees with the record"
-                )),
-                Some(_) => {}
-            }
-        }
-        Ok(Some(record))
-    };
+    }
+    Ok(Some(record))
+}
 
-    n += scanned(
+/// `threads`: every record checked, none of an ended thread.
+fn check_threads_table(store: &Store, problems: &mut Vec<Problem>) -> Result<u64, StoreError> {
+    scanned(
         store.scan_table::<StoreError>(Table::Threads, |r, key, value| {
             let id = ThreadId::from_slice(key);
             if let Some(rec) = check_record(
@@ -365,8 +400,12 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }),
         Table::Threads,
         problems,
-    )?;
-    n += scanned(
+    )
+}
+
+/// `history`: every record checked, ended, in its completion day's partition, pointed at by `history_ids`, not also active.
+fn check_history_table(store: &Store, problems: &mut Vec<Problem>) -> Result<u64, StoreError> {
+    scanned(
         store.scan_table::<StoreError>(Table::History, |r, key, value| {
             let (day, id) = match key.split_first_chunk::<4>() {
                 Some((day, id)) => (u32::from_be_bytes(*day), ThreadId::from_slice(id)),
@@ -404,8 +443,12 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }),
         Table::History,
         problems,
-    )?;
-    n += scanned(
+    )
+}
+
+/// `history_ids`: every entry points at a `history` entry.
+fn check_history_ids(store: &Store, problems: &mut Vec<Problem>) -> Result<u64, StoreError> {
+    scanned(
         store.scan_table::<StoreError>(Table::HistoryIds, |r, key, value| {
             let id = ThreadId::from_slice(key);
             let day = <[u8; 4]>::try_from(value).ok().map(u32::from_be_bytes);
@@ -427,27 +470,12 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }),
         Table::HistoryIds,
         problems,
-    )?;
-    n += check_activity_entries(store, Table::Activity, problems, |key| {
-        let (at, id) = key.split_first_chunk::<8>()?;
-        let (at, id) = (u64::from_be_bytes(*at), ThreadId::from_slice(id)?);
-        Some(ActivityRef {
-            text: format!("{at}/{id}"),
-            at,
-            id,
-            label: None,
-        })
-    })?;
-    n += check_activity_entries(store, Table::Labels, problems, |key| {
-        let (k, v, at, id) = parse_label_key(key)?;
-        Some(ActivityRef {
-            text: format!("{k}={v}/{at}/{id}"),
-            at,
-            id,
-            label: Some((k, v)),
-        })
-    })?;
-    n += scanned(
+    )
+}
+
+/// `children`: every pair names a child thread whose parent is the pair's.
+fn check_children(store: &Store, problems: &mut Vec<Problem>) -> Result<u64, StoreError> {
+    scanned(
         store.scan_table::<StoreError>(Table::Children, |r, key, _| {
             let pair = key
                 .split_first_chunk::<16>()
@@ -472,9 +500,13 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
         }),
         Table::Children,
         problems,
-    )?;
-    // Registered workflows and pins are GC roots: each must name a stored
-    // blob (a registered workflow a `workflow` blob).
+    )
+}
+
+/// Registered workflows and pins are GC roots: each must name a stored
+/// blob (a registered workflow a `workflow` blob).
+fn check_roots(store: &Store, problems: &mut Vec<Problem>) -> Result<u64, StoreError> {
+    let mut n = 0;
     for (table, name) in [(Table::Workflows, "workflows"), (Table::Pins, "pins")] {
         n += scanned(
             store.scan_table::<StoreError>(table, |r, key, value| {
@@ -502,8 +534,7 @@ fn check_thread_indexes(store: &Store, report: &mut VerifyReport) -> Result<(), 
             problems,
         )?;
     }
-    report.index_entries_checked = n;
-    Ok(())
+    Ok(n)
 }
 
 /// What an `activity` or `labels` key names: the thread, its last

@@ -3,7 +3,8 @@
 //! step is written when the child ends, and a child that suspends suspends
 //! its parent (`docs/design.md` §5c).
 
-use super::drive::{Driver, Mode, StepResult, with_max_rounds};
+use super::drive::StepResult;
+use super::step::{Driver, Mode, with_max_rounds};
 use super::{Engine, EngineError, StepFailure};
 use crate::node::Blob;
 use crate::thread::{NewThread, StepWrite, ThreadId, ThreadRecord, ThreadStatus};
@@ -65,7 +66,7 @@ impl Engine {
                 // The child works where this step would have: the edge's
                 // location, resolved against this thread's directory.
                 let cwd =
-                    super::drive::step_dir(record.cwd.as_deref(), record.next_location.as_deref())
+                    super::step::step_dir(record.cwd.as_deref(), record.next_location.as_deref())
                         .map(|d| d.to_string_lossy().into_owned());
                 let c = self.threads().low_level().start_thread(NewThread {
                     workflow: child_wf.name.clone(),

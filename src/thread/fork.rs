@@ -66,7 +66,7 @@ impl LowLevel<'_> {
                         node: at,
                     });
                 }
-                if node.start != src.start || !super::read::on_chain(w, src.head, &at, node.seq)? {
+                if node.start != src.start || !super::chain::on_chain(w, src.head, &at, node.seq)? {
                     return Err(ThreadError::NotOnChain {
                         node: at,
                         thread: source,
@@ -75,7 +75,7 @@ impl LowLevel<'_> {
                 let last_end = if node.seq > src.last_end_seq {
                     src.last_end_seq
                 } else {
-                    super::read::last_end_before(w, &node)?
+                    super::chain::last_end_before(w, &node)?
                 };
                 (node.seq, last_end)
             };

@@ -6,25 +6,30 @@
 //! checks the head the caller expects (compare-and-swap), so two writers
 //! racing on one thread cannot both commit.
 
+mod chain;
 mod check;
+mod edit;
 mod fork;
 pub(crate) mod index;
 pub(crate) mod labels;
 mod prune;
 mod read;
 mod write;
+mod writes;
 
 pub use crate::record::id::{IdPrefix, MIN_ID_PREFIX_LEN, ParseIdError, ThreadId};
 pub(crate) use crate::record::thread as record;
+pub use chain::{Context, Frame, LogEntry};
 pub(crate) use check::check_against_chain;
 pub use labels::{
     LabelError, Labels, MAX_LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS, check_key, check_label,
     check_labels, parse_label,
 };
 pub use prune::{PruneReport, RetentionPolicy};
-pub use read::{Context, Frame, HistoryPage, LogEntry, ThreadQuery, ThreadTree};
+pub use read::{HistoryPage, ThreadQuery, ThreadTree};
 pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
-pub use write::{EndSpec, LowLevel, MAX_LAST_ERROR, NewThread, Next, StepWrite, Written};
+pub use write::{LowLevel, MAX_LAST_ERROR};
+pub use writes::{EndSpec, NewThread, Next, StepWrite, Written};
 
 use crate::codec::CodecError;
 use crate::hash::Hash;

@@ -12,8 +12,11 @@
 use std::collections::BTreeMap;
 
 use super::index::{self, Location};
-use super::labels::{Labels, check_key, check_labels};
-use super::{END_ROLE, MAX_ANCESTORS, ThreadError, ThreadId, ThreadRecord, ThreadStatus, Threads};
+use super::labels::check_labels;
+use super::{
+    END_ROLE, EndSpec, MAX_ANCESTORS, NewThread, Next, StepWrite, ThreadError, ThreadId,
+    ThreadRecord, ThreadStatus, Threads, Written,
+};
 use crate::hash::Hash;
 use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors_raw};
 use crate::store::{Store, WriteTxn};
@@ -67,106 +70,6 @@ impl<'s> Threads<'s> {
     pub fn low_level(&self) -> LowLevel<'s> {
         LowLevel(self.store)
     }
-}
-
-/// A new thread.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewThread {
-    /// The workflow's name.
-    pub workflow: String,
-    /// The stored `workflow` blob (must exist).
-    pub workflow_hash: Hash,
-    /// The task prompt.
-    pub prompt: String,
-    /// Loop protection for the start node.
-    pub max_rounds: u32,
-    /// 0 for a top-level thread.
-    pub depth: u32,
-    /// For a child workflow: the parent's head when it was spawned.
-    pub parent_state: Option<Hash>,
-    /// For a child workflow: the parent thread.
-    pub parent_thread: Option<ThreadId>,
-    /// The first role.
-    pub next_role: String,
-    /// The first role's instruction (the rendered `$START` prompt).
-    pub next_instruction: String,
-    /// The agent spec to store on the record.
-    pub agent: Option<String>,
-    /// The directory the thread's agents work in ([`ThreadRecord::cwd`]).
-    pub cwd: Option<String>,
-    /// The rendered `location` of the `$START` edge.
-    pub next_location: Option<String>,
-    /// The thread's labels (checked when the thread is written; a child
-    /// workflow's thread gets its parent's).
-    pub labels: Labels,
-}
-
-/// One role step to append.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepWrite {
-    /// The role that ran.
-    pub role: String,
-    /// Its frontmatter, including `$status`.
-    pub meta: BTreeMap<String, Value>,
-    /// The reply body.
-    pub reply: String,
-    /// Artifacts the reply refers to (must exist).
-    pub artifacts: Vec<Hash>,
-    /// The exact instruction the role was given.
-    pub instruction: String,
-    /// The final state of a child thread this step ran.
-    pub child_thread: Option<Hash>,
-}
-
-/// How a thread ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndSpec {
-    /// 0 reached `$END`, 1 `maxRounds`, 2 cancelled.
-    pub return_code: u8,
-    /// The end summary (the end node's content).
-    pub summary: String,
-    /// The rendered `$END` prompt or a fixed text (the end node's input).
-    pub prompt: String,
-}
-
-/// What comes next for a thread: what a workflow routes a step to
-/// ([`Workflow::route`](crate::workflow::Workflow::route)), what a step
-/// write applies ([`LowLevel::append_step`]), and the state a fork starts in
-/// ([`LowLevel::fork_thread`], which refuses `End`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Next {
-    /// A role runs next: status `idle`.
-    Role {
-        /// The next role.
-        role: String,
-        /// Its rendered instruction.
-        instruction: String,
-        /// The rendered `location` of the edge into it: the directory its
-        /// agent works in, relative to the thread's `cwd` (SPEC §4).
-        location: Option<String>,
-    },
-    /// Wait for a human: status `suspended`; `role` (the one that produced
-    /// the suspending status) runs again on resume.
-    Suspend {
-        /// The role that produced the suspending status.
-        role: String,
-        /// The rendered edge prompt.
-        message: String,
-    },
-    /// The thread ends: the end node is written in the same transaction and
-    /// the thread moves to history.
-    End(EndSpec),
-}
-
-/// What a write committed.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Written {
-    /// The record after the write.
-    pub record: ThreadRecord,
-    /// The role step's state node, if one was written.
-    pub step: Option<Hash>,
-    /// The end node, if one was written.
-    pub end: Option<Hash>,
 }
 
 /// `seq` and `ancestors` for the node after the record's head. The head's
@@ -328,7 +231,7 @@ fn apply_after(
 }
 
 /// Loads a record for a compare-and-swap write.
-fn load_checked(
+pub(super) fn load_checked(
     w: &WriteTxn<'_>,
     id: ThreadId,
     expected_head: Hash,
@@ -679,130 +582,6 @@ impl LowLevel<'_> {
             record.start = old.start;
             record.updated_at = w.now_ms().max(old.updated_at);
             index::put(w, Some((&old, location)), &record)?;
-            Ok(record)
-        })
-    }
-}
-
-impl Threads<'_> {
-    /// Stages a compaction summary covering everything up to the current
-    /// head: context assembly uses it at once, and the next node appended
-    /// records it as its `compact`.
-    ///
-    /// ```
-    /// # let store = uwf_db::Store::memory();
-    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
-    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.workflows().add(&wf)?;
-    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
-    /// let (summary, record) = store.threads().stage_compact(started.id, started.head, "so far, so good")?;
-    /// assert_eq!(record.staged_compact, Some(summary));
-    /// // The head moved on since? Then nothing is staged.
-    /// assert!(store.threads().stage_compact(started.id, summary, "stale").is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn stage_compact(
-        &self,
-        id: ThreadId,
-        expected_head: Hash,
-        summary: &str,
-    ) -> Result<(Hash, ThreadRecord), ThreadError> {
-        self.stage_compact_counted(id, expected_head, summary, None)
-    }
-
-    /// [`Threads::stage_compact`], adding the summarising call's usage to
-    /// the thread's totals.
-    pub(crate) fn stage_compact_counted(
-        &self,
-        id: ThreadId,
-        expected_head: Hash,
-        summary: &str,
-        usage: Option<StepUsage>,
-    ) -> Result<(Hash, ThreadRecord), ThreadError> {
-        let summary = summary.to_owned();
-        self.store.write_op(move |w| {
-            let (mut record, location) = load_checked(w, id, expected_head)?;
-            let old = record.clone();
-            let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
-            if let Some(u) = &usage {
-                record
-                    .usage
-                    .get_or_insert_with(UsageTotals::default)
-                    .add_step(u);
-            }
-            record.staged_compact = Some(hash);
-            record.updated_at = w.now_ms();
-            index::put(w, Some((&old, location)), &record)?;
-            Ok((hash, record))
-        })
-    }
-
-    /// Changes a thread's labels: sets every pair of `set` (replacing the
-    /// value of a key it has), then removes the keys of `remove` (a key it
-    /// does not have is no error). Works on any thread, running or ended
-    /// (labels are not state: the head, status and last activity stay, so
-    /// a driver's next step is not disturbed). Returns the record.
-    ///
-    /// ```
-    /// use uwf_db::thread::Labels;
-    /// # let store = uwf_db::Store::memory();
-    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
-    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.workflows().add(&wf)?;
-    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
-    /// let set = Labels::from([("team".to_owned(), "a".to_owned())]);
-    /// assert_eq!(store.threads().set_labels(started.id, &set, &[])?.labels, set);
-    /// let record = store.threads().set_labels(started.id, &Labels::new(), &["team".to_owned()])?;
-    /// assert!(record.labels.is_empty());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn set_labels(
-        &self,
-        id: ThreadId,
-        set: &Labels,
-        remove: &[String],
-    ) -> Result<ThreadRecord, ThreadError> {
-        check_labels(set)?;
-        for key in remove {
-            check_key(key)?;
-        }
-        self.store.write(|w| {
-            let (old, location) =
-                index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
-            let mut record = old.clone();
-            record
-                .labels
-                .extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
-            for key in remove {
-                record.labels.remove(key);
-            }
-            check_labels(&record.labels)?;
-            if record.labels != old.labels {
-                index::put(w, Some((&old, location)), &record)?;
-            }
-            Ok(record)
-        })
-    }
-
-    /// Unlinks a thread from the index and history; its blobs stay until
-    /// garbage collection frees what nothing else reaches.
-    ///
-    /// ```
-    /// # let store = uwf_db::Store::memory();
-    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
-    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
-    /// # let (hash, _) = store.workflows().add(&wf)?;
-    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
-    /// let removed = store.threads().remove(started.id)?;
-    /// assert_eq!(removed.id, started.id);
-    /// assert!(store.threads().get(started.id)?.is_none());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn remove(&self, id: ThreadId) -> Result<ThreadRecord, ThreadError> {
-        self.store.write(|w| {
-            let (record, location) =
-                index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
-            index::remove(w, &record, location)?;
             Ok(record)
         })
     }

@@ -144,6 +144,40 @@ pub fn parse_workflow(
         }]
     })?;
     let mut p = Problems(Vec::new());
+    let (name, max_rounds, compact) = check_header(&src, expected_name, &mut p);
+    let roles_src = src.roles.unwrap_or_default();
+    let roles = check_roles(&roles_src, is_registered, &mut p);
+    let graph_src = src.graph.unwrap_or_default();
+    check_start(&graph_src, &mut p);
+    let mut graph: BTreeMap<String, BTreeMap<String, Edge>> = BTreeMap::new();
+    for (from, edges) in &graph_src {
+        if let Some(out) = check_node(from, edges, &roles, &mut p) {
+            graph.insert(from.clone(), out);
+        }
+    }
+    check_reachable(&graph, &roles, &roles_src, &mut p);
+    if p.0.is_empty() {
+        Ok(Workflow {
+            compact,
+            description: src.description,
+            graph,
+            max_rounds,
+            name,
+            roles,
+        })
+    } else {
+        p.0.sort_by_key(|x| (x.line.unwrap_or(u32::MAX), x.column.unwrap_or(0)));
+        Err(p.0)
+    }
+}
+
+/// The top-level keys: unknown ones, the format version, the name, `maxRounds`
+/// and `compact`.
+fn check_header(
+    src: &WorkflowSrc,
+    expected_name: Option<&str>,
+    p: &mut Problems,
+) -> (String, u32, Option<Compact>) {
     p.unknown_keys::<()>(
         "",
         None,
@@ -211,9 +245,17 @@ pub fn parse_workflow(
             }
         }
     });
+    (name, max_rounds, compact)
+}
 
+/// The roles: reserved names, unknown keys, child workflows, frontmatter
+/// schemas.
+fn check_roles(
+    roles_src: &BTreeMap<String, Spanned<RoleSrc>>,
+    is_registered: &dyn Fn(&str) -> bool,
+    p: &mut Problems,
+) -> BTreeMap<String, Role> {
     let mut roles = BTreeMap::new();
-    let roles_src = src.roles.unwrap_or_default();
     if roles_src.is_empty() {
         p.at::<()>(
             "roles",
@@ -221,7 +263,7 @@ pub fn parse_workflow(
             "missing or empty: a workflow needs at least one role",
         );
     }
-    for (rname, r) in &roles_src {
+    for (rname, r) in roles_src {
         let path = format!("roles.{rname}");
         if [START, END, SUSPEND, END_ROLE].contains(&rname.as_str()) {
             p.at(
@@ -288,9 +330,12 @@ pub fn parse_workflow(
             },
         );
     }
+    roles
+}
 
-    let mut graph: BTreeMap<String, BTreeMap<String, Edge>> = BTreeMap::new();
-    let graph_src = src.graph.unwrap_or_default();
+/// `$START`: one entry edge (`_` or `new`), maybe a `resume` edge into a
+/// role.
+fn check_start(graph_src: &GraphSrc, p: &mut Problems) {
     match graph_src.get(START) {
         None => p.at::<()>("graph", None, "missing the $START node"),
         Some(s) => {
@@ -325,143 +370,161 @@ pub fn parse_workflow(
             }
         }
     }
-    for (from, edges) in &graph_src {
-        let node_path = format!("graph.{from}");
-        let from_role = roles.get(from);
-        if from == END || from == SUSPEND {
+}
+
+/// One graph node's edges: the statuses its role allows, each edge's
+/// target, prompt, location and template variables. `None` for `$END` and
+/// `$SUSPEND`, which have no outgoing edges.
+fn check_node(
+    from: &String,
+    edges: &Spanned<BTreeMap<String, Spanned<EdgeSrc>>>,
+    roles: &BTreeMap<String, Role>,
+    p: &mut Problems,
+) -> Option<BTreeMap<String, Edge>> {
+    let node_path = format!("graph.{from}");
+    let from_role = roles.get(from);
+    if from == END || from == SUSPEND {
+        p.at(
+            &node_path,
+            Some(edges),
+            format!("{from} has no outgoing edges"),
+        );
+        return None;
+    }
+    if from != START && from_role.is_none() {
+        p.at(&node_path, Some(edges), format!("'{from}' is not a role"));
+    }
+    // The status keys must equal what the role's schema allows.
+    if let Some(role) = from_role {
+        let allowed: BTreeSet<String> = if role.workflow.is_some() {
+            ["done", "failed"].map(String::from).into()
+        } else {
+            let s = role.statuses();
+            if s.is_empty() {
+                [DEFAULT_STATUS.to_owned()].into()
+            } else {
+                s.into_iter().collect()
+            }
+        };
+        let keys: BTreeSet<String> = edges.value.keys().cloned().collect();
+        if role.workflow.is_some() {
+            for k in keys.difference(&allowed) {
+                p.at(
+                    format!("{node_path}.{k}"),
+                    edges.value.get(k),
+                    format!("a workflow: role's statuses are done and failed, not '{k}'"),
+                );
+            }
+        } else {
+            for k in keys.difference(&allowed) {
+                p.at(format!("{node_path}.{k}"), edges.value.get(k), format!("status '{k}' is not allowed by role '{from}''s frontmatter schema (allowed: {})", join(&allowed)));
+            }
+            for k in allowed.difference(&keys) {
+                p.at(
+                    &node_path,
+                    Some(edges),
+                    format!("no edge for status '{k}', which role '{from}''s schema allows"),
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (status, e) in &edges.value {
+        let path = format!("{node_path}.{status}");
+        p.unknown_keys(&path, Some(e), &e.value.extra, "role, prompt, location");
+        if e.value.location.is_some() && (target_is(e, END) || target_is(e, SUSPEND)) {
             p.at(
-                &node_path,
-                Some(edges),
-                format!("{from} has no outgoing edges"),
+                format!("{path}.location"),
+                Some(e),
+                "a location applies to an edge into a role, not to $END or $SUSPEND",
             );
-            continue;
         }
-        if from != START && from_role.is_none() {
-            p.at(&node_path, Some(edges), format!("'{from}' is not a role"));
+        let target = match &e.value.role {
+            Some(t) => t.clone(),
+            None => {
+                p.at(&path, Some(e), "missing 'role' (a role, $END or $SUSPEND)");
+                continue;
+            }
+        };
+        if target != END && target != SUSPEND && !roles.contains_key(&target) {
+            p.at(
+                format!("{path}.role"),
+                Some(e),
+                format!("edge target '{target}' is not a role, $END or $SUSPEND"),
+            );
         }
-        // The status keys must equal what the role's schema allows.
-        if let Some(role) = from_role {
-            let allowed: BTreeSet<String> = if role.workflow.is_some() {
-                ["done", "failed"].map(String::from).into()
-            } else {
-                let s = role.statuses();
-                if s.is_empty() {
-                    [DEFAULT_STATUS.to_owned()].into()
-                } else {
-                    s.into_iter().collect()
-                }
-            };
-            let keys: BTreeSet<String> = edges.value.keys().cloned().collect();
-            if role.workflow.is_some() {
-                for k in keys.difference(&allowed) {
-                    p.at(
-                        format!("{node_path}.{k}"),
-                        edges.value.get(k),
-                        format!("a workflow: role's statuses are done and failed, not '{k}'"),
-                    );
-                }
-            } else {
-                for k in keys.difference(&allowed) {
-                    p.at(format!("{node_path}.{k}"), edges.value.get(k), format!("status '{k}' is not allowed by role '{from}''s frontmatter schema (allowed: {})", join(&allowed)));
-                }
-                for k in allowed.difference(&keys) {
-                    p.at(
-                        &node_path,
-                        Some(edges),
-                        format!("no edge for status '{k}', which role '{from}''s schema allows"),
-                    );
-                }
-            }
+        if target == START {
+            p.at(
+                format!("{path}.role"),
+                Some(e),
+                "$START cannot be an edge target",
+            );
         }
-        let mut out = BTreeMap::new();
-        for (status, e) in &edges.value {
-            let path = format!("{node_path}.{status}");
-            p.unknown_keys(&path, Some(e), &e.value.extra, "role, prompt, location");
-            if e.value.location.is_some() && (target_is(e, END) || target_is(e, SUSPEND)) {
-                p.at(
-                    format!("{path}.location"),
-                    Some(e),
-                    "a location applies to an edge into a role, not to $END or $SUSPEND",
-                );
-            }
-            let target = match &e.value.role {
-                Some(t) => t.clone(),
-                None => {
-                    p.at(&path, Some(e), "missing 'role' (a role, $END or $SUSPEND)");
-                    continue;
-                }
-            };
-            if target != END && target != SUSPEND && !roles.contains_key(&target) {
-                p.at(
-                    format!("{path}.role"),
-                    Some(e),
-                    format!("edge target '{target}' is not a role, $END or $SUSPEND"),
-                );
-            }
-            if target == START {
-                p.at(
-                    format!("{path}.role"),
-                    Some(e),
-                    "$START cannot be an edge target",
-                );
-            }
-            let prompt = e.value.prompt.clone().unwrap_or_default();
-            if prompt.trim().is_empty() {
-                p.at(format!("{path}.prompt"), Some(e), "missing or empty prompt");
-            }
-            let templates = std::iter::once(("prompt", prompt.as_str()))
-                .chain(e.value.location.as_deref().map(|l| ("location", l)));
-            for (field, text) in templates {
-                match template::variables(text) {
-                    Err(err) => p.at(format!("{path}.{field}"), Some(e), err.to_string()),
-                    Ok(vars) => {
-                        let mut allowed: Vec<String> = match from_role {
-                            _ if from == START => Vec::new(),
-                            Some(r) if r.workflow.is_some() => vec!["$status".into()],
-                            Some(r) => r.properties_for(status),
-                            None => Vec::new(),
-                        };
-                        if from != START {
-                            allowed.push(BODY_VARIABLE.to_owned());
-                        }
-                        for v in vars {
-                            if !allowed.contains(&v) {
-                                let why = if from == START {
-                                    "$START prompts have no variables".to_owned()
-                                } else {
-                                    format!(
-                                        "the '{status}' variant of role '{from}' defines {}",
-                                        join(&allowed)
-                                    )
-                                };
-                                p.at(
-                                    format!("{path}.{field}"),
-                                    Some(e),
-                                    format!("template variable '{v}' is not defined: {why}"),
-                                );
-                            }
+        let prompt = e.value.prompt.clone().unwrap_or_default();
+        if prompt.trim().is_empty() {
+            p.at(format!("{path}.prompt"), Some(e), "missing or empty prompt");
+        }
+        let templates = std::iter::once(("prompt", prompt.as_str()))
+            .chain(e.value.location.as_deref().map(|l| ("location", l)));
+        for (field, text) in templates {
+            match template::variables(text) {
+                Err(err) => p.at(format!("{path}.{field}"), Some(e), err.to_string()),
+                Ok(vars) => {
+                    let mut allowed: Vec<String> = match from_role {
+                        _ if from == START => Vec::new(),
+                        Some(r) if r.workflow.is_some() => vec!["$status".into()],
+                        Some(r) => r.properties_for(status),
+                        None => Vec::new(),
+                    };
+                    if from != START {
+                        allowed.push(BODY_VARIABLE.to_owned());
+                    }
+                    for v in vars {
+                        if !allowed.contains(&v) {
+                            let why = if from == START {
+                                "$START prompts have no variables".to_owned()
+                            } else {
+                                format!(
+                                    "the '{status}' variant of role '{from}' defines {}",
+                                    join(&allowed)
+                                )
+                            };
+                            p.at(
+                                format!("{path}.{field}"),
+                                Some(e),
+                                format!("template variable '{v}' is not defined: {why}"),
+                            );
                         }
                     }
                 }
             }
-            // `new` is the reference's name for the entry edge: stored as
-            // `_`, so both spellings make the same workflow blob.
-            let key = if from == START && status == START_NEW {
-                DEFAULT_STATUS.to_owned()
-            } else {
-                status.clone()
-            };
-            out.insert(
-                key,
-                Edge {
-                    role: target,
-                    prompt,
-                    location: e.value.location.clone(),
-                },
-            );
         }
-        graph.insert(from.clone(), out);
+        // `new` is the reference's name for the entry edge: stored as
+        // `_`, so both spellings make the same workflow blob.
+        let key = if from == START && status == START_NEW {
+            DEFAULT_STATUS.to_owned()
+        } else {
+            status.clone()
+        };
+        out.insert(
+            key,
+            Edge {
+                role: target,
+                prompt,
+                location: e.value.location.clone(),
+            },
+        );
     }
+    Some(out)
+}
+
+/// Every role has a graph node and is reachable from `$START`.
+fn check_reachable(
+    graph: &BTreeMap<String, BTreeMap<String, Edge>>,
+    roles: &BTreeMap<String, Role>,
+    roles_src: &BTreeMap<String, Spanned<RoleSrc>>,
+    p: &mut Problems,
+) {
     // Every role has a graph node and is reachable from $START.
     let mut reachable = BTreeSet::new();
     let mut stack = vec![START.to_owned()];
@@ -472,7 +535,7 @@ pub fn parse_workflow(
             }
         }
     }
-    for (rname, r) in &roles_src {
+    for (rname, r) in roles_src {
         if [START, END, SUSPEND, END_ROLE].contains(&rname.as_str()) {
             continue; // already reported as reserved
         }
@@ -490,19 +553,6 @@ pub fn parse_workflow(
                 format!("role '{rname}' is not reachable from $START"),
             );
         }
-    }
-    if p.0.is_empty() {
-        Ok(Workflow {
-            compact,
-            description: src.description,
-            graph,
-            max_rounds,
-            name,
-            roles,
-        })
-    } else {
-        p.0.sort_by_key(|x| (x.line.unwrap_or(u32::MAX), x.column.unwrap_or(0)));
-        Err(p.0)
     }
 }
 

@@ -180,13 +180,27 @@ pub fn run(
     bar.finish_and_clear();
     written?;
     let summary = uwf_db::api::BatchSummary::of(report, store.durability());
+    let report = &summary.summary;
+    print_summary(cli, &summary, &wf.name, hash, jobs, out)?;
+    check_outcome(report, &work, &wf.name)
+}
+
+/// The batch's summary: JSON, or a table.
+fn print_summary(
+    cli: &Cli,
+    summary: &uwf_db::api::BatchSummary,
+    workflow: &str,
+    hash: uwf_db::Hash,
+    jobs: usize,
+    out: &mut Output,
+) -> Result<(), CliError> {
     let per_sec = summary.steps_per_sec;
     let report = &summary.summary;
     if out.json {
         out.json_value(&summary)?;
     } else {
         out.table(&[
-            ("workflow", format!("{} ({})", wf.name, hash.short(12))),
+            ("workflow", format!("{workflow} ({})", hash.short(12))),
             (
                 "threads",
                 format!(
@@ -229,8 +243,14 @@ pub fn run(
             ),
         ])?;
     }
+    Ok(())
+}
+
+/// Exit 1 when the store filled up or a thread stopped with an error,
+/// saying how many and what to do.
+fn check_outcome(report: &BatchReport, work: &Work, workflow: &str) -> Result<(), CliError> {
     if report.store_full {
-        let not_started = match &work {
+        let not_started = match work {
             Work::Start(prompts) => prompts.len().saturating_sub(report.threads as usize),
             Work::Repeat(_, n) => n.saturating_sub(report.threads as usize),
             Work::Continue(_) => 0,
@@ -239,7 +259,7 @@ pub fn run(
             "the store is full, so the batch stopped starting threads ({not_started} prompts not \
              started, {} threads stopped with an error); raise --max-map-size (or free disk \
              space), then `uwf-db batch {} --continue` drives the stopped threads on",
-            report.errors, wf.name
+            report.errors, workflow
         )));
     }
     if report.errors > 0 {

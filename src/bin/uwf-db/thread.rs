@@ -225,30 +225,7 @@ pub fn run(
             max_rounds,
             cwd,
             labels,
-        } => {
-            let cwd = crate::drive::thread_cwd(cwd.as_deref())?;
-            let store = cli.open(true)?;
-            let (hash, _) = crate::workflow::resolve(&store, workflow)?;
-            let options = StartOptions {
-                agent_spec: agent.clone(),
-                max_rounds: *max_rounds,
-                cwd: Some(cwd),
-                labels: label_map(labels),
-                ..StartOptions::default()
-            };
-            let r = store.engine().start_workflow(hash, prompt, &options)?;
-            if out.json {
-                out.json_value(&api::ThreadStarted::from(&r))?;
-            } else {
-                out.line(format_args!(
-                    "started thread {} ({}), next role {}",
-                    r.id,
-                    r.workflow,
-                    r.next_role.as_deref().unwrap_or("-")
-                ))?;
-            }
-            Ok(())
-        }
+        } => start(cli, workflow, prompt, agent, *max_rounds, cwd, labels, out),
         ThreadCommand::Step { id, agent, count } => {
             let store = cli.open(true)?;
             let id = store.threads().resolve(id)?;
@@ -280,53 +257,8 @@ pub fn run(
                 .cancel_thread(id, &CancelOptions { force: *force })?;
             crate::drive::report(out, &[r], false, None)
         }
-        ThreadCommand::Compact { id, summary } => {
-            let store = cli.open(true)?;
-            let id = store.threads().resolve(id)?;
-            let record = store
-                .threads()
-                .get(id)?
-                .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
-            let (hash, _) = store.threads().stage_compact(id, record.head, summary)?;
-            if out.json {
-                out.json_value(&api::SummaryStaged {
-                    summary: hash,
-                    thread: id,
-                })?;
-            } else {
-                out.line(format_args!(
-                    "staged summary {} on thread {id}",
-                    hash.short(12)
-                ))?;
-            }
-            Ok(())
-        }
-        ThreadCommand::Fork { id, at, from_role } => {
-            let store = cli.open(true)?;
-            let id = store.threads().resolve(id)?;
-            let at = match (at, from_role) {
-                (Some(p), _) => ForkAt::Node(store.resolve(p)?),
-                (None, Some(role)) => ForkAt::BeforeRole(role.clone()),
-                (None, None) => ForkAt::Head,
-            };
-            let r = store.engine().fork(id, at)?;
-            let origin = r.forked_from.map(|f| f.node);
-            if out.json {
-                out.json_value(&api::ThreadForked::of(id, &r))?;
-            } else {
-                out.line(format_args!(
-                    "forked {id} at {} as {} ({}{})",
-                    origin.map_or("-".into(), |h| h.short(12)),
-                    r.id,
-                    r.status,
-                    r.next_role
-                        .as_deref()
-                        .map(|n| format!(", next role {n}"))
-                        .unwrap_or_default()
-                ))?;
-            }
-            Ok(())
-        }
+        ThreadCommand::Compact { id, summary } => compact(cli, id, summary, out),
+        ThreadCommand::Fork { id, at, from_role } => fork(cli, id, at, from_role, out),
         ThreadCommand::List {
             status,
             workflow,
@@ -355,20 +287,7 @@ pub fn run(
             let records = store.threads().list(&query)?;
             list(&records, out)
         }
-        ThreadCommand::Label { id, labels, remove } => {
-            let store = cli.open(true)?;
-            let id = store.threads().resolve(id)?;
-            let r = store.threads().set_labels(id, &label_map(labels), remove)?;
-            if out.json {
-                out.json_value(&api::LabelsSet {
-                    labels: r.labels,
-                    thread: id,
-                })?;
-            } else {
-                out.line(format_args!("thread {id}: {}", labels_text(&r.labels)))?;
-            }
-            Ok(())
-        }
+        ThreadCommand::Label { id, labels, remove } => label(cli, id, labels, remove, out),
         ThreadCommand::Show { id } => {
             let store = cli.open(false)?;
             let id = store.threads().resolve(id)?;
@@ -384,59 +303,183 @@ pub fn run(
             log(&store, &entries, out)
         }
         ThreadCommand::Watch { id, after } => crate::watch::thread(cli, id, *after, cancel, out),
-        ThreadCommand::Tree { id } => {
-            let store = cli.open(false)?;
-            let id = store.threads().resolve(id)?;
-            let tree = store.threads().tree(id)?;
-            if out.json {
-                return Ok(out.json_value(&api::TreeView::of(&tree))?);
-            }
-            let mut depth = 0;
-            for p in &tree.parents {
-                out.line(format_args!("{}{}", "  ".repeat(depth), tree_line(p)))?;
-                depth += 1;
-            }
-            out.line(format_args!(
-                "{}{}  <",
-                "  ".repeat(depth),
-                tree_line(&tree.thread)
-            ))?;
-            print_children(&tree.children, depth + 1, out)
-        }
-        ThreadCommand::Stop { id } => {
-            let store = cli.open(false)?;
-            let id = store.threads().resolve(id)?;
-            let record = store.engine().request_stop(id)?;
-            if out.json {
-                out.json_value(&api::StopRequested {
-                    stop_requested_at: record.stop_requested_at,
-                    thread: id,
-                })?;
-            } else {
-                out.line(format_args!(
-                    "asked the driver of thread {id} to stop after the step in flight"
-                ))?;
-            }
-            Ok(())
-        }
-        ThreadCommand::Rm { id } => {
-            let store = cli.open(false)?;
-            let id = store.threads().resolve(id)?;
-            let removed = store.engine().remove_undriven_thread(id)?;
-            if out.json {
-                out.json_value(&api::ThreadRemoved {
-                    head: removed.head,
-                    removed: true,
-                    thread: id,
-                })?;
-            } else {
-                out.line(format_args!(
-                    "removed thread {id} (its blobs stay until `uwf-db gc` frees them)"
-                ))?;
-            }
-            Ok(())
-        }
+        ThreadCommand::Tree { id } => tree(cli, id, out),
+        ThreadCommand::Stop { id } => stop(cli, id, out),
+        ThreadCommand::Rm { id } => rm(cli, id, out),
     }
+}
+
+/// `thread start`.
+#[allow(clippy::too_many_arguments)]
+fn start(
+    cli: &Cli,
+    workflow: &str,
+    prompt: &str,
+    agent: &Option<String>,
+    max_rounds: Option<u32>,
+    cwd: &Option<std::path::PathBuf>,
+    labels: &[(String, String)],
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let cwd = crate::drive::thread_cwd(cwd.as_deref())?;
+    let store = cli.open(true)?;
+    let (hash, _) = crate::workflow::resolve(&store, workflow)?;
+    let options = StartOptions {
+        agent_spec: agent.clone(),
+        max_rounds,
+        cwd: Some(cwd),
+        labels: label_map(labels),
+        ..StartOptions::default()
+    };
+    let r = store.engine().start_workflow(hash, prompt, &options)?;
+    if out.json {
+        out.json_value(&api::ThreadStarted::from(&r))?;
+    } else {
+        out.line(format_args!(
+            "started thread {} ({}), next role {}",
+            r.id,
+            r.workflow,
+            r.next_role.as_deref().unwrap_or("-")
+        ))?;
+    }
+    Ok(())
+}
+
+/// `thread compact`.
+fn compact(cli: &Cli, id: &IdPrefix, summary: &str, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(true)?;
+    let id = store.threads().resolve(id)?;
+    let record = store
+        .threads()
+        .get(id)?
+        .ok_or_else(|| CliError::Failed(format!("no thread {id}")))?;
+    let (hash, _) = store.threads().stage_compact(id, record.head, summary)?;
+    if out.json {
+        out.json_value(&api::SummaryStaged {
+            summary: hash,
+            thread: id,
+        })?;
+    } else {
+        out.line(format_args!(
+            "staged summary {} on thread {id}",
+            hash.short(12)
+        ))?;
+    }
+    Ok(())
+}
+
+/// `thread fork`.
+fn fork(
+    cli: &Cli,
+    id: &IdPrefix,
+    at: &Option<HashPrefix>,
+    from_role: &Option<String>,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(true)?;
+    let id = store.threads().resolve(id)?;
+    let at = match (at, from_role) {
+        (Some(p), _) => ForkAt::Node(store.resolve(p)?),
+        (None, Some(role)) => ForkAt::BeforeRole(role.clone()),
+        (None, None) => ForkAt::Head,
+    };
+    let r = store.engine().fork(id, at)?;
+    let origin = r.forked_from.map(|f| f.node);
+    if out.json {
+        out.json_value(&api::ThreadForked::of(id, &r))?;
+    } else {
+        out.line(format_args!(
+            "forked {id} at {} as {} ({}{})",
+            origin.map_or("-".into(), |h| h.short(12)),
+            r.id,
+            r.status,
+            r.next_role
+                .as_deref()
+                .map(|n| format!(", next role {n}"))
+                .unwrap_or_default()
+        ))?;
+    }
+    Ok(())
+}
+
+/// `thread label`.
+fn label(
+    cli: &Cli,
+    id: &IdPrefix,
+    labels: &[(String, String)],
+    remove: &[String],
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(true)?;
+    let id = store.threads().resolve(id)?;
+    let r = store.threads().set_labels(id, &label_map(labels), remove)?;
+    if out.json {
+        out.json_value(&api::LabelsSet {
+            labels: r.labels,
+            thread: id,
+        })?;
+    } else {
+        out.line(format_args!("thread {id}: {}", labels_text(&r.labels)))?;
+    }
+    Ok(())
+}
+
+/// `thread tree`.
+fn tree(cli: &Cli, id: &IdPrefix, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let id = store.threads().resolve(id)?;
+    let tree = store.threads().tree(id)?;
+    if out.json {
+        return Ok(out.json_value(&api::TreeView::of(&tree))?);
+    }
+    let mut depth = 0;
+    for p in &tree.parents {
+        out.line(format_args!("{}{}", "  ".repeat(depth), tree_line(p)))?;
+        depth += 1;
+    }
+    out.line(format_args!(
+        "{}{}  <",
+        "  ".repeat(depth),
+        tree_line(&tree.thread)
+    ))?;
+    print_children(&tree.children, depth + 1, out)
+}
+
+/// `thread stop`.
+fn stop(cli: &Cli, id: &IdPrefix, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let id = store.threads().resolve(id)?;
+    let record = store.engine().request_stop(id)?;
+    if out.json {
+        out.json_value(&api::StopRequested {
+            stop_requested_at: record.stop_requested_at,
+            thread: id,
+        })?;
+    } else {
+        out.line(format_args!(
+            "asked the driver of thread {id} to stop after the step in flight"
+        ))?;
+    }
+    Ok(())
+}
+
+/// `thread rm`.
+fn rm(cli: &Cli, id: &IdPrefix, out: &mut Output) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let id = store.threads().resolve(id)?;
+    let removed = store.engine().remove_undriven_thread(id)?;
+    if out.json {
+        out.json_value(&api::ThreadRemoved {
+            head: removed.head,
+            removed: true,
+            thread: id,
+        })?;
+    } else {
+        out.line(format_args!(
+            "removed thread {id} (its blobs stay until `uwf-db gc` frees them)"
+        ))?;
+    }
+    Ok(())
 }
 
 fn role_of(r: &ThreadRecord) -> &str {

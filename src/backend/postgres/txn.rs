@@ -1,0 +1,547 @@
+//! One PostgreSQL transaction: the connection it runs on, its writes held
+//! back until the commit (or until a read must see them), paged range
+//! scans, and the reads of `ReadTables`.
+
+use super::*;
+
+/// Held-back SQL past which the overlay is sent before the commit, so a
+/// large transaction's memory stays bounded.
+pub(super) const HELD_SQL_LIMIT: usize = 4 << 20;
+
+/// A write held back until the commit (or until something must see it
+/// on the server).
+#[derive(Debug)]
+pub(super) enum Held {
+    /// The key's value becomes this (`put`, or an `insert` known to write).
+    Put { value: Vec<u8>, sql: String },
+    /// The key is gone (`remove`, or a `delete` known to delete).
+    Remove { sql: String },
+    /// `insert_or_refresh`: the stored value is not known here.
+    Refresh { sql: String },
+}
+
+impl Held {
+    pub(super) fn sql(&self) -> &str {
+        match self {
+            Held::Put { sql, .. } | Held::Remove { sql } | Held::Refresh { sql } => sql,
+        }
+    }
+}
+
+/// What a transaction knows and holds, beside its connection.
+#[derive(Default)]
+pub(super) struct TxnState {
+    pub(super) client: Option<Client>,
+    /// Whether `BEGIN` has been sent.
+    pub(super) started: bool,
+    /// Keys to fetch with `BEGIN` ([`ReadTables::prefetch`]).
+    pub(super) prefetch: Vec<(Table, Vec<u8>)>,
+    /// Values read from the server in this transaction (`None`: absent),
+    /// valid until this transaction writes the key.
+    pub(super) cache: HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    /// Writes not yet sent, one per key, the last one winning.
+    pub(super) held: BTreeMap<(Table, Vec<u8>), Held>,
+    /// The held writes' SQL, in bytes.
+    pub(super) held_sql: usize,
+}
+
+/// A transaction: its connection, its read cache and its held writes
+/// (`docs/design.md` §4b, "Round trips"). Reads take `&self`, so the
+/// state is in a `RefCell`.
+pub(super) struct Txn<'b> {
+    pub(super) backend: &'b PostgresBackend,
+    /// What `BEGIN` is (isolation, the writer lock, `SET LOCAL`s), sent
+    /// with the first statement.
+    pub(super) begin: String,
+    pub(super) state: RefCell<TxnState>,
+}
+
+/// `decode('…', 'hex')`: bytes as a `bytea` literal of a simple query.
+pub(super) fn bytea_literal(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(2 * bytes.len() + 20);
+    s.push_str("decode('");
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s.push_str("', 'hex')");
+    s
+}
+
+/// Hex text as sent back by `encode(v, 'hex')`, as bytes.
+pub(super) fn from_hex(text: &str) -> Option<Vec<u8>> {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return None;
+    }
+    digits
+        .chunks_exact(2)
+        .map(|pair| {
+            let [hi, lo] = pair else { return None };
+            let hi = char::from(*hi).to_digit(16)?;
+            let lo = char::from(*lo).to_digit(16)?;
+            u8::try_from(hi * 16 + lo).ok()
+        })
+        .collect()
+}
+
+impl Txn<'_> {
+    pub(super) fn lost(&self, op: String) -> BackendError {
+        BackendError::ConnectionLost {
+            location: self.backend.location.clone(),
+            op,
+        }
+    }
+
+    /// Whether the connection is gone (given up after an error, or closed
+    /// under it: terminated by the server, say).
+    pub(super) fn connection_lost(&self) -> bool {
+        self.state
+            .try_borrow()
+            .is_ok_and(|s| s.client.as_ref().is_none_or(Client::is_closed))
+    }
+
+    /// Runs `f` on the connection once `BEGIN` (with the prefetch) has
+    /// been sent.
+    pub(super) fn with<R>(
+        &self,
+        op: impl Fn() -> String,
+        f: impl FnOnce(&mut Client) -> Result<R, postgres::Error>,
+    ) -> Result<R, BackendError> {
+        let mut state = self.state.borrow_mut();
+        self.start(&mut state, None)?;
+        let Some(client) = state.client.as_mut() else {
+            return Err(self.lost(op()));
+        };
+        self.backend.round_trip();
+        let out = f(client);
+        out.map_err(|e| self.fail(&mut state, op(), e))
+    }
+
+    /// The error of a statement; a connection it says is lost is given up
+    /// at once, so [`ReadTables::connection_lost`] says so even before the
+    /// driver has seen the socket close (a terminated backend's `FATAL`
+    /// arrives first), and the write reruns on another connection.
+    pub(super) fn fail(
+        &self,
+        state: &mut TxnState,
+        op: String,
+        e: postgres::Error,
+    ) -> BackendError {
+        if connection_lost(&e) {
+            state.client = None;
+        }
+        self.backend.error(op, e)
+    }
+
+    /// Sends `BEGIN` unless it was sent, with the prefetched keys and
+    /// `also` read in the same round trip into the cache.
+    pub(super) fn start(
+        &self,
+        state: &mut TxnState,
+        also: Option<(Table, &[&[u8]])>,
+    ) -> Result<(), BackendError> {
+        if state.started {
+            return Ok(());
+        }
+        let mut keys = std::mem::take(&mut state.prefetch);
+        if let Some((table, more)) = also {
+            keys.extend(more.iter().map(|k| (table, k.to_vec())));
+        }
+        keys.sort();
+        keys.dedup();
+        keys.retain(|key| !state.cache.contains_key(key) && !state.held.contains_key(key));
+        let mut sql = self.begin.clone();
+        if !keys.is_empty() {
+            let selects: Vec<String> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, (table, key))| {
+                    format!(
+                        "SELECT {i}, encode(v, 'hex') FROM {} WHERE k = {}",
+                        sql_table(*table),
+                        bytea_literal(key)
+                    )
+                })
+                .collect();
+            sql.push_str("; ");
+            sql.push_str(&selects.join(" UNION ALL "));
+        }
+        let Some(client) = state.client.as_mut() else {
+            return Err(self.lost("starting a transaction".into()));
+        };
+        self.backend.round_trip();
+        let sent = client.simple_query(&sql);
+        let messages = sent.map_err(|e| self.fail(state, "starting a transaction".into(), e))?;
+        state.started = true;
+        let mut found: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for message in &messages {
+            let postgres::SimpleQueryMessage::Row(row) = message else {
+                continue;
+            };
+            // The writer lock's `SELECT` returns one column; ours two.
+            if row.len() != 2 {
+                continue;
+            }
+            let bad = || BackendError::BadSchema {
+                table: "a prefetch",
+                detail: "a row that is not an index and hex bytes".into(),
+            };
+            let slot = row
+                .get(0)
+                .and_then(|i| i.parse::<usize>().ok())
+                .and_then(|i| found.get_mut(i))
+                .ok_or_else(bad)?;
+            *slot = Some(row.get(1).and_then(from_hex).ok_or_else(bad)?);
+        }
+        state.cache.extend(keys.into_iter().zip(found));
+        Ok(())
+    }
+
+    /// Sends the held writes (and `then`, say `COMMIT`) as one simple
+    /// query; they become cached values.
+    pub(super) fn send_held(&self, state: &mut TxnState, then: &str) -> Result<(), BackendError> {
+        let mut sql = String::with_capacity(state.held_sql + then.len() + 200);
+        if !state.started {
+            sql.push_str(&self.begin);
+            sql.push_str("; ");
+        }
+        for held in state.held.values() {
+            sql.push_str(held.sql());
+            sql.push_str("; ");
+        }
+        sql.push_str(then);
+        if sql.trim().is_empty() {
+            return Ok(());
+        }
+        let Some(client) = state.client.as_mut() else {
+            return Err(self.lost("writing".into()));
+        };
+        self.backend.round_trip();
+        let sent = client.batch_execute(&sql);
+        sent.map_err(|e| {
+            let op = Self::held_op(&state.held);
+            self.fail(state, op, e)
+        })?;
+        state.started = true;
+        state.held_sql = 0;
+        for (key, held) in std::mem::take(&mut state.held) {
+            match held {
+                Held::Put { value, .. } => state.cache.insert(key, Some(value)),
+                Held::Remove { .. } => state.cache.insert(key, None),
+                Held::Refresh { .. } => state.cache.remove(&key),
+            };
+        }
+        Ok(())
+    }
+
+    /// What a failed send of held writes was doing, for its message.
+    pub(super) fn held_op(held: &BTreeMap<(Table, Vec<u8>), Held>) -> String {
+        let mut tables: Vec<&str> = held.keys().map(|(t, _)| t.name()).collect();
+        tables.dedup();
+        if tables.is_empty() {
+            "committing".into()
+        } else {
+            format!("writing {} (sent with the commit)", tables.join(", "))
+        }
+    }
+
+    /// Sends the held writes first if any is in `table` (`key`: only one
+    /// held as a refresh of that key), so the server's answer includes
+    /// them.
+    pub(super) fn send_held_for(
+        &self,
+        state: &mut TxnState,
+        table: Table,
+        key: Option<&[u8]>,
+    ) -> Result<(), BackendError> {
+        let needed = match key {
+            Some(key) => matches!(
+                state.held.get(&(table, key.to_vec())),
+                Some(Held::Refresh { .. })
+            ),
+            None => state.held.keys().any(|(t, _)| *t == table),
+        };
+        if needed {
+            self.send_held(state, "")?;
+        }
+        Ok(())
+    }
+
+    /// What this transaction knows of `key` without asking the server:
+    /// `Some(value or absence)`, or `None` when it must ask.
+    pub(super) fn known(state: &TxnState, table: Table, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let k = (table, key.to_vec());
+        match state.held.get(&k) {
+            Some(Held::Put { value, .. }) => return Some(Some(value.clone())),
+            Some(Held::Remove { .. }) => return Some(None),
+            Some(Held::Refresh { .. }) => return None,
+            None => {}
+        }
+        state.cache.get(&k).cloned()
+    }
+
+    pub(super) fn get(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Result<Option<Cow<'static, [u8]>>, BackendError> {
+        {
+            let mut state = self.state.borrow_mut();
+            self.send_held_for(&mut state, table, Some(key))?;
+            if let Some(known) = Self::known(&state, table, key) {
+                return Ok(known.map(Cow::Owned));
+            }
+            if !state.started {
+                self.start(&mut state, Some((table, &[key])))?;
+                if let Some(known) = Self::known(&state, table, key) {
+                    return Ok(known.map(Cow::Owned));
+                }
+            }
+        }
+        let sql = format!("SELECT v FROM {} WHERE k = $1", sql_table(table));
+        let rows = self.with(
+            || format!("reading {table}"),
+            |c| c.query_typed(&sql, &[(&key, Type::BYTEA)]),
+        )?;
+        rows.first()
+            .map(|r| column(r, 0, table).map(Cow::Owned))
+            .transpose()
+    }
+
+    pub(super) fn get_many(
+        &self,
+        table: Table,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Cow<'static, [u8]>>>, BackendError> {
+        let mut state = self.state.borrow_mut();
+        for key in keys {
+            self.send_held_for(&mut state, table, Some(key))?;
+        }
+        if !state.started {
+            self.start(&mut state, Some((table, keys)))?;
+        }
+        let missing: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|key| Self::known(&state, table, key).is_none())
+            .collect();
+        if !missing.is_empty() {
+            let sql = format!("SELECT k, v FROM {} WHERE k = ANY($1)", sql_table(table));
+            let Some(client) = state.client.as_mut() else {
+                return Err(self.lost(format!("reading {table}")));
+            };
+            self.backend.round_trip();
+            let read = client.query_typed(&sql, &[(&missing, Type::BYTEA_ARRAY)]);
+            let rows = read.map_err(|e| self.fail(&mut state, format!("reading {table}"), e))?;
+            for key in &missing {
+                state.cache.insert((table, key.to_vec()), None);
+            }
+            for row in &rows {
+                let (k, v): (Vec<u8>, Vec<u8>) = (column(row, 0, table)?, column(row, 1, table)?);
+                state.cache.insert((table, k), Some(v));
+            }
+        }
+        Ok(keys
+            .iter()
+            .map(|key| Self::known(&state, table, key).flatten().map(Cow::Owned))
+            .collect())
+    }
+
+    pub(super) fn page(
+        &self,
+        table: Table,
+        lower: &Bound<Vec<u8>>,
+        upper: &Bound<Vec<u8>>,
+        direction: Direction,
+    ) -> Result<Vec<Row>, BackendError> {
+        self.send_held_for(&mut self.state.borrow_mut(), table, None)?;
+        let mut sql = format!("SELECT k, v FROM {} WHERE true", sql_table(table));
+        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = Vec::new();
+        for (bound, inclusive, exclusive) in [(lower, ">=", ">"), (upper, "<=", "<")] {
+            let (op, key) = match bound {
+                Bound::Included(k) => (inclusive, k),
+                Bound::Excluded(k) => (exclusive, k),
+                Bound::Unbounded => continue,
+            };
+            params.push((key, Type::BYTEA));
+            sql.push_str(&format!(" AND k {op} ${}", params.len()));
+        }
+        sql.push_str(match direction {
+            Direction::Forward => " ORDER BY k ASC",
+            Direction::Reverse => " ORDER BY k DESC",
+        });
+        sql.push_str(&format!(" LIMIT {PAGE}"));
+        let rows = self.with(
+            || format!("scanning {table}"),
+            |c| c.query_typed(&sql, &params),
+        )?;
+        rows.iter()
+            .map(|r| Ok((column(r, 0, table)?, column(r, 1, table)?)))
+            .collect()
+    }
+
+    pub(super) fn count(&self, table: Table) -> Result<u64, BackendError> {
+        self.send_held_for(&mut self.state.borrow_mut(), table, None)?;
+        let sql = format!("SELECT count(*) FROM {}", sql_table(table));
+        let rows = self.with(|| format!("counting {table}"), |c| c.query_typed(&sql, &[]))?;
+        let n: i64 = rows.first().map_or(Ok(0), |r| column(r, 0, table))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Ends the transaction: `end` (`COMMIT`) after the held writes, in
+    /// one round trip; nothing at all when nothing was sent or held. The
+    /// connection goes back to the pool when it ended cleanly.
+    pub(super) fn finish(&self, end: &str) -> Result<(), BackendError> {
+        let mut state = self.state.borrow_mut();
+        let outcome = if !state.started && state.held.is_empty() {
+            Ok(())
+        } else {
+            self.send_held(&mut state, end)
+        };
+        if let Some(client) = state.client.take()
+            && outcome.is_ok()
+        {
+            self.backend.release(client);
+        }
+        outcome
+    }
+}
+
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        // Not committed: roll back what was sent (held writes are simply
+        // forgotten). A connection that cannot is dropped.
+        let mut state = self.state.borrow_mut();
+        let Some(mut client) = state.client.take() else {
+            return;
+        };
+        if !state.started {
+            self.backend.release(client);
+            return;
+        }
+        self.backend.round_trip();
+        if client.batch_execute("ROLLBACK").is_ok() {
+            self.backend.release(client);
+        }
+    }
+}
+
+/// Pages through a range, one round trip per [`PAGE`] rows.
+pub(super) struct Pages<'t> {
+    pub(super) txn: &'t Txn<'t>,
+    pub(super) table: Table,
+    pub(super) lower: Bound<Vec<u8>>,
+    pub(super) upper: Bound<Vec<u8>>,
+    pub(super) direction: Direction,
+    pub(super) buffered: std::vec::IntoIter<Row>,
+    pub(super) done: bool,
+}
+
+impl<'t> Iterator for Pages<'t> {
+    type Item = Result<Entry<'t>, BackendError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some((k, v)) = self.buffered.next() {
+            return Some(Ok((Cow::Owned(k), Cow::Owned(v))));
+        }
+        if self.done {
+            return None;
+        }
+        let page = match self
+            .txn
+            .page(self.table, &self.lower, &self.upper, self.direction)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        if page.len() < usize::try_from(PAGE).unwrap_or(usize::MAX) {
+            self.done = true;
+        }
+        if let Some((last, _)) = page.last() {
+            // The next page starts after the last key seen.
+            match self.direction {
+                Direction::Forward => self.lower = Bound::Excluded(last.clone()),
+                Direction::Reverse => self.upper = Bound::Excluded(last.clone()),
+            }
+        }
+        self.buffered = page.into_iter();
+        self.buffered
+            .next()
+            .map(|(k, v)| Ok((Cow::Owned(k), Cow::Owned(v))))
+    }
+}
+
+pub(super) fn owned_bound(b: Bound<&[u8]>) -> Bound<Vec<u8>> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+macro_rules! pg_reads {
+    ($txn:ident) => {
+        impl ReadTables for $txn<'_> {
+            fn connection_lost(&self) -> bool {
+                self.0.connection_lost()
+            }
+
+            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
+                self.0.get(table, key)
+            }
+
+            fn range(
+                &self,
+                table: Table,
+                range: KeyRange<'_>,
+                direction: Direction,
+            ) -> Result<Entries<'_>, BackendError> {
+                Ok(Box::new(Pages {
+                    txn: &self.0,
+                    table,
+                    lower: owned_bound(range.lower),
+                    upper: owned_bound(range.upper),
+                    direction,
+                    buffered: Vec::new().into_iter(),
+                    done: false,
+                }))
+            }
+
+            fn count(&self, table: Table) -> Result<u64, BackendError> {
+                self.0.count(table)
+            }
+
+            fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), BackendError> {
+                let mut state = self.0.state.borrow_mut();
+                if !state.started {
+                    state
+                        .prefetch
+                        .extend(keys.iter().map(|(t, k)| (*t, k.to_vec())));
+                }
+                Ok(())
+            }
+
+            fn prefers_batches(&self) -> bool {
+                true
+            }
+
+            fn get_many(
+                &self,
+                table: Table,
+                keys: &[&[u8]],
+            ) -> Result<Vec<Option<Cow<'_, [u8]>>>, BackendError> {
+                self.0.get_many(table, keys)
+            }
+        }
+    };
+}
+
+pub(super) struct PgRead<'b>(pub(super) Txn<'b>);
+pub(super) struct PgWrite<'b>(pub(super) Txn<'b>);
+
+pg_reads!(PgRead);
+pg_reads!(PgWrite);

@@ -1,0 +1,406 @@
+//! One role step: the prompt, the agent call (re-asked on an invalid
+//! reply), routing, and the commit or the recorded failure; the step's
+//! directory, its task and its role header. The drive loop around it is
+//! `drive.rs`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::agent::{Agent, AgentRequest};
+use super::cancel::Cancel;
+use super::drive::StepResult;
+use super::extract::{extract_with, reported_usage};
+use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
+use super::{Engine, EngineError, StepFailure};
+use crate::hash::Hash;
+use crate::node::Blob;
+use crate::thread::{END_ROLE, EndSpec, Next, StepWrite, ThreadError, ThreadId, ThreadRecord};
+use crate::usage::{StepUsage, USAGE_META};
+
+/// The directory a step's agent works in: the rendered `location` of the
+/// edge into the role (an absolute path as it is; a relative one joined to
+/// the thread's `cwd`, or left relative to the driver's directory when the
+/// thread has none), else the thread's `cwd`; `None` when neither is set.
+pub(crate) fn step_dir(cwd: Option<&str>, location: Option<&str>) -> Option<std::path::PathBuf> {
+    use std::path::{Path, PathBuf};
+    match (cwd, location) {
+        (Some(c), Some(l)) => Some(Path::new(c).join(l)),
+        (None, Some(l)) => Some(PathBuf::from(l)),
+        (Some(c), None) => Some(PathBuf::from(c)),
+        (None, None) => None,
+    }
+}
+
+/// Which kind of step to run.
+#[derive(Clone, Copy)]
+pub(super) enum Mode {
+    /// The next role of an idle thread.
+    Next,
+    /// The suspended role, with the resume instruction.
+    ResumeSuspended,
+    /// The first role after an end node.
+    ResumeEnded,
+}
+impl Engine {
+    pub(super) fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
+        Ok(self
+            .threads()
+            .get(id)?
+            .ok_or_else(|| ThreadError::Unknown(id.to_string()))?)
+    }
+
+    /// Records a failed attempt and returns the error for it.
+    pub(super) fn fail(&self, id: ThreadId, cause: StepFailure) -> EngineError {
+        self.fail_counted(id, cause, None)
+    }
+
+    /// [`Self::fail`], adding the failed attempt's agent calls to the
+    /// thread's usage.
+    pub(super) fn fail_counted(
+        &self,
+        id: ThreadId,
+        cause: StepFailure,
+        usage: Option<StepUsage>,
+    ) -> EngineError {
+        match self
+            .threads()
+            .low_level()
+            .record_failure_counted(id, &cause.to_string(), usage)
+        {
+            Ok(_) => EngineError::StepFailed { thread: id, cause },
+            Err(e) => e.into(),
+        }
+    }
+
+    /// A thread's task prompt and `max_rounds`, from its start node. Start
+    /// nodes are immutable, so they are cached by hash (per store).
+    pub(super) fn task_of(&self, start: Hash) -> Result<(Arc<str>, u32), EngineError> {
+        let cache = &self.engine_state().tasks;
+        if let Some(hit) = cache.get(&start) {
+            return Ok(hit);
+        }
+        let s = self.start_node(start)?;
+        let found = (Arc::from(self.text(&s.prompt)?), s.max_rounds);
+        cache.insert(start, found.clone());
+        Ok(found)
+    }
+
+    /// A thread's start node; a blob that is missing or not a start node is
+    /// an error.
+    pub(super) fn start_node(&self, start: Hash) -> Result<crate::node::StartNode, EngineError> {
+        match self.store.get(&start)? {
+            Some(Blob::Start(s)) => Ok(s),
+            Some(_) => Err(ThreadError::WrongKind {
+                hash: start,
+                expected: "start",
+            }
+            .into()),
+            None => Err(ThreadError::MissingNode { hash: start }.into()),
+        }
+    }
+
+    /// The text of a content blob; a blob that is missing or not content
+    /// is an error, never an empty text.
+    pub(super) fn text(&self, h: &Hash) -> Result<String, EngineError> {
+        Ok(self.threads().content_text(h)?)
+    }
+
+    /// Agent-answered role steps on the chain (steps of `workflow:` roles,
+    /// which carry `child_thread`, and end nodes do not count).
+    pub(super) fn answered_steps(&self, id: ThreadId) -> Result<usize, EngineError> {
+        let mut n = 0;
+        let mut before = None;
+        loop {
+            let page = self.threads().log(id, 1024, before)?;
+            n += page
+                .iter()
+                .filter(|e| e.node.role != END_ROLE && e.node.child_thread.is_none())
+                .count();
+            match page.last() {
+                Some(last) if page.len() == 1024 => before = Some(last.hash),
+                _ => return Ok(n),
+            }
+        }
+    }
+
+    pub(super) fn run_step(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        mode: Mode,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        let wf = self.store.workflows().load(record.workflow_hash)?;
+        let Some(role_def) = wf.roles.get(role) else {
+            return Err(self.fail(
+                id,
+                StepFailure::UnknownRole {
+                    role: role.to_owned(),
+                    workflow: wf.name.clone(),
+                },
+            ));
+        };
+        if let Some(child_workflow) = &role_def.workflow {
+            return self.run_child_step(
+                record,
+                role,
+                instruction,
+                child_workflow,
+                &wf,
+                mode,
+                (agent, cancel),
+            );
+        }
+        let (location, dir) = self.step_location(record, role, &wf, mode)?;
+        let (task, max_rounds) = self.task_of(record.start)?;
+        let context = self.threads().context_of(record, RECENT_STEPS + 1)?;
+        let header = self.role_header_of(record.workflow_hash, role, role_def);
+        let prompt = assemble_with_header(
+            &header,
+            role,
+            &task,
+            &context,
+            &|h| self.text(h),
+            instruction,
+        )?;
+
+        let (extracted, usage) = self.ask(
+            record,
+            (role, role_def, &wf.name),
+            instruction,
+            &prompt,
+            dir.as_deref(),
+            (agent, cancel),
+        )?;
+        let route = match wf.route_in(
+            Some(&self.engine_state().templates),
+            role,
+            &extracted.meta,
+            &extracted.body,
+        ) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
+        };
+        let rounds = match mode {
+            Mode::ResumeEnded => 1,
+            _ => record.rounds() + 1,
+        };
+        let after = with_max_rounds(route, rounds, max_rounds);
+        let mut meta = extracted.meta;
+        // What the step's calls cost, kept with the step (crate::usage).
+        meta.insert(USAGE_META.to_owned(), usage.to_value());
+        if let (Some(dir), Some(_)) = (&dir, &location) {
+            // Where the agent worked, kept with the step (SPEC §4).
+            meta.insert(
+                super::drive::CWD_META.to_owned(),
+                crate::node::Value::Str(dir.to_string_lossy().into_owned()),
+            );
+        }
+        let step = StepWrite {
+            role: role.to_owned(),
+            meta,
+            reply: extracted.body,
+            artifacts: extracted.artifacts,
+            instruction: instruction.to_owned(),
+            child_thread: None,
+        };
+        let written = match mode {
+            Mode::ResumeEnded => {
+                self.threads()
+                    .low_level()
+                    .resume_ended(id, record.head, step, after)
+            }
+            _ => self
+                .threads()
+                .low_level()
+                .append_step(id, record.head, step, after),
+        };
+        let written = match written {
+            Ok(w) => w,
+            Err(ThreadError::Store(crate::store::StoreError::MissingRef { missing, .. })) => {
+                return Err(self.fail(
+                    id,
+                    StepFailure::MissingArtifact {
+                        role: role.to_owned(),
+                        missing,
+                    },
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if self.maybe_compact(&wf, &written.record, agent, cancel)? {
+            let latest = self.threads().get(id)?.unwrap_or(written.record);
+            return Ok(StepResult::of(&latest));
+        }
+        Ok(StepResult::of(&written.record))
+    }
+
+    /// Where the step's agent works: the edge's location (resolved against
+    /// the thread's directory), which must exist; the step fails, with
+    /// nothing committed, when it does not. Returns the location as
+    /// rendered and the directory.
+    fn step_location(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        wf: &crate::workflow::Workflow,
+        mode: Mode,
+    ) -> Result<(Option<String>, Option<std::path::PathBuf>), EngineError> {
+        let location = match mode {
+            Mode::Next => record.next_location.clone(),
+            Mode::ResumeEnded => {
+                wf.start_location_in(Some(&self.engine_state().templates), true)?
+            }
+            Mode::ResumeSuspended => None,
+        };
+        let dir = step_dir(record.cwd.as_deref(), location.as_deref());
+        if let Some(dir) = &dir
+            && !dir.is_dir()
+        {
+            let what = if location.is_some() {
+                format!("the location of the edge into role '{role}'")
+            } else {
+                "the thread's working directory".to_owned()
+            };
+            return Err(self.fail(
+                record.id,
+                StepFailure::MissingDirectory {
+                    dir: dir.clone(),
+                    what,
+                },
+            ));
+        }
+        Ok((location, dir))
+    }
+
+    /// Calls the agent, and again with the problem when its reply is
+    /// invalid (up to [`Agent::reasks`] times): the reply's parts and what
+    /// every call cost. A failed call or a reply still invalid fails the
+    /// step (recorded with its cost); a call killed by the token is
+    /// [`EngineError::Interrupted`], nothing recorded.
+    fn ask(
+        &self,
+        record: &ThreadRecord,
+        (role, role_def, workflow): (&str, &crate::workflow::Role, &str),
+        instruction: &str,
+        prompt: &str,
+        dir: Option<&std::path::Path>,
+        (agent, cancel): Driver<'_>,
+    ) -> Result<(super::extract::Extracted, StepUsage), EngineError> {
+        let id = record.id;
+        let answered = match (agent.needs_step_count(), record.agent_steps) {
+            (false, _) => 0,
+            (true, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
+            (true, None) => self.answered_steps(id)?,
+        };
+        let mut ask = prompt.to_owned();
+        let mut attempts = 0;
+        // Every call of this step: the answer and its re-asks.
+        let mut usage = StepUsage::default();
+        let extracted = loop {
+            let request = AgentRequest {
+                thread: id,
+                workflow,
+                role_name: role,
+                role: role_def,
+                instruction,
+                prompt: &ask,
+                answered_steps: answered,
+                summary_index: None,
+                cwd: dir,
+                cancel,
+            };
+            let called = Instant::now();
+            let reply = agent.call(&request);
+            let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let reply = match reply {
+                Ok(r) => r,
+                // Killed by Ctrl-C: not the agent's failure; nothing is
+                // recorded and the thread stays retryable.
+                Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
+                Err(e) => {
+                    usage.add_call(wall_ms, None);
+                    let cause = StepFailure::Agent {
+                        role: role.to_owned(),
+                        source: e,
+                    };
+                    return Err(self.fail_counted(id, cause, Some(usage)));
+                }
+            };
+            let extracted = extract_with(
+                &self.engine_state().validators,
+                Some((record.workflow_hash, role)),
+                role_def,
+                &reply.output,
+            );
+            let reported = match (&reply.usage, &extracted) {
+                (Some(u), _) => Some(u.clone()),
+                (None, Ok(x)) => x.usage.clone(),
+                (None, Err(_)) => reported_usage(&reply.output),
+            };
+            usage.add_call(wall_ms, reported.as_ref());
+            match extracted {
+                Ok(x) => break x,
+                Err(e) if attempts < agent.reasks() => {
+                    attempts += 1;
+                    ask = format!(
+                        "{prompt}\n## Your previous reply was invalid\n{e}\nAnswer again, following the output format.\n"
+                    );
+                }
+                Err(e) => {
+                    let cause = StepFailure::InvalidReply {
+                        role: role.to_owned(),
+                        source: e,
+                    };
+                    return Err(self.fail_counted(id, cause, Some(usage)));
+                }
+            }
+        };
+        Ok((extracted, usage))
+    }
+}
+
+/// The agent and the token a drive runs with.
+pub(super) type Driver<'a> = (&'a mut dyn Agent, &'a Cancel);
+impl Engine {
+    /// The role-only part of a stored workflow's role prompt (see
+    /// [`role_header`]), cached per store by workflow hash and role: stored
+    /// workflows never change.
+    pub(super) fn role_header_of(
+        &self,
+        workflow: Hash,
+        role_name: &str,
+        role: &crate::workflow::Role,
+    ) -> Arc<str> {
+        let cache = &self.engine_state().headers;
+        if let Some(h) = cache.lock().get(&workflow).and_then(|m| m.get(role_name)) {
+            return Arc::clone(h);
+        }
+        let h: Arc<str> = Arc::from(role_header(role_name, role, &output_format(role)));
+        let mut map = cache.lock();
+        if map.len() >= cache.capacity() {
+            map.clear();
+        }
+        map.entry(workflow)
+            .or_default()
+            .insert(role_name.to_owned(), Arc::clone(&h));
+        h
+    }
+}
+
+/// What follows a routed step, with `maxRounds` applied: the step that
+/// reaches the limit is committed; `$END` or `$SUSPEND` wins, otherwise the
+/// same transaction ends the thread with return code 1.
+pub(super) fn with_max_rounds(next: Next, rounds: u64, max_rounds: u32) -> Next {
+    match next {
+        Next::Role { .. } if rounds >= u64::from(max_rounds) => Next::End(EndSpec {
+            return_code: 1,
+            summary: format!("maxRounds ({max_rounds}) reached"),
+            prompt: format!("Stopped: maxRounds ({max_rounds}) reached"),
+        }),
+        other => other,
+    }
+}
