@@ -62,34 +62,7 @@ impl Agent for CmdAgent {
     }
 
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
-        use std::os::unix::process::CommandExt;
-        let mut program = self.program.clone();
-        let mut command = Command::new(&program);
-        if let Some(dir) = req.cwd {
-            // A relative program path names a file from where the driver
-            // runs, not from the agent's directory.
-            let path = std::path::Path::new(&program);
-            if path.is_relative()
-                && path.components().count() > 1
-                && let Ok(here) = std::env::current_dir()
-            {
-                program = here.join(path).to_string_lossy().into_owned();
-                command = Command::new(&program);
-            }
-            command.current_dir(dir);
-        }
-        command
-            .args(&self.args)
-            .env("UWF_THREAD", req.thread.to_string())
-            .env("UWF_ROLE", req.role_name)
-            .env("UWF_STORE", &self.store)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // The program leads a process group of its own: cancelling,
-            // a timeout or the end of the step kills the whole group, and a
-            // terminal's Ctrl-C reaches the driver only.
-            .process_group(0);
+        let (program, mut command) = self.command_for(req);
         die_with_driver(&mut command);
         let mut child = command.spawn().map_err(|source| AgentError::Spawn {
             program: program.clone(),
@@ -109,43 +82,8 @@ impl Agent for CmdAgent {
         // reading thread, at once) and the reply is refused.
         let max_reply = self.max_reply;
         let too_large = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let out = {
-            let stdout = child.stdout.take();
-            let too_large = std::sync::Arc::clone(&too_large);
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(s) = stdout {
-                    let limit = u64::try_from(max_reply)
-                        .unwrap_or(u64::MAX)
-                        .saturating_add(1);
-                    let _ = s.take(limit).read_to_end(&mut buf);
-                    if buf.len() > max_reply {
-                        too_large.store(true, std::sync::atomic::Ordering::SeqCst);
-                        kill_group(pid);
-                        buf.clear();
-                        buf.shrink_to_fit();
-                    }
-                }
-                buf
-            })
-        };
-        // stderr: only its last STDERR_TAIL bytes are kept.
-        let err = {
-            let stderr = child.stderr.take();
-            std::thread::spawn(move || {
-                let mut tail = Tail::new(STDERR_TAIL);
-                if let Some(mut s) = stderr {
-                    let mut chunk = [0u8; 8192];
-                    loop {
-                        match s.read(&mut chunk) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => tail.push(chunk.get(..n).unwrap_or_default()),
-                        }
-                    }
-                }
-                tail
-            })
-        };
+        let out = read_stdout(child.stdout.take(), pid, max_reply, &too_large);
+        let err = read_stderr_tail(child.stderr.take());
         let started = Instant::now();
         loop {
             match has_exited(&mut child) {
@@ -208,6 +146,89 @@ impl Agent for CmdAgent {
             .map(AgentReply::from)
             .map_err(|_| AgentError::NotUtf8)
     }
+}
+
+impl CmdAgent {
+    /// The program's command for one call: its arguments, `UWF_THREAD`,
+    /// `UWF_ROLE` and `UWF_STORE`, piped stdio, a process group of its own,
+    /// and the step's directory (a relative program path made absolute
+    /// first: it names a file from where the driver runs). Returns the
+    /// program as run.
+    fn command_for(&self, req: &AgentRequest<'_>) -> (String, Command) {
+        use std::os::unix::process::CommandExt;
+        let mut program = self.program.clone();
+        let mut command = Command::new(&program);
+        if let Some(dir) = req.cwd {
+            // A relative program path names a file from where the driver
+            // runs, not from the agent's directory.
+            let path = std::path::Path::new(&program);
+            if path.is_relative()
+                && path.components().count() > 1
+                && let Ok(here) = std::env::current_dir()
+            {
+                program = here.join(path).to_string_lossy().into_owned();
+                command = Command::new(&program);
+            }
+            command.current_dir(dir);
+        }
+        command
+            .args(&self.args)
+            .env("UWF_THREAD", req.thread.to_string())
+            .env("UWF_ROLE", req.role_name)
+            .env("UWF_STORE", &self.store)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // The program leads a process group of its own: cancelling,
+            // a timeout or the end of the step kills the whole group, and a
+            // terminal's Ctrl-C reaches the driver only.
+            .process_group(0);
+        (program, command)
+    }
+}
+
+/// Reads the program's stdout up to `max_reply` bytes: past it the group
+/// is killed (from this thread, at once), `too_large` set and nothing kept.
+fn read_stdout(
+    stdout: Option<std::process::ChildStdout>,
+    pid: u32,
+    max_reply: usize,
+    too_large: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    let too_large = std::sync::Arc::clone(too_large);
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stdout {
+            let limit = u64::try_from(max_reply)
+                .unwrap_or(u64::MAX)
+                .saturating_add(1);
+            let _ = s.take(limit).read_to_end(&mut buf);
+            if buf.len() > max_reply {
+                too_large.store(true, std::sync::atomic::Ordering::SeqCst);
+                kill_group(pid);
+                buf.clear();
+                buf.shrink_to_fit();
+            }
+        }
+        buf
+    })
+}
+
+/// Reads the program's stderr, keeping its last [`STDERR_TAIL`] bytes.
+fn read_stderr_tail(stderr: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<Tail> {
+    std::thread::spawn(move || {
+        let mut tail = Tail::new(STDERR_TAIL);
+        if let Some(mut s) = stderr {
+            let mut chunk = [0u8; 8192];
+            loop {
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => tail.push(chunk.get(..n).unwrap_or_default()),
+                }
+            }
+        }
+        tail
+    })
 }
 
 #[cfg(test)]
