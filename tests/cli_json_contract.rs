@@ -155,6 +155,50 @@ fn every_json_answer_matches_its_committed_schema() {
         salvaged.to_str().unwrap(),
     ]);
 
+    // A command that fails prints one JSON line on stderr (nothing on
+    // stdout) with the parts of the text form and the exit code it ends
+    // with.
+    let idle = c.run(&["thread", "start", REVIEW, "-p", "no agent"]);
+    let idle = idle["thread"].as_str().unwrap().to_owned();
+    let failing: [&[&str]; 3] = [
+        &["thread", "show", "0000000000"],
+        &["workflow", "show", "nosuch"],
+        &["thread", "step", &idle],
+    ];
+    for args in failing {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let o = env.uwf(&all);
+        assert_eq!(code(&o), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{args:?}");
+        let text = stderr(&o);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {text}");
+        let value: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        contract::assert_instance("ErrorAnswer", &value);
+        assert_eq!(value["exit_code"], 1, "{value}");
+        // The text form says the same, line for line.
+        let plain = stderr(&env.uwf(args));
+        let mut expected = vec![format!("error: {}", value["error"].as_str().unwrap())];
+        for cause in value["causes"].as_array().unwrap() {
+            expected.push(format!("  caused by: {}", cause.as_str().unwrap()));
+        }
+        if let Some(hint) = value["hint"].as_str() {
+            expected.push(format!("hint: {hint}"));
+        }
+        assert_eq!(plain.lines().collect::<Vec<_>>(), expected, "{args:?}");
+    }
+    // The agent-less step has a remedy to type.
+    let o = env.uwf(&["--json", "thread", "step", &idle]);
+    let value: serde_json::Value = serde_json::from_str(stderr(&o).trim()).unwrap();
+    assert!(
+        value["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("--agent")),
+        "{value}"
+    );
+    c.seen.insert("ErrorAnswer");
+
     let all: BTreeSet<&str> = uwf_db::api::schemas().iter().map(|s| s.name).collect();
     let unseen: Vec<&&str> = all.difference(&c.seen).collect();
     assert!(unseen.is_empty(), "no command here printed {unseen:?}");

@@ -44,6 +44,33 @@ use crate::engine::batch::BatchItem;
 use crate::gc::GcReport;
 use crate::thread::PruneReport;
 
+/// A command that failed, under `--json`: one line on stderr with the same
+/// parts as the text (`error: …`, `  caused by: …`, `hint: …`), and the
+/// exit code the process ends with.
+///
+/// ```
+/// let e = uwf_db::api::ErrorAnswer {
+///     error: "no thread matches '01ab'".into(),
+///     causes: vec![],
+///     hint: None,
+///     exit_code: 1,
+/// };
+/// let line = serde_json::to_string(&e)?;
+/// assert_eq!(line, r#"{"error":"no thread matches '01ab'","causes":[],"hint":null,"exit_code":1}"#);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, JsonSchema)]
+pub struct ErrorAnswer {
+    /// What went wrong (the text's `error:` line).
+    pub error: String,
+    /// Its causes the message does not already say, outermost first.
+    pub causes: Vec<String>,
+    /// What to type next, when the remedy is a command line.
+    pub hint: Option<String>,
+    /// The process's exit code: 1 a failure, 3 a damaged data file.
+    pub exit_code: u8,
+}
+
 /// The version of the JSON contract (the folder `docs/schemas/v1/`).
 pub const API_VERSION: u32 = 1;
 
@@ -114,5 +141,6 @@ pub fn schemas() -> Vec<AnswerSchema> {
         entry::<PruneReport>("PruneReport"),
         entry::<ExportReport>("ExportReport"),
         entry::<ImportReport>("ImportReport"),
+        entry::<ErrorAnswer>("ErrorAnswer"),
     ]
 }

@@ -493,28 +493,53 @@ fn main() -> ExitCode {
         Err(CliError::ReportedDamage) => ExitCode::from(fault::DAMAGED as u8),
         Err(e) => {
             let _ = out.flush();
-            eprintln!("error: {e}");
-            // Causes the message does not already say (a driver's terse
-            // "db error" hides the server's message in its source).
-            let mut said = e.to_string();
-            let mut cause = std::error::Error::source(&e);
-            while let Some(c) = cause {
-                let text = c.to_string();
-                if !says_nothing(c) && !said.contains(&text) {
-                    eprintln!("  caused by: {text}");
-                    said.push_str(&text);
-                }
-                cause = c.source();
-            }
-            if let Some(hint) = hint(&e) {
-                eprintln!("hint: {hint}");
-            }
-            if damaged(&e) {
-                ExitCode::from(fault::DAMAGED as u8)
-            } else {
-                ExitCode::from(1)
-            }
+            let answer = uwf_db::api::ErrorAnswer {
+                error: e.to_string(),
+                causes: causes(&e),
+                hint: hint(&e),
+                exit_code: if damaged(&e) { fault::DAMAGED as u8 } else { 1 },
+            };
+            report_error(&answer, cli.json);
+            ExitCode::from(answer.exit_code)
         }
+    }
+}
+
+/// The causes of `e` its message does not already say (a driver's terse
+/// "db error" hides the server's message in its source).
+fn causes(e: &CliError) -> Vec<String> {
+    let mut said = e.to_string();
+    let mut out = Vec::new();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !says_nothing(c) && !said.contains(&text) {
+            said.push_str(&text);
+            out.push(text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// Writes a failed command's error on stderr: under `--json` one JSON line
+/// (`api::ErrorAnswer`), else `error:`, `  caused by:` and `hint:` lines.
+fn report_error(answer: &uwf_db::api::ErrorAnswer, json: bool) {
+    use std::io::Write as _;
+    let mut stderr = std::io::stderr().lock();
+    if json {
+        // The answer is strings and a number: serializing it cannot fail.
+        if let Ok(line) = serde_json::to_string(answer) {
+            let _ = writeln!(stderr, "{line}");
+        }
+        return;
+    }
+    let _ = writeln!(stderr, "error: {}", answer.error);
+    for cause in &answer.causes {
+        let _ = writeln!(stderr, "  caused by: {cause}");
+    }
+    if let Some(hint) = &answer.hint {
+        let _ = writeln!(stderr, "hint: {hint}");
     }
 }
 
