@@ -285,6 +285,8 @@ enum CliError {
     #[error(transparent)]
     Bundle(#[from] uwf_db::bundle::BundleError),
     #[error(transparent)]
+    Salvage(#[from] uwf_db::salvage::SalvageError),
+    #[error(transparent)]
     PromptFile(#[from] uwf_db::engine::prompt_file::PromptFileError),
     #[error("{0}")]
     Failed(String),

@@ -53,13 +53,12 @@ pub fn run(cli: &Cli, source: &Path, destination: &Path, out: &mut Output) -> Re
         let src = cli.open_at(source, false)?;
         (salvage(&mut StoreSource(&src), &dst, progress), Vec::new())
     } else {
-        let mut readers = ReaderProcesses::new(source, destination, reader_command(cli)?)
-            .map_err(|e| CliError::Failed(error_text(&e)))?;
+        let mut readers = ReaderProcesses::new(source, destination, reader_command(cli)?)?;
         let report = salvage(&mut readers, &dst, progress);
         (report, readers.notes().to_vec())
     };
     bar.finish_and_clear();
-    let report = report.map_err(|e| CliError::Failed(error_text(&e)))?;
+    let report = report?;
     if out.json {
         out.json_value(&uwf_db::api::SalvageAnswer {
             complete: report.is_complete(),
@@ -75,17 +74,6 @@ pub fn run(cli: &Cli, source: &Path, destination: &Path, out: &mut Output) -> Re
         };
     }
     print_report(source, &dst, &report, &notes, out)
-}
-
-fn error_text(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 fn print_report(
