@@ -67,7 +67,7 @@ for name,pat in types.items():
                         n+=1; ex+=has_example(block,k)
     print(f'{name}: {n} public methods, {ex} with a doc example')
 # Maintenance functions: public free functions of gc, copy, bundle, verify, salvage.
-for mod in ['gc/mod.rs','copy.rs','bundle.rs','verify.rs','salvage.rs']:
+for mod in ['gc/mod.rs','copy.rs','copy/mod.rs','bundle.rs','bundle/mod.rs','bundle/format.rs','verify.rs','salvage.rs','salvage/mod.rs','salvage/process.rs']:
     p=os.path.join(src,mod)
     if not os.path.exists(p): continue
     ls=open(p).read().split('\n'); n=ex=0

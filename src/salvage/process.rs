@@ -469,6 +469,18 @@ fn error_text(e: &dyn std::error::Error) -> String {
 /// failure, on `out` (unbuffered: one write per frame, so a page that
 /// crashes the process loses no row already read). A read failure is
 /// also returned, after its frame is sent.
+///
+/// ```
+/// use uwf_db::backend::Table;
+/// let store = uwf_db::Store::memory();
+/// store.put(&uwf_db::Blob::content("one row", []))?;
+/// let mut frames = Vec::new();
+/// uwf_db::salvage::process::serve_read(&store, Table::Blobs, None, &mut frames)?;
+/// assert_eq!(frames.first(), Some(&b'O')); // opened
+/// assert_eq!(frames.get(1), Some(&b'R')); // a row
+/// assert_eq!(frames.last(), Some(&b'E')); // the end of the table
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn serve_read(
     store: &Store,
     table: Table,
