@@ -241,6 +241,18 @@ pub enum StepFailure {
     },
 }
 impl EngineError {
+    /// Whether the error says the store's data file is damaged
+    /// ([`StoreError::is_damage`]), at whatever layer it was met: the CLI
+    /// exits 3 for these.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            EngineError::Store(e) => e.is_damage(),
+            EngineError::Thread(e) => e.is_damage(),
+            EngineError::Workflow(e) => e.is_damage(),
+            _ => false,
+        }
+    }
+
     /// Whether the store has no room left ([`StoreError::is_full`]): a
     /// batch starts no new thread after this error.
     pub fn is_store_full(&self) -> bool {

@@ -81,6 +81,18 @@ pub enum GcError {
     },
 }
 
+impl GcError {
+    /// Whether the error says the store's data file is damaged
+    /// ([`StoreError::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        match self {
+            GcError::Store(e) => e.is_damage(),
+            GcError::Retention(e) => e.is_damage(),
+            _ => false,
+        }
+    }
+}
+
 impl From<crate::backend::BackendError> for GcError {
     fn from(e: crate::backend::BackendError) -> Self {
         GcError::Store(e.into())

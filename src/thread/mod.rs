@@ -220,6 +220,14 @@ pub enum ThreadError {
     BadRetention(String),
 }
 
+impl ThreadError {
+    /// Whether the error says the store's data file is damaged
+    /// ([`StoreError::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, ThreadError::Store(e) if e.is_damage())
+    }
+}
+
 impl From<crate::backend::BackendError> for ThreadError {
     fn from(e: crate::backend::BackendError) -> Self {
         ThreadError::Store(e.into())

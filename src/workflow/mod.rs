@@ -110,6 +110,14 @@ pub enum WorkflowError {
     },
 }
 
+impl WorkflowError {
+    /// Whether the error says the store's data file is damaged
+    /// ([`StoreError::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, WorkflowError::Store(e) if e.is_damage())
+    }
+}
+
 impl From<crate::backend::BackendError> for WorkflowError {
     fn from(e: crate::backend::BackendError) -> Self {
         WorkflowError::Store(e.into())

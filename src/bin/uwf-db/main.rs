@@ -607,20 +607,19 @@ fn handle_signals(cancel: &Cancel, graceful: bool) {
     });
 }
 
-/// Whether the error says the store's data file is damaged (exit 3).
+/// Whether the error says the store's data file is damaged (exit 3): each
+/// layer's error answers for itself; an error carried as another's source
+/// (a copy's, a bundle's) is found down the chain.
 fn damaged(e: &CliError) -> bool {
-    use uwf_db::engine::EngineError;
-    use uwf_db::thread::ThreadError;
     let direct = match e {
-        CliError::Store(s)
-        | CliError::Engine(EngineError::Store(s))
-        | CliError::Thread(ThreadError::Store(s))
-        | CliError::Engine(EngineError::Thread(ThreadError::Store(s)))
-        | CliError::Workflow(uwf_db::workflow::WorkflowError::Store(s))
-        | CliError::Gc(uwf_db::gc::GcError::Store(s)) => Some(s),
-        _ => None,
+        CliError::Store(s) => s.is_damage(),
+        CliError::Engine(e) => e.is_damage(),
+        CliError::Thread(e) => e.is_damage(),
+        CliError::Workflow(e) => e.is_damage(),
+        CliError::Gc(e) => e.is_damage(),
+        _ => false,
     };
-    if direct.is_some_and(StoreError::is_damage) {
+    if direct {
         return true;
     }
     let mut cause = std::error::Error::source(e);
