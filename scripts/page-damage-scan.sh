@@ -98,7 +98,7 @@ damage() {
 
 if [ $flip = yes ]; then
     ids=$("$bin" --store "$store" --json thread list --limit 100000 |
-        python3 -c 'import json,sys; print(" ".join(t["id"] for t in json.load(sys.stdin)))')
+        python3 -c 'import json,sys; print(" ".join(t["thread"] for t in json.load(sys.stdin)))')
     # shellcheck disable=SC2086
     read_all() { # STORE: the readers' outputs, one file each
         "$bin" --store "$1" --json thread list --limit 100000 >"$work/list.$2" 2>"$work/list.err" &&

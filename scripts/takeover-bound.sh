@@ -40,7 +40,7 @@ for _ in $(seq 100); do
 done
 [ -n "$lock_pid" ] || { echo "runner A never took its claim"; exit 1; }
 port=$(psql "$url" -Atc "SELECT client_port FROM pg_stat_activity WHERE pid = $lock_pid")
-thread=$($bin --store "$url" --json thread list | grep -o '"id": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
+thread=$($bin --store "$url" --json thread list | grep -o '"thread": *"[^"]*"' | head -1 | sed 's/.*"\([^"]*\)"$/\1/')
 echo "runner A (pid $runner) holds the claim on thread $thread in server process $lock_pid (client port $port)"
 
 # The cable is pulled: nothing of that connection gets through either way.

@@ -64,7 +64,7 @@ sleep "$warmup"
 kill -9 "${pids[0]}"
 killed=$(date +%s.%N)
 uwf --json thread list --status running --limit 1000 |
-    python3 -c 'import json,sys; [print(t["id"], t["seq"]) for t in json.load(sys.stdin)]' >"$work/running"
+    python3 -c 'import json,sys; [print(t["thread"], t["seq"]) for t in json.load(sys.stdin)]' >"$work/running"
 echo "killed runner 1; $(wc -l <"$work/running") threads running in the fleet just after"
 # Watch until every thread running at the kill has taken a step since.
 python3 - "$bin" "$store" "$work/running" "$killed" <<'PY'

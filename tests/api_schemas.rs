@@ -1,5 +1,5 @@
 //! The JSON contract (SPEC §12): the schema of every answer type, generated
-//! from the code, must equal the one committed under `docs/schemas/v1/`.
+//! from the code, must equal the one committed under `docs/schemas/v2/`.
 //! After a deliberate change, `UWF_BLESS_SCHEMAS=1 cargo test --test
 //! api_schemas` rewrites the files; review the diff like code.
 

@@ -112,7 +112,7 @@ fn snapshot(
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| t["id"].as_str().unwrap())
+        .map(|t| t["thread"].as_str().unwrap())
         .collect();
     ids.sort();
     let logs = ids.iter().map(|id| env.log(id)).collect();
@@ -223,7 +223,7 @@ fn every_class_of_bad_input_is_refused_and_changes_nothing(b: TestBackend) {
         let mut want = before.clone();
         for list in [&mut after.0, &mut want.0] {
             let list = list.as_array_mut().unwrap();
-            list.sort_by_key(|t| t["id"].as_str().unwrap_or_default().to_owned());
+            list.sort_by_key(|t| t["thread"].as_str().unwrap_or_default().to_owned());
             for t in list.iter_mut() {
                 let o = t.as_object_mut().unwrap();
                 for volatile in ["last_error", "updated_at", "agent", "usage"] {

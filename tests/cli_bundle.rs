@@ -71,7 +71,7 @@ fn export_then_import_gives_the_same_threads(b: TestBackend) {
         .into_iter()
         .find(|t| !t["parent_thread"].is_null())
         .unwrap();
-    let child = child["id"].as_str().unwrap();
+    let child = child["thread"].as_str().unwrap();
     assert_eq!(text_log(&dst, child), text_log(&src, child));
     assert_eq!(dst.show(child)["parent_thread"], parent.as_str());
     // Exported again from the new store: the very same bytes.

@@ -176,7 +176,7 @@ fn engine_view(cli: &Cli) -> serde_json::Value {
     let list = cli.json(&["thread", "list", "--limit", "1000"]);
     let mut threads = Vec::new();
     for t in list.as_array().unwrap() {
-        let id = t["id"].as_str().unwrap();
+        let id = t["thread"].as_str().unwrap();
         threads.push(serde_json::json!({"show": cli.show(id), "log": cli.log(id)}));
     }
     assert!(threads.len() >= 8, "{list}");

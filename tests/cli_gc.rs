@@ -55,7 +55,7 @@ fn gc_frees_a_removed_thread_while_other_processes_drive_threads(b: TestBackend)
     let listed = env.json(&["thread", "list"]);
     assert_eq!(listed.as_array().unwrap().len(), 4, "{listed}");
     for t in listed.as_array().unwrap() {
-        let id = t["id"].as_str().unwrap();
+        let id = t["thread"].as_str().unwrap();
         assert_eq!(env.log(id).len(), 5, "thread {id} reads back whole");
     }
     // Drop runs `verify`.

@@ -165,6 +165,7 @@ fn every_json_answer_matches_its_committed_schema() {
         &["workflow", "show", "nosuch"],
         &["thread", "step", &idle],
     ];
+    let mut kinds = Vec::new();
     for args in failing {
         let mut all = vec!["--json"];
         all.extend_from_slice(args);
@@ -176,27 +177,40 @@ fn every_json_answer_matches_its_committed_schema() {
         assert_eq!(lines.len(), 1, "{args:?}: {text}");
         let value: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
         contract::assert_instance("ErrorAnswer", &value);
-        assert_eq!(value["exit_code"], 1, "{value}");
+        let error = &value["error"];
+        assert_eq!(error["exit_code"], 1, "{value}");
+        kinds.push(error["kind"].as_str().unwrap().to_owned());
         // The text form says the same, line for line.
         let plain = stderr(&env.uwf(args));
-        let mut expected = vec![format!("error: {}", value["error"].as_str().unwrap())];
-        for cause in value["causes"].as_array().unwrap() {
+        let mut expected = vec![format!("error: {}", error["message"].as_str().unwrap())];
+        for cause in error["causes"].as_array().unwrap() {
             expected.push(format!("  caused by: {}", cause.as_str().unwrap()));
         }
-        if let Some(hint) = value["hint"].as_str() {
+        if let Some(hint) = error["hint"].as_str() {
             expected.push(format!("hint: {hint}"));
         }
         assert_eq!(plain.lines().collect::<Vec<_>>(), expected, "{args:?}");
     }
+    assert_eq!(kinds, ["not_found", "not_found", "invalid"]);
     // The agent-less step has a remedy to type.
     let o = env.uwf(&["--json", "thread", "step", &idle]);
     let value: serde_json::Value = serde_json::from_str(stderr(&o).trim()).unwrap();
     assert!(
-        value["hint"]
+        value["error"]["hint"]
             .as_str()
             .is_some_and(|h| h.contains("--agent")),
         "{value}"
     );
+    // Times are RFC 3339 in UTC with milliseconds; a thread's id is
+    // `thread` in every answer.
+    let shown = env.json(&["thread", "show", &idle]);
+    let created = shown["created_at"].as_str().unwrap();
+    assert!(
+        created.len() == 24 && created.ends_with('Z') && created.as_bytes()[19] == b'.',
+        "{created}"
+    );
+    assert_eq!(shown["thread"], idle.as_str());
+    assert!(shown.get("id").is_none(), "{shown}");
     c.seen.insert("ErrorAnswer");
 
     let all: BTreeSet<&str> = uwf_db::api::schemas().iter().map(|s| s.name).collect();

@@ -25,7 +25,7 @@ fn list_ids(env: &Cli, args: &[&str]) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .map(|t| t["thread"].as_str().unwrap().to_owned())
         .collect()
 }
 

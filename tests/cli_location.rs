@@ -109,7 +109,7 @@ fn a_missing_location_fails_the_step_naming_it_and_commits_nothing(b: TestBacken
     // The picker's step is kept; the worker's was never written, and the
     // thread waits for it with the failure recorded.
     let list = env.json(&["thread", "list"]);
-    let id = list[0]["id"].as_str().unwrap().to_owned();
+    let id = list[0]["thread"].as_str().unwrap().to_owned();
     let log = env.log(&id);
     assert_eq!(log.len(), 1, "{log:?}");
     assert_eq!(log[0]["role"], "picker");

@@ -30,7 +30,7 @@ fn listed(env: &Cli, status: &str) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .map(|t| t["thread"].as_str().unwrap().to_owned())
         .collect();
     ids.sort();
     ids
@@ -131,7 +131,7 @@ fn suspended_active_and_children_of_kept_parents_stay(b: TestBackend) {
         .find(|t| !t["parent_thread"].is_null())
         .expect("ship ran a child workflow");
     let (child, parent) = (
-        child["id"].as_str().unwrap().to_owned(),
+        child["thread"].as_str().unwrap().to_owned(),
         child["parent_thread"].as_str().unwrap().to_owned(),
     );
 

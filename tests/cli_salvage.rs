@@ -106,7 +106,7 @@ fn salvage_of_an_undamaged_store_keeps_everything() {
         .unwrap()
         .iter()
         .find(|t| t["status"] == "idle")
-        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .map(|t| t["thread"].as_str().unwrap().to_owned())
         .expect("the idle thread was kept");
     let o = uwf_at(
         &dst,

@@ -141,7 +141,7 @@ fn a_first_ctrl_c_stops_a_batch_after_the_steps_in_flight(b: TestBackend) {
     for t in all {
         assert_eq!(t["status"], "idle", "{t}");
         assert_eq!(t["last_error"], serde_json::Value::Null, "{t}");
-        let id = t["id"].as_str().unwrap();
+        let id = t["thread"].as_str().unwrap();
         assert!(
             !env.log(id).is_empty(),
             "the step in flight of {id} was committed"

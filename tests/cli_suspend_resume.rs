@@ -152,7 +152,10 @@ fn a_failed_resume_keeps_the_previous_status(b: TestBackend) {
     assert_eq!(code(&o), Some(1));
     let s = env.show(&did);
     assert_eq!(s["status"], "completed");
-    assert!(s["completed_at"].is_u64());
+    assert!(
+        s["completed_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "an RFC 3339 time in UTC: {s}"
+    );
     assert!(s["last_error"].as_str().unwrap().contains("exit status: 5"));
 }
 

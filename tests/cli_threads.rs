@@ -64,15 +64,15 @@ fn list_filters_and_shapes(b: TestBackend) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| r["id"].as_str().unwrap())
+        .map(|r| r["thread"].as_str().unwrap())
         .collect();
     assert_eq!(ids.len(), 3);
     assert_eq!(ids[0], fork.to_string(), "newest activity first");
     let completed = json_of(&cli.uwf(&["--json", "thread", "list", "--status", "completed"]));
-    assert_eq!(completed[0]["id"], done.to_string().as_str());
+    assert_eq!(completed[0]["thread"], done.to_string().as_str());
     assert_eq!(completed.as_array().unwrap().len(), 1);
     let failed = json_of(&cli.uwf(&["--json", "thread", "list", "--failed"]));
-    assert_eq!(failed[0]["id"], idle.to_string().as_str());
+    assert_eq!(failed[0]["thread"], idle.to_string().as_str());
     assert_eq!(failed[0]["last_error"], "agent exited with status 3");
     let plan = json_of(&cli.uwf(&["--json", "thread", "list", "--workflow", "plan"]));
     assert_eq!(plan.as_array().unwrap().len(), 1);

@@ -29,7 +29,7 @@ fn store_with_a_thread(env: &Cli) -> std::path::PathBuf {
 /// [`store_with_a_thread`] and the thread's id.
 fn store_and_thread(env: &Cli) -> (std::path::PathBuf, String) {
     let store = store_with_a_thread(env);
-    let id = env.json(&["thread", "list"])[0]["id"]
+    let id = env.json(&["thread", "list"])[0]["thread"]
         .as_str()
         .unwrap()
         .to_owned();

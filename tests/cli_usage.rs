@@ -160,7 +160,7 @@ fn batch_totals_count_every_call_re_asks_included(b: TestBackend) {
 
 fn summary_thread(env: &Cli) -> String {
     let v = env.json(&["thread", "list", "--limit", "1"]);
-    v[0]["id"].as_str().unwrap().to_owned()
+    v[0]["thread"].as_str().unwrap().to_owned()
 }
 
 fn absent_or_malformed_usage_is_never_an_error(b: TestBackend) {

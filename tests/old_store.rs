@@ -67,7 +67,7 @@ fn a_store_made_by_an_older_build_opens_verifies_and_runs() {
         .iter()
         .find(|t| t["status"] == "completed" && t["workflow"] == "review" && t["seq"] == 5)
         .expect("the completed review thread");
-    let id = done["id"].as_str().unwrap();
+    let id = done["thread"].as_str().unwrap();
     let log = json(&store, &["thread", "log", id]);
     let roles: Vec<&str> = log
         .as_array()
@@ -86,7 +86,7 @@ fn a_store_made_by_an_older_build_opens_verifies_and_runs() {
         .iter()
         .find(|t| t["status"] == "idle" && t["seq"] == 2)
         .expect("the idle thread");
-    let id = idle["id"].as_str().unwrap();
+    let id = idle["thread"].as_str().unwrap();
     let r = json(&store, &["thread", "step", id, "--count", "10"]);
     let last = r.as_array().and_then(|a| a.last()).unwrap();
     assert_eq!(last["status"], "completed", "{r}");

@@ -42,8 +42,8 @@ pub struct BlobDetail {
     pub refs: Vec<Hash>,
     /// Its canonical size in bytes.
     pub size: u64,
-    /// When it was first written (ms since the epoch).
-    pub written_at: u64,
+    /// When it was first written.
+    pub written_at: super::Timestamp,
 }
 
 impl BlobDetail {
@@ -55,7 +55,7 @@ impl BlobDetail {
             payload: payload(blob),
             refs: stored.refs.clone(),
             size: stored.bytes.len() as u64,
-            written_at: stored.written_at,
+            written_at: super::Timestamp(stored.written_at),
         }
     }
 }

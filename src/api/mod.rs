@@ -5,7 +5,7 @@
 //! [`PruneReport`], [`ExportReport`], [`ImportReport`]); the HTTP server,
 //! the MCP server and the Python package serve the same ones. Each has a
 //! JSON Schema generated from the code ([`schemas`]), committed under
-//! `docs/schemas/v1/` and checked against the code by a test; which command
+//! `docs/schemas/v2/` and checked against the code by a test; which command
 //! prints which type is in `docs/schemas/README.md`.
 //!
 //! The contract is versioned as a whole ([`API_VERSION`]): a field may be
@@ -19,14 +19,17 @@
 //! ```
 
 pub mod blob;
+mod error;
 mod store;
 mod thread;
+mod time;
 mod workflow;
 
 use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema};
 
 pub use blob::{BlobDetail, BlobPin, BlobPresence, BlobPut, BlobRef, WalkedBlob};
+pub use error::{ErrorAnswer, ErrorBody, ErrorKind};
 pub use store::{
     BatchSummary, PolicyAnswer, SalvageAnswer, StatsAnswer, StoreInit, VerifyAnswer, VerifyProblem,
 };
@@ -35,6 +38,7 @@ pub use thread::{
     ThreadDetail, ThreadForked, ThreadRemoved, ThreadStarted, ThreadSummary, TreeNode, TreeParent,
     TreeView,
 };
+pub use time::Timestamp;
 pub use workflow::{WorkflowAdded, WorkflowDetail, WorkflowEntry, WorkflowValidation};
 
 use crate::bundle::{ExportReport, ImportReport};
@@ -44,35 +48,13 @@ use crate::engine::batch::BatchItem;
 use crate::gc::GcReport;
 use crate::thread::PruneReport;
 
-/// A command that failed, under `--json`: one line on stderr with the same
-/// parts as the text (`error: …`, `  caused by: …`, `hint: …`), and the
-/// exit code the process ends with.
+/// The version of the JSON contract (the folder `docs/schemas/v2/`).
 ///
-/// ```
-/// let e = uwf_db::api::ErrorAnswer {
-///     error: "no thread matches '01ab'".into(),
-///     causes: vec![],
-///     hint: None,
-///     exit_code: 1,
-/// };
-/// let line = serde_json::to_string(&e)?;
-/// assert_eq!(line, r#"{"error":"no thread matches '01ab'","causes":[],"hint":null,"exit_code":1}"#);
-/// # Ok::<(), serde_json::Error>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, JsonSchema)]
-pub struct ErrorAnswer {
-    /// What went wrong (the text's `error:` line).
-    pub error: String,
-    /// Its causes the message does not already say, outermost first.
-    pub causes: Vec<String>,
-    /// What to type next, when the remedy is a command line.
-    pub hint: Option<String>,
-    /// The process's exit code: 1 a failure, 3 a damaged data file.
-    pub exit_code: u8,
-}
-
-/// The version of the JSON contract (the folder `docs/schemas/v1/`).
-pub const API_VERSION: u32 = 1;
+/// Version 2 (issue 19, SPEC §12): times are RFC 3339 strings in UTC with
+/// milliseconds ([`Timestamp`]), a thread's id is `thread` in every
+/// answer, and a failure under `--json` is an [`ErrorAnswer`]. Version 1
+/// stays under `docs/schemas/v1/` for the record.
+pub const API_VERSION: u32 = 2;
 
 /// One type of the contract and its JSON Schema.
 #[derive(Debug, Clone)]

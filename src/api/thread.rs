@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
+
+use super::Timestamp;
 use serde::Serialize;
 
 use crate::hash::Hash;
@@ -28,9 +30,9 @@ pub struct ThreadSummary {
     /// under the claim.
     pub claimed_status: Option<ThreadStatus>,
     /// When it ended.
-    pub completed_at: Option<u64>,
+    pub completed_at: Option<Timestamp>,
     /// When it started.
-    pub created_at: u64,
+    pub created_at: Timestamp,
     /// The directory its agents run in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
@@ -38,8 +40,6 @@ pub struct ThreadSummary {
     pub forked_from: Option<ForkOrigin>,
     /// The newest node of its chain.
     pub head: Hash,
-    /// The thread's id.
-    pub id: ThreadId,
     /// Its labels (`{}` when none).
     pub labels: Labels,
     /// The seq of the newest end node (0: none).
@@ -65,13 +65,15 @@ pub struct ThreadSummary {
     pub status: ThreadStatus,
     /// When `thread stop` asked its driver to stop.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop_requested_at: Option<u64>,
+    pub stop_requested_at: Option<Timestamp>,
     /// Why it waits for a human.
     pub suspend_message: Option<String>,
     /// The role that suspended it.
     pub suspended_role: Option<String>,
+    /// The thread's id.
+    pub thread: ThreadId,
     /// When its record last changed.
-    pub updated_at: u64,
+    pub updated_at: Timestamp,
     /// What its agent calls reported (absent: none yet). In a
     /// [`ThreadDetail`], the totals with its children's.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -89,12 +91,11 @@ impl From<&ThreadRecord> for ThreadSummary {
             agent: r.agent.clone(),
             agent_steps: r.agent_steps,
             claimed_status: r.claimed_status,
-            completed_at: r.completed_at,
-            created_at: r.created_at,
+            completed_at: r.completed_at.map(Timestamp),
+            created_at: Timestamp(r.created_at),
             cwd: r.cwd.clone(),
             forked_from: r.forked_from,
             head: r.head,
-            id: r.id,
             labels: r.labels.clone(),
             last_end_seq: r.last_end_seq,
             last_error: r.last_error.clone(),
@@ -106,10 +107,11 @@ impl From<&ThreadRecord> for ThreadSummary {
             staged_compact: r.staged_compact,
             start: r.start,
             status: r.status,
-            stop_requested_at: r.stop_requested_at,
+            stop_requested_at: r.stop_requested_at.map(Timestamp),
             suspend_message: r.suspend_message.clone(),
             suspended_role: r.suspended_role.clone(),
-            updated_at: r.updated_at,
+            thread: r.id,
+            updated_at: Timestamp(r.updated_at),
             usage: r.usage.clone(),
             workflow: r.workflow.clone(),
             workflow_hash: r.workflow_hash,
@@ -404,8 +406,8 @@ pub struct ThreadRemoved {
 /// `thread stop`: when the stop was asked for.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct StopRequested {
-    /// When (ms since the epoch).
-    pub stop_requested_at: Option<u64>,
+    /// When.
+    pub stop_requested_at: Option<Timestamp>,
     /// The thread.
     pub thread: ThreadId,
 }
@@ -415,8 +417,8 @@ pub struct StopRequested {
 pub struct ThreadActivity {
     /// Its labels.
     pub labels: Labels,
-    /// Its last activity (ms since the epoch).
-    pub last_activity: u64,
+    /// Its last activity.
+    pub last_activity: Timestamp,
     /// Why its last drive stopped early, if it did.
     pub last_error: Option<String>,
     /// Its chain's length.
@@ -433,7 +435,7 @@ impl From<&ThreadRecord> for ThreadActivity {
     fn from(r: &ThreadRecord) -> Self {
         ThreadActivity {
             labels: r.labels.clone(),
-            last_activity: r.last_activity(),
+            last_activity: Timestamp(r.last_activity()),
             last_error: r.last_error.clone(),
             seq: r.seq,
             status: r.status,

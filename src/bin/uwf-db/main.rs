@@ -495,15 +495,41 @@ fn main() -> ExitCode {
         Err(CliError::ReportedDamage) => ExitCode::from(fault::DAMAGED as u8),
         Err(e) => {
             let _ = out.flush();
+            let damaged = damaged(&e);
             let answer = uwf_db::api::ErrorAnswer {
-                error: e.to_string(),
-                causes: causes(&e),
-                hint: hint(&e),
-                exit_code: if damaged(&e) { fault::DAMAGED as u8 } else { 1 },
+                error: uwf_db::api::ErrorBody {
+                    kind: if damaged {
+                        uwf_db::api::ErrorKind::Damaged
+                    } else {
+                        kind(&e)
+                    },
+                    message: e.to_string(),
+                    causes: causes(&e),
+                    hint: hint(&e),
+                    exit_code: if damaged { fault::DAMAGED as u8 } else { 1 },
+                },
             };
             report_error(&answer, cli.json);
-            ExitCode::from(answer.exit_code)
+            ExitCode::from(answer.error.exit_code)
         }
+    }
+}
+
+/// What kind of failure `e` is (the library's layers say; the CLI's own
+/// refusals are bad input).
+fn kind(e: &CliError) -> uwf_db::api::ErrorKind {
+    use uwf_db::api::ErrorKind;
+    match e {
+        CliError::Store(e) => e.into(),
+        CliError::Thread(e) => e.into(),
+        CliError::Workflow(e) => e.into(),
+        CliError::Engine(e) => e.into(),
+        CliError::Gc(e) => e.into(),
+        CliError::Copy(e) => e.into(),
+        CliError::Bundle(e) => e.into(),
+        CliError::Salvage(e) => e.into(),
+        CliError::PromptFile(_) | CliError::Failed(_) => ErrorKind::Invalid,
+        _ => ErrorKind::Failed,
     }
 }
 
@@ -536,11 +562,11 @@ fn report_error(answer: &uwf_db::api::ErrorAnswer, json: bool) {
         }
         return;
     }
-    let _ = writeln!(stderr, "error: {}", answer.error);
-    for cause in &answer.causes {
+    let _ = writeln!(stderr, "error: {}", answer.error.message);
+    for cause in &answer.error.causes {
         let _ = writeln!(stderr, "  caused by: {cause}");
     }
-    if let Some(hint) = &answer.hint {
+    if let Some(hint) = &answer.error.hint {
         let _ = writeln!(stderr, "hint: {hint}");
     }
 }

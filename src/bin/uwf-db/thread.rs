@@ -452,7 +452,7 @@ fn stop(cli: &Cli, id: &IdPrefix, out: &mut Output) -> Result<(), CliError> {
     let record = store.engine().request_stop(id)?;
     if out.json {
         out.json_value(&api::StopRequested {
-            stop_requested_at: record.stop_requested_at,
+            stop_requested_at: record.stop_requested_at.map(api::Timestamp),
             thread: id,
         })?;
     } else {

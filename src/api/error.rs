@@ -1,0 +1,249 @@
+//! Failures in the contract: what kind of failure an error is (the same
+//! for every face: the CLI's `--json` error line, the HTTP status, the MCP
+//! tool error), and the answer that carries it.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::backend::BackendError;
+use crate::bundle::BundleError;
+use crate::copy::CopyError;
+use crate::engine::EngineError;
+use crate::gc::GcError;
+use crate::salvage::SalvageError;
+use crate::store::{OpenError, StoreError};
+use crate::thread::ThreadError;
+use crate::workflow::WorkflowError;
+
+/// What kind of failure an error is: what a client acts on without
+/// reading the message.
+///
+/// ```
+/// use uwf_db::api::ErrorKind;
+/// use uwf_db::thread::ThreadError;
+/// let unknown = ThreadError::Unknown("01ab".into());
+/// assert_eq!(ErrorKind::from(&unknown), ErrorKind::NotFound);
+/// assert_eq!(serde_json::to_string(&ErrorKind::NotFound)?, r#""not_found""#);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// No thread, workflow, blob or store has that name (HTTP 404).
+    NotFound,
+    /// A prefix matches more than one (HTTP 400).
+    Ambiguous,
+    /// The input is not acceptable: a workflow, a label, a bundle, an
+    /// option (HTTP 400).
+    Invalid,
+    /// The thread or store is not in a state that allows it: its head
+    /// moved, it is driven elsewhere, it is suspended, it exists (HTTP 409).
+    Conflict,
+    /// Past a size or count limit (HTTP 413).
+    TooLarge,
+    /// A step failed: the agent, its reply, or routing; recorded on the
+    /// thread, which can be driven again (HTTP 422).
+    StepFailed,
+    /// The store's data file is damaged: `verify`, then `salvage` (exit 3).
+    Damaged,
+    /// A stored record or blob is wrong (its checks fail): `verify`.
+    Corrupt,
+    /// The store has no room left: its map size or its disk.
+    Full,
+    /// The storage could not be reached or failed (a server, a connection,
+    /// the file system): the same request may succeed later (HTTP 503).
+    Unavailable,
+    /// Cancelled by a signal or a token: nothing was half-written.
+    Interrupted,
+    /// Anything else.
+    Failed,
+}
+
+impl From<&BackendError> for ErrorKind {
+    fn from(e: &BackendError) -> Self {
+        if e.is_damage() {
+            return ErrorKind::Damaged;
+        }
+        if e.is_full() {
+            return ErrorKind::Full;
+        }
+        match e {
+            BackendError::NotInitialized { .. } => ErrorKind::NotFound,
+            BackendError::UnsupportedFormat { .. }
+            | BackendError::MissingFormat { .. }
+            | BackendError::UnsupportedSchema { .. }
+            | BackendError::BadSchema { .. }
+            | BackendError::PlantedFile { .. } => ErrorKind::Invalid,
+            BackendError::ReadOnly { .. } | BackendError::LockLost { .. } => ErrorKind::Conflict,
+            BackendError::UndecodableRecord { .. } => ErrorKind::Corrupt,
+            _ => ErrorKind::Unavailable,
+        }
+    }
+}
+
+impl From<&OpenError> for ErrorKind {
+    fn from(e: &OpenError) -> Self {
+        match e {
+            OpenError::OptionsConflict { .. } => ErrorKind::Conflict,
+            OpenError::NoPostgres { .. } => ErrorKind::Invalid,
+            OpenError::Backend(b) => b.into(),
+        }
+    }
+}
+
+impl From<&StoreError> for ErrorKind {
+    fn from(e: &StoreError) -> Self {
+        match e {
+            StoreError::Backend(b) => b.into(),
+            StoreError::Open(o) => o.as_ref().into(),
+            StoreError::MissingRef { .. } | StoreError::Codec(_) => ErrorKind::Invalid,
+            StoreError::UnknownHash { .. } => ErrorKind::NotFound,
+            StoreError::AmbiguousPrefix { .. } => ErrorKind::Ambiguous,
+            StoreError::Corrupt { .. } => ErrorKind::Corrupt,
+            StoreError::GroupCommit { source } => source.as_ref().into(),
+            StoreError::GroupStopped => ErrorKind::Unavailable,
+        }
+    }
+}
+
+impl From<&ThreadError> for ErrorKind {
+    fn from(e: &ThreadError) -> Self {
+        match e {
+            ThreadError::Store(s) => s.into(),
+            ThreadError::Unknown(_) => ErrorKind::NotFound,
+            ThreadError::Ambiguous { .. } => ErrorKind::Ambiguous,
+            ThreadError::Conflict { .. } | ThreadError::WrongStatus { .. } => ErrorKind::Conflict,
+            ThreadError::MissingNode { .. } | ThreadError::CorruptRecord { .. } => {
+                ErrorKind::Corrupt
+            }
+            _ => ErrorKind::Invalid,
+        }
+    }
+}
+
+impl From<&WorkflowError> for ErrorKind {
+    fn from(e: &WorkflowError) -> Self {
+        match e {
+            WorkflowError::Store(s) => s.into(),
+            WorkflowError::Unknown(_) => ErrorKind::NotFound,
+            WorkflowError::Corrupt { .. } => ErrorKind::Corrupt,
+            _ => ErrorKind::Invalid,
+        }
+    }
+}
+
+impl From<&EngineError> for ErrorKind {
+    fn from(e: &EngineError) -> Self {
+        match e {
+            EngineError::Store(s) => s.into(),
+            EngineError::Thread(t) => t.into(),
+            EngineError::Workflow(w) => w.into(),
+            EngineError::StepFailed { .. } => ErrorKind::StepFailed,
+            EngineError::NotSteppable { .. }
+            | EngineError::NotRunning { .. }
+            | EngineError::AlreadyEnded { .. }
+            | EngineError::NotResumable { .. }
+            | EngineError::ResumeThroughParent { .. }
+            | EngineError::Claimed { .. }
+            | EngineError::RemoveDriven { .. } => ErrorKind::Conflict,
+            EngineError::TooManyThreads { .. } => ErrorKind::TooLarge,
+            EngineError::Interrupted => ErrorKind::Interrupted,
+            EngineError::NoSuchStep { .. } => ErrorKind::NotFound,
+            _ => ErrorKind::Invalid,
+        }
+    }
+}
+
+impl From<&GcError> for ErrorKind {
+    fn from(e: &GcError) -> Self {
+        match e {
+            GcError::Store(s) => s.into(),
+            GcError::Retention(t) => t.into(),
+            GcError::Busy { .. } | GcError::UnfinishedCopy { .. } => ErrorKind::Conflict,
+            GcError::Corrupt { .. } => ErrorKind::Corrupt,
+            GcError::TooLarge { .. } => ErrorKind::TooLarge,
+            _ => ErrorKind::Failed,
+        }
+    }
+}
+
+impl From<&CopyError> for ErrorKind {
+    fn from(e: &CopyError) -> Self {
+        match e {
+            CopyError::SourceMissing { .. } => ErrorKind::NotFound,
+            CopyError::OtherCopy { .. } | CopyError::Busy { .. } => ErrorKind::Conflict,
+            CopyError::Cancelled { .. } => ErrorKind::Interrupted,
+            CopyError::Source { source, .. } | CopyError::Destination { source, .. } => {
+                source.into()
+            }
+            CopyError::Mismatch { .. } | CopyError::Problems { .. } => ErrorKind::Corrupt,
+            CopyError::OpenSource { .. } | CopyError::OpenDestination { .. } => ErrorKind::Failed,
+            _ => ErrorKind::Invalid,
+        }
+    }
+}
+
+impl From<&BundleError> for ErrorKind {
+    fn from(e: &BundleError) -> Self {
+        match e {
+            BundleError::Store(s) => s.into(),
+            BundleError::Thread(t) => t.into(),
+            BundleError::TooLarge { .. } => ErrorKind::TooLarge,
+            BundleError::Exists { .. } => ErrorKind::Conflict,
+            BundleError::Write(_) => ErrorKind::Failed,
+            _ => ErrorKind::Invalid,
+        }
+    }
+}
+
+impl From<&SalvageError> for ErrorKind {
+    fn from(e: &SalvageError) -> Self {
+        match e {
+            SalvageError::Store(s) => s.into(),
+            SalvageError::Thread(t) => t.into(),
+            _ => ErrorKind::Failed,
+        }
+    }
+}
+
+/// A failed command, under `--json`: `{"error": {...}}`, one line on
+/// stderr (SPEC §12).
+///
+/// ```
+/// use uwf_db::api::{ErrorAnswer, ErrorBody, ErrorKind};
+/// let e = ErrorAnswer {
+///     error: ErrorBody {
+///         kind: ErrorKind::NotFound,
+///         message: "no thread matches '01ab'".into(),
+///         causes: vec![],
+///         hint: None,
+///         exit_code: 1,
+///     },
+/// };
+/// let line = serde_json::to_string(&e)?;
+/// assert_eq!(
+///     line,
+///     r#"{"error":{"kind":"not_found","message":"no thread matches '01ab'","causes":[],"hint":null,"exit_code":1}}"#
+/// );
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ErrorAnswer {
+    /// What went wrong.
+    pub error: ErrorBody,
+}
+
+/// The parts of a failure: the same as the text form's lines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ErrorBody {
+    /// What kind of failure it is.
+    pub kind: ErrorKind,
+    /// What went wrong (the text's `error:` line).
+    pub message: String,
+    /// Its causes the message does not already say, outermost first.
+    pub causes: Vec<String>,
+    /// What to type next, when the remedy is a command line.
+    pub hint: Option<String>,
+    /// The process's exit code: 1 a failure, 3 a damaged data file.
+    pub exit_code: u8,
+}
