@@ -36,7 +36,7 @@ while IFS= read -r line; do
     else
         differ=$((differ + 1))
         echo "DIFFERS: $line"
-        diff <(printf '%s\n' "$a") <(printf '%s\n' "$b") | head -10
+        { diff <(printf '%s\n' "$a") <(printf '%s\n' "$b") || true; } | head -c 600; echo
     fi
 done <<EOF2
 thread list
