@@ -1,4 +1,4 @@
-//! `Store::copy_to` through the library (`docs/design.md` §4c), once per
+//! `copy::copy_to` through the library (`docs/design.md` §4c), once per
 //! backend: a rich store (finished, suspended, idle, forked and cancelled
 //! threads, child workflows, workflows, pins) copied from memory into the
 //! backend and back out, interrupted and continued, continued after the
