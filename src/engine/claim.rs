@@ -98,6 +98,13 @@ pub fn are_held(store: &Store, ids: &[ThreadId]) -> Result<Vec<bool>, EngineErro
 }
 
 impl Engine {
+    /// This engine's claim map: its own state, no lookup in the store.
+    fn held(&self) -> Held {
+        Held(Arc::clone(&self.state))
+    }
+}
+
+impl Engine {
     /// Unlinks a thread ([`Threads::remove`](crate::thread::Threads::remove)) unless a live driver
     /// holds it ([`EngineError::RemoveDriven`]): what `thread rm` does.
     /// Its blobs stay until garbage collection frees them.
@@ -169,7 +176,7 @@ impl Engine {
             return Err(EngineError::Interrupted);
         }
         let outer = {
-            let state = held(&self.store);
+            let state = self.held();
             let mut held = state.lock();
             match held.get(&id) {
                 Some(lock) => Some(lock.clone()),
@@ -194,7 +201,7 @@ impl Engine {
             });
         }
         let unhold = || {
-            held(&self.store).lock().remove(&id);
+            self.held().lock().remove(&id);
         };
         let file: Arc<dyn HeldLock> = match try_lock(&self.store, id) {
             Ok(Some(f)) => Arc::from(f),
@@ -233,7 +240,7 @@ impl Engine {
             unhold();
             return Err(e.into());
         }
-        held(&self.store).lock().insert(id, Some(Arc::clone(&file)));
+        self.held().lock().insert(id, Some(Arc::clone(&file)));
         cancel.claim_taken(&self.store, id, release_status);
         let claim = Claim {
             store: self.store.clone(),
