@@ -172,9 +172,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let span: jiff::Span = t
         .parse()
         .map_err(|_| format!("'{s}' is not a duration (examples: 90s, 10m, 1h, 7d, 1h 30m)"))?;
+    if span.get_years() != 0 || span.get_months() != 0 {
+        return Err(format!(
+            "'{s}': months and years have no fixed length; use days or weeks (e.g. 60d, 8w)"
+        ));
+    }
     let signed = span
         .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
-        .map_err(|e| format!("'{s}': {e}"))?;
+        .map_err(|_| format!("'{s}' is too long"))?;
     Duration::try_from(signed).map_err(|_| format!("'{s}' is negative"))
 }
 
@@ -209,6 +214,11 @@ mod tests {
         assert_eq!(secs("7d"), Ok(604_800.0));
         assert_eq!(secs("2w"), Ok(1_209_600.0));
         assert_eq!(secs("PT90S"), Ok(90.0));
+        assert!(
+            parse_duration("2months")
+                .unwrap_err()
+                .contains("use days or weeks")
+        );
         for bad in ["", "soon", "10x", "-5m", "1 month", "2y"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
         }
