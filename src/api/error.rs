@@ -55,8 +55,39 @@ pub enum ErrorKind {
     Unavailable,
     /// Cancelled by a signal or a token: nothing was half-written.
     Interrupted,
+    /// The request carries no token, or a wrong one (HTTP 401; `serve`).
+    Unauthorized,
+    /// The request is refused whoever sends it: a write from another
+    /// origin, a host name the server does not answer to, a write to a
+    /// read-only server (HTTP 403; `serve`).
+    Forbidden,
     /// Anything else.
     Failed,
+}
+
+impl ErrorKind {
+    /// The HTTP status `uwf-db serve` answers with (SPEC §12).
+    ///
+    /// ```
+    /// use uwf_db::api::ErrorKind;
+    /// assert_eq!(ErrorKind::NotFound.http_status(), 404);
+    /// assert_eq!(ErrorKind::Conflict.http_status(), 409);
+    /// assert_eq!(ErrorKind::Corrupt.http_status(), 500);
+    /// ```
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::NotFound => 404,
+            ErrorKind::Ambiguous | ErrorKind::Invalid => 400,
+            ErrorKind::Conflict => 409,
+            ErrorKind::TooLarge => 413,
+            ErrorKind::StepFailed => 422,
+            ErrorKind::Unavailable | ErrorKind::Interrupted => 503,
+            ErrorKind::Full => 507,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::Forbidden => 403,
+            ErrorKind::Damaged | ErrorKind::Corrupt | ErrorKind::Failed => 500,
+        }
+    }
 }
 
 impl From<&BackendError> for ErrorKind {

@@ -20,6 +20,7 @@
 
 pub mod blob;
 mod error;
+mod serve;
 mod store;
 mod thread;
 mod time;
@@ -30,6 +31,11 @@ use schemars::{JsonSchema, Schema};
 
 pub use blob::{BlobDetail, BlobPin, BlobPresence, BlobPut, BlobRef, WalkedBlob};
 pub use error::{ErrorAnswer, ErrorBody, ErrorKind};
+pub use serve::{
+    CancelRequest, DriveAccepted, ForkRequest, GraphEdge, GraphNode, Health, LabelsRequest,
+    LogPage, ResumeRequest, StartRequest, ThreadDiff, ThreadPage, WorkflowGraph, WorkflowList,
+    WorkflowView,
+};
 pub use store::{
     BatchSummary, PolicyAnswer, SalvageAnswer, StatsAnswer, StoreInit, VerifyAnswer, VerifyProblem,
 };
@@ -124,5 +130,17 @@ pub fn schemas() -> Vec<AnswerSchema> {
         entry::<ExportReport>("ExportReport"),
         entry::<ImportReport>("ImportReport"),
         entry::<ErrorAnswer>("ErrorAnswer"),
+        entry::<ThreadPage>("ThreadPage"),
+        entry::<LogPage>("LogPage"),
+        entry::<Health>("Health"),
+        entry::<WorkflowList>("WorkflowList"),
+        entry::<WorkflowView>("WorkflowView"),
+        entry::<ThreadDiff>("ThreadDiff"),
+        entry::<DriveAccepted>("DriveAccepted"),
+        entry::<StartRequest>("StartRequest"),
+        entry::<ResumeRequest>("ResumeRequest"),
+        entry::<CancelRequest>("CancelRequest"),
+        entry::<ForkRequest>("ForkRequest"),
+        entry::<LabelsRequest>("LabelsRequest"),
     ]
 }

@@ -118,7 +118,8 @@ impl Engine {
 
     /// Hands `on_change` the threads `query` selects (its first page, as
     /// [`Threads::list`](crate::thread::Threads::list) gives it, oldest first), then every thread
-    /// matching its filters whose status or last activity changes, in the
+    /// matching its filters whose status, last activity or chain length
+    /// changes, in the
     /// order of their last activity, until `on_change` breaks or `cancel`
     /// is cancelled. Polled: states a thread passed through between two
     /// polls are merged into the last. Every status change moves a
@@ -151,7 +152,7 @@ impl Engine {
         on_change: &mut dyn FnMut(&ThreadRecord) -> Result<ControlFlow<()>, EngineError>,
     ) -> Result<WatchEnd, EngineError> {
         // What was last handed over for each thread.
-        let mut seen: HashMap<ThreadId, (ThreadStatus, u64)> = HashMap::new();
+        let mut seen: HashMap<ThreadId, (ThreadStatus, u64, u64)> = HashMap::new();
         let mut newest = 0u64;
         let mut first = true;
         loop {
@@ -176,7 +177,7 @@ impl Engine {
             for r in &records {
                 let at = r.last_activity();
                 newest = newest.max(at);
-                let now = (r.status, at);
+                let now = (r.status, at, r.seq);
                 if seen.get(&r.id) == Some(&now) {
                     continue;
                 }
@@ -188,7 +189,7 @@ impl Engine {
             first = false;
             // What fell out of the window cannot show again unchanged.
             let floor = newest.saturating_sub(2 * WINDOW_MS);
-            seen.retain(|_, (_, at)| *at >= floor);
+            seen.retain(|_, (_, at, _)| *at >= floor);
             if cancel.is_cancelled() {
                 return Ok(WatchEnd::Cancelled);
             }

@@ -34,6 +34,80 @@ pub struct ThreadQuery {
     pub limit: usize,
     /// Matching threads to skip first.
     pub offset: usize,
+    /// Only threads below this position in the activity order: the
+    /// [`ActivityCursor::of`] the previous page's last row, for paging that
+    /// is stable while threads change and costs O(page) however deep.
+    pub before: Option<ActivityCursor>,
+}
+
+/// A position in the activity order (newest first): a thread's last
+/// activity and its id. Written `MS-THREAD`; [`ThreadQuery::before`]
+/// continues a listing below it.
+///
+/// ```
+/// use uwf_db::thread::{ActivityCursor, ThreadId};
+/// let c = ActivityCursor { at: 1_700_000_000_000, thread: ThreadId::generate() };
+/// let text = c.to_string();
+/// assert_eq!(text.parse::<ActivityCursor>()?, c);
+/// assert!("12-nope".parse::<ActivityCursor>().is_err());
+/// # Ok::<(), uwf_db::thread::ParseCursorError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ActivityCursor {
+    /// Last activity (ms since the epoch).
+    pub at: u64,
+    /// The thread.
+    pub thread: ThreadId,
+}
+
+impl ActivityCursor {
+    /// The position of `record` (its [`ThreadRecord::last_activity`]).
+    pub fn of(record: &ThreadRecord) -> Self {
+        ActivityCursor {
+            at: record.last_activity(),
+            thread: record.id,
+        }
+    }
+
+    fn key(&self) -> [u8; 24] {
+        activity_key(self.at, self.thread)
+    }
+}
+
+impl std::fmt::Display for ActivityCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.at, self.thread)
+    }
+}
+
+/// A cursor that is not `MS-THREAD`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a cursor (MS-THREAD, as a previous page gave it)")]
+pub struct ParseCursorError(pub String);
+
+impl std::str::FromStr for ActivityCursor {
+    type Err = ParseCursorError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseCursorError(s.chars().take(80).collect());
+        let (at, thread) = s.split_once('-').ok_or_else(bad)?;
+        Ok(ActivityCursor {
+            at: at.parse().map_err(|_| bad())?,
+            thread: thread.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl ThreadQuery {
+    /// The exclusive upper key of the listing: `until`, or the cursor,
+    /// whichever is lower.
+    fn upper_key(&self) -> Option<[u8; 24]> {
+        let until = self.until.map(|t| activity_key(t, ThreadId::NIL));
+        let before = self.before.map(|c| c.key());
+        match (until, before) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 impl Default for ThreadQuery {
@@ -47,6 +121,7 @@ impl Default for ThreadQuery {
             until: None,
             limit: 50,
             offset: 0,
+            before: None,
         }
     }
 }
@@ -156,7 +231,7 @@ impl Threads<'_> {
         }
         self.store.read(|r| {
             let lower = q.since.map(|t| activity_key(t, ThreadId::NIL));
-            let upper = q.until.map(|t| activity_key(t, ThreadId::NIL));
+            let upper = q.upper_key();
             let range = KeyRange {
                 lower: lower
                     .as_ref()
@@ -220,7 +295,7 @@ impl Threads<'_> {
         self.store.read(|r| {
             let t = r.tables();
             let since = q.since.map(|at| activity_key(at, ThreadId::NIL));
-            let until = q.until.map(|at| activity_key(at, ThreadId::NIL));
+            let until = q.upper_key();
             let prefixes: Vec<Vec<u8>> = q.labels.iter().map(|(k, v)| label_prefix(k, v)).collect();
             let wanted = |value: &[u8]| {
                 ActivityEntry::parse(value).is_some_and(|a| {

@@ -17,6 +17,8 @@ mod fault;
 mod output;
 mod render;
 mod salvage;
+#[cfg(feature = "serve")]
+mod serve;
 mod thread;
 mod watch;
 mod workflow;
@@ -135,6 +137,9 @@ enum Command {
     /// Register, list, show and validate workflows
     #[command(subcommand)]
     Workflow(workflow::WorkflowCommand),
+    /// Serve the HTTP API, live events and the dashboard (http://127.0.0.1:7860/)
+    #[cfg(feature = "serve")]
+    Serve(serve::ServeArgs),
     /// Start, inspect, fork and unlink threads
     #[command(subcommand)]
     Thread(thread::ThreadCommand),
@@ -360,6 +365,8 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
         Command::Cas(cmd) => cas::run(cli, cmd, out),
         Command::Thread(cmd) => thread::run(cli, cmd, cancel, out),
         Command::Workflow(cmd) => workflow::run(cli, cmd, out),
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => serve::run(cli, args, cancel),
         Command::Run {
             workflow,
             prompt,
@@ -478,7 +485,13 @@ fn main() -> ExitCode {
     // One token per command; SIGINT, SIGTERM and SIGHUP cancel it.
     let cancel = Cancel::new();
     // A batch stops gracefully on a first Ctrl-C (SPEC §11).
-    handle_signals(&cancel, matches!(cli.command, Command::Batch { .. }));
+    let mode = match cli.command {
+        Command::Batch { .. } => SignalMode::Batch,
+        #[cfg(feature = "serve")]
+        Command::Serve(_) => SignalMode::Serve,
+        _ => SignalMode::Exit,
+    };
+    handle_signals(&cancel, mode);
     let mut out = Output::new(cli.json);
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
     // The signal thread cancelled the work, which may end here before that
@@ -591,7 +604,21 @@ static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::n
 /// after the steps in flight are committed ([`Cancel::stop_after_step`]):
 /// no new thread starts, no agent is killed, and the command ends as it
 /// would, with exit 130; a second signal of any of the three acts as above.
-fn handle_signals(cancel: &Cancel, graceful: bool) {
+/// What the first SIGINT, SIGTERM or SIGHUP does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SignalMode {
+    /// Cancel the command and exit with 128 + the signal.
+    Exit,
+    /// A first Ctrl-C stops after the steps in flight (SPEC §11).
+    Batch,
+    /// Any of them shuts the server down gracefully (it exits 0); a
+    /// second one exits at once.
+    #[cfg(feature = "serve")]
+    Serve,
+}
+
+fn handle_signals(cancel: &Cancel, mode: SignalMode) {
+    let graceful = mode == SignalMode::Batch;
     use nix::sys::signal::{SigSet, Signal};
     use std::io::Write;
     let mut signals = SigSet::empty();
@@ -609,6 +636,12 @@ fn handle_signals(cancel: &Cancel, graceful: bool) {
         let Ok(mut signal) = signals.wait() else {
             return;
         };
+        #[cfg(feature = "serve")]
+        if mode == SignalMode::Serve {
+            cancel.stop_after_step();
+            let Ok(again) = signals.wait() else { return };
+            signal = again;
+        }
         if graceful && signal == Signal::SIGINT {
             SIGNALLED.store(signal as i32, std::sync::atomic::Ordering::SeqCst);
             cancel.stop_after_step();

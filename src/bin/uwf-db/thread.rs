@@ -280,6 +280,7 @@ pub fn run(
                 until: *until,
                 limit: *limit,
                 offset: *offset,
+                before: None,
             };
             if *watch {
                 return crate::watch::list(&store, &query, cancel, out);

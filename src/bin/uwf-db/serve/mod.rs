@@ -1,0 +1,279 @@
+//! `uwf-db serve`: the library's answers over HTTP, live events over
+//! Server-Sent Events, and the dashboard (`docs/design.md` §8d).
+//!
+//! The library is synchronous; this module owns a tokio runtime and runs
+//! every library call on its blocking pool. One table ([`routes::ROUTES`])
+//! makes both the router and the OpenAPI document, so neither can name a
+//! route the other lacks. Connections are served by hyper directly (not
+//! `axum::serve`) for what a server facing browsers needs: a header read
+//! timeout, a cap on open connections, and a graceful drain.
+
+mod assets;
+mod error;
+mod events;
+mod guard;
+mod openapi;
+mod params;
+mod reads;
+mod routes;
+mod writes;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::{Semaphore, broadcast, watch};
+use uwf_db::Store;
+use uwf_db::engine::Cancel;
+use uwf_db::engine::agent::AgentOptions;
+
+use crate::{Cli, CliError};
+
+/// Open connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 4096;
+/// A client that has not sent its request headers by then is dropped.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request (other than an event stream) that takes longer answers 408.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request body.
+pub const MAX_BODY: usize = 1 << 20;
+/// Threads driven by this server at once (starts and resumes); more are
+/// refused with 503 until one ends.
+const MAX_DRIVES: usize = 64;
+/// How long a shutdown waits for connections and drives to finish.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// `uwf-db serve`'s flags.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on; anything but a loopback address needs --token
+    #[arg(long, default_value = "127.0.0.1:7860", value_name = "ADDR:PORT")]
+    bind: SocketAddr,
+    /// A secret every API request must carry (`Authorization: Bearer TOKEN`,
+    /// or `?token=TOKEN` for event streams)
+    #[arg(
+        long,
+        env = "UWF_SERVE_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// An agent requests may drive threads with (repeatable): NAME=SPEC,
+    /// or SPEC alone for the agent named `default` (e.g.
+    /// default=script:examples/review.scenario.yaml). Requests name an
+    /// agent; they never give a spec, so they run only what is named here
+    #[arg(long = "agent", value_name = "NAME=SPEC", value_parser = parse_agent)]
+    agents: Vec<(String, String)>,
+    /// Refuse every write (start, resume, stop, cancel, fork, label)
+    #[arg(long)]
+    read_only: bool,
+    /// A host name (HOST or HOST:PORT) the server answers to besides the
+    /// bind address and localhost, when it sits behind a proxy (repeatable)
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
+    /// Kill an agent call after this long (e.g. 10m)
+    #[arg(long, value_name = "DURATION", value_parser = crate::output::parse_duration)]
+    agent_timeout: Option<Duration>,
+}
+
+fn parse_agent(s: &str) -> Result<(String, String), String> {
+    let (name, spec) = match s.split_once('=') {
+        Some((name, spec))
+            if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') =>
+        {
+            (name, spec)
+        }
+        _ => ("default", s),
+    };
+    uwf_db::engine::agent::AgentSpec::parse(spec).map_err(|e| e.to_string())?;
+    Ok((name.to_owned(), spec.to_owned()))
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub store: Store,
+    /// The agents requests may name, by name.
+    pub agents: BTreeMap<String, String>,
+    pub agent_options: AgentOptions,
+    pub read_only: bool,
+    pub token: Option<blake3::Hash>,
+    /// Host headers accepted (lowercase); `None`: any (a token guards).
+    pub hosts: Option<Vec<String>>,
+    /// Status changes from the one poller (`events.rs`).
+    pub changes: broadcast::Sender<Arc<events::Change>>,
+    /// Becomes `true` when the server shuts down: streams end.
+    pub closing: watch::Receiver<bool>,
+    /// The token every drive of this server runs under.
+    pub cancel: Cancel,
+    /// Drives in flight (start with `drive`, resume).
+    pub drives: Arc<Semaphore>,
+    pub drive_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    pub backend: &'static str,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// `uwf-db serve`.
+pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError> {
+    let loopback = args.bind.ip().is_loopback();
+    if !loopback && args.token.is_none() {
+        return Err(CliError::Failed(format!(
+            "{} is not a loopback address: anyone who can reach it could read and drive your threads; pass --token TOKEN (or set UWF_SERVE_TOKEN), or bind 127.0.0.1",
+            args.bind
+        )));
+    }
+    if args.token.as_deref().is_some_and(|t| t.len() < 16) {
+        return Err(CliError::Failed(
+            "--token is too short: use at least 16 characters (e.g. `openssl rand -hex 16`)".into(),
+        ));
+    }
+    let store = cli.open(true)?;
+    let backend = if uwf_db::backend::is_postgres_url(store.location()) {
+        "postgres"
+    } else {
+        "lmdb"
+    };
+    let hosts = if args.token.is_some() {
+        None
+    } else {
+        let port = args.bind.port();
+        let mut hosts = vec![
+            args.bind.to_string(),
+            format!("localhost:{port}"),
+            format!("127.0.0.1:{port}"),
+            format!("[::1]:{port}"),
+        ];
+        if port == 80 {
+            hosts.extend(["localhost".into(), "127.0.0.1".into(), "[::1]".into()]);
+        }
+        hosts.extend(args.allow_hosts.iter().cloned());
+        Some(hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect())
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("uwf-serve")
+        .build()
+        .map_err(|e| CliError::Failed(format!("cannot start the server's runtime: {e}")))?;
+    let (changes, _) = broadcast::channel(events::CHANNEL);
+    let (close_tx, closing) = watch::channel(false);
+    let state = Arc::new(AppState {
+        store,
+        agents: args.agents.iter().cloned().collect(),
+        agent_options: {
+            let mut options = AgentOptions::default();
+            if let Some(t) = args.agent_timeout {
+                options.timeout = t;
+            }
+            options
+        },
+        read_only: args.read_only,
+        token: args.token.as_deref().map(|t| blake3::hash(t.as_bytes())),
+        hosts,
+        changes,
+        closing,
+        cancel: Cancel::new(),
+        drives: Arc::new(Semaphore::new(MAX_DRIVES)),
+        drive_threads: Mutex::new(Vec::new()),
+        backend,
+    });
+    let poller = events::start_poller(&state);
+    let result = runtime.block_on(serve(state.clone(), args.bind, cancel.clone(), close_tx));
+    // Drives stop after their step in flight; the poller ends.
+    state.cancel.stop_after_step();
+    let deadline = std::time::Instant::now() + DRAIN;
+    let handles = std::mem::take(&mut *lock(&state.drive_threads));
+    for handle in handles {
+        while !handle.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if handle.is_finished() {
+            let _ = handle.join();
+        }
+    }
+    state.cancel.cancel();
+    let _ = poller.join();
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+async fn serve(
+    state: Shared,
+    bind: SocketAddr,
+    cancel: Cancel,
+    close: watch::Sender<bool>,
+) -> Result<(), CliError> {
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot listen on {bind}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| CliError::Failed(format!("cannot listen on {bind}: {e}")))?;
+    // The one line a script waits for (stderr: stdout stays clean).
+    eprintln!(
+        "uwf-db serve: listening on http://{local}/ (store {}, {} backend{})",
+        state.store.location(),
+        state.backend,
+        if state.read_only { ", read-only" } else { "" }
+    );
+    let app = routes::router(state.clone());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // The signal thread cancels `cancel`; watch it from the blocking pool.
+    let mut stopped = {
+        let cancel = cancel.clone();
+        tokio::task::spawn_blocking(move || {
+            while !cancel.is_cancelled() && !cancel.is_stopping() {
+                cancel.sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    loop {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => permit,
+            _ = &mut stopped => break,
+        };
+        let Ok(permit) = permit else { break };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                // Out of descriptors and the like: wait, do not spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stopped => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(64 * 1024)
+            .serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    eprintln!("uwf-db serve: shutting down");
+    // Event streams end; requests in flight finish (bounded).
+    let _ = close.send(true);
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(DRAIN) => {}
+    }
+    Ok(())
+}
