@@ -85,12 +85,32 @@ pub fn schema_of<T: JsonSchema>(name: &str) -> Schema {
     schema
 }
 
+/// The schema of `T` as it is read (a request body): a field with a
+/// default is optional.
+pub fn request_schema_of<T: JsonSchema>(name: &str) -> Schema {
+    let mut schema = SchemaSettings::draft2020_12()
+        .for_deserialize()
+        .into_generator()
+        .into_root_schema_for::<T>();
+    schema.insert(
+        "$id".into(),
+        format!("urn:uwf-db:api:v{API_VERSION}:{name}").into(),
+    );
+    schema
+}
+
 /// Every type of the contract, by name, with its schema.
 pub fn schemas() -> Vec<AnswerSchema> {
     fn entry<T: JsonSchema>(name: &'static str) -> AnswerSchema {
         AnswerSchema {
             name,
             schema: schema_of::<T>(name),
+        }
+    }
+    fn request<T: JsonSchema>(name: &'static str) -> AnswerSchema {
+        AnswerSchema {
+            name,
+            schema: request_schema_of::<T>(name),
         }
     }
     vec![
@@ -130,6 +150,7 @@ pub fn schemas() -> Vec<AnswerSchema> {
         entry::<ExportReport>("ExportReport"),
         entry::<ImportReport>("ImportReport"),
         entry::<ErrorAnswer>("ErrorAnswer"),
+        entry::<crate::usage::UsageTotals>("UsageTotals"),
         entry::<ThreadPage>("ThreadPage"),
         entry::<LogPage>("LogPage"),
         entry::<Health>("Health"),
@@ -137,10 +158,10 @@ pub fn schemas() -> Vec<AnswerSchema> {
         entry::<WorkflowView>("WorkflowView"),
         entry::<ThreadDiff>("ThreadDiff"),
         entry::<DriveAccepted>("DriveAccepted"),
-        entry::<StartRequest>("StartRequest"),
-        entry::<ResumeRequest>("ResumeRequest"),
-        entry::<CancelRequest>("CancelRequest"),
-        entry::<ForkRequest>("ForkRequest"),
-        entry::<LabelsRequest>("LabelsRequest"),
+        request::<StartRequest>("StartRequest"),
+        request::<ResumeRequest>("ResumeRequest"),
+        request::<CancelRequest>("CancelRequest"),
+        request::<ForkRequest>("ForkRequest"),
+        request::<LabelsRequest>("LabelsRequest"),
     ]
 }

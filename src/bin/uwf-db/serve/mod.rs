@@ -139,12 +139,20 @@ pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError>
     } else {
         "lmdb"
     };
+    // Bound before anything else, so that `--bind 127.0.0.1:0` gets a
+    // port the host check can name.
+    let listener = std::net::TcpListener::bind(args.bind)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", args.bind)))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", args.bind)))?;
     let hosts = if args.token.is_some() {
         None
     } else {
-        let port = args.bind.port();
+        let port = local.port();
         let mut hosts = vec![
-            args.bind.to_string(),
+            local.to_string(),
             format!("localhost:{port}"),
             format!("127.0.0.1:{port}"),
             format!("[::1]:{port}"),
@@ -183,7 +191,7 @@ pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError>
         backend,
     });
     let poller = events::start_poller(&state);
-    let result = runtime.block_on(serve(state.clone(), args.bind, cancel.clone(), close_tx));
+    let result = runtime.block_on(serve(state.clone(), listener, cancel.clone(), close_tx));
     // Drives stop after their step in flight; the poller ends.
     state.cancel.stop_after_step();
     let deadline = std::time::Instant::now() + DRAIN;
@@ -208,16 +216,15 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 async fn serve(
     state: Shared,
-    bind: SocketAddr,
+    listener: std::net::TcpListener,
     cancel: Cancel,
     close: watch::Sender<bool>,
 ) -> Result<(), CliError> {
-    let listener = tokio::net::TcpListener::bind(bind)
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot listen on {bind}: {e}")))?;
+    let listener = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| CliError::Failed(format!("cannot listen: {e}")))?;
     let local = listener
         .local_addr()
-        .map_err(|e| CliError::Failed(format!("cannot listen on {bind}: {e}")))?;
+        .map_err(|e| CliError::Failed(format!("cannot listen: {e}")))?;
     // The one line a script waits for (stderr: stdout stays clean).
     eprintln!(
         "uwf-db serve: listening on http://{local}/ (store {}, {} backend{})",
