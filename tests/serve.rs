@@ -343,6 +343,8 @@ fn writes_start_resume_stop_cancel_fork_label(b: TestBackend) {
             &agent_arg,
             "--agent",
             &format!("slow=cmd:sh {slow}"),
+            "--agent",
+            &format!("reviewer={REVIEW_AGENT}"),
         ],
     );
 
@@ -352,10 +354,11 @@ fn writes_start_resume_stop_cancel_fork_label(b: TestBackend) {
         json!({"workflow": "review", "prompt": "Add a flag", "labels": {"team": "web"}}),
     );
     assert_eq!(status, 201, "{started}");
-    assert_instance("ThreadStarted", &started);
-    let idle = thread_of(&started);
-    assert_eq!(started["status"], "idle");
-    assert_eq!(started["labels"]["team"], "web");
+    assert_instance("DriveAccepted", &started);
+    assert_eq!(started["agent"], Value::Null, "not driven");
+    let idle = thread_of(&started["thread"]);
+    assert_eq!(started["thread"]["status"], "idle");
+    assert_eq!(started["thread"]["labels"]["team"], "web");
 
     // Start and drive: it runs to the planner's question and suspends.
     let (status, accepted) = server.post(
@@ -449,8 +452,30 @@ fn writes_start_resume_stop_cancel_fork_label(b: TestBackend) {
         "/api/threads",
         json!({"workflow": "review", "prompt": "another"}),
     );
-    let (status, e) = server.post(&format!("/api/threads/{}/resume", thread_of(&t)), json!({}));
+    let other = thread_of(&t["thread"]);
+    let (status, e) = server.post(&format!("/api/threads/{other}/resume"), json!({}));
     assert_eq!((status, kind(&e)), (409, "conflict"), "{e}");
+    // It is driven on instead, with the agent named.
+    let (status, driven) = server.post(
+        &format!("/api/threads/{other}/drive"),
+        json!({"agent": "reviewer"}),
+    );
+    assert_eq!(status, 202, "{driven}");
+    assert_instance("DriveAccepted", &driven);
+    assert_eq!(driven["agent"], "reviewer");
+    wait_for(&server, &other, "completed");
+    let (status, e) = server.post(&format!("/api/threads/{other}/drive"), json!({}));
+    assert_eq!(
+        (status, kind(&e)),
+        (409, "conflict"),
+        "only idle threads: {e}"
+    );
+    // Naming no agent, a resume takes the server agent whose spec the
+    // thread stores (not `default`).
+    let (status, resumed) = server.post(&format!("/api/threads/{other}/resume"), json!({}));
+    assert_eq!(status, 202, "{resumed}");
+    assert_eq!(resumed["agent"], "reviewer");
+    wait_for(&server, &other, "completed");
 
     // Errors, each as JSON with its status.
     let raw = |body: &str, content_type: Option<&str>| -> (u16, Value) {

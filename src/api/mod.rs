@@ -32,9 +32,9 @@ use schemars::{JsonSchema, Schema};
 pub use blob::{BlobDetail, BlobPin, BlobPresence, BlobPut, BlobRef, WalkedBlob};
 pub use error::{ErrorAnswer, ErrorBody, ErrorKind};
 pub use serve::{
-    CancelRequest, DriveAccepted, ForkRequest, GraphEdge, GraphNode, Health, LabelsRequest,
-    LogPage, ResumeRequest, StartRequest, ThreadDiff, ThreadPage, WorkflowGraph, WorkflowList,
-    WorkflowView,
+    CancelRequest, DriveAccepted, DriveRequest, ForkRequest, GraphEdge, GraphNode, Health,
+    LabelsRequest, LogPage, ResumeRequest, StartRequest, ThreadDiff, ThreadPage, WorkflowGraph,
+    WorkflowList, WorkflowView,
 };
 pub use store::{
     BatchSummary, PolicyAnswer, SalvageAnswer, StatsAnswer, StoreInit, VerifyAnswer, VerifyProblem,
@@ -160,6 +160,7 @@ pub fn schemas() -> Vec<AnswerSchema> {
         entry::<DriveAccepted>("DriveAccepted"),
         request::<StartRequest>("StartRequest"),
         request::<ResumeRequest>("ResumeRequest"),
+        request::<DriveRequest>("DriveRequest"),
         request::<CancelRequest>("CancelRequest"),
         request::<ForkRequest>("ForkRequest"),
         request::<LabelsRequest>("LabelsRequest"),

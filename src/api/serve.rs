@@ -275,7 +275,8 @@ pub struct ResumeRequest {
     /// The human's answer, added to the resume instruction.
     #[serde(default)]
     pub text: Option<String>,
-    /// The server agent (by name) that drives it (absent: `default`).
+    /// The server agent (by name) that drives it (absent: the one whose
+    /// spec the thread stores, else `default`).
     #[serde(default)]
     pub agent: Option<String>,
 }
@@ -317,12 +318,24 @@ pub struct LabelsRequest {
     pub remove: Vec<String>,
 }
 
-/// The answer to a write that started driving a thread in the background
-/// (`POST /api/threads/{id}/resume`, `POST /api/threads` with `drive`).
+/// The answer to a write that may drive a thread in the background
+/// (`POST /api/threads`, `POST /api/threads/{id}/resume`, `POST
+/// /api/threads/{id}/drive`): the answer does not wait for the drive;
+/// the thread's events follow it.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct DriveAccepted {
-    /// The agent driving it.
-    pub agent: String,
+    /// The server agent driving it (`null`: started, not driven).
+    pub agent: Option<String>,
     /// The thread as it was when driving began.
     pub thread: ThreadSummary,
+}
+
+/// `POST /api/threads/{id}/drive`: drive an idle thread on.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DriveRequest {
+    /// The server agent (by name) that drives it (absent: the one whose
+    /// spec the thread stores, else `default`).
+    #[serde(default)]
+    pub agent: Option<String>,
 }

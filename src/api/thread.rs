@@ -17,7 +17,7 @@ use crate::thread::{
 use crate::usage::{StepUsage, USAGE_META, UsageTotals};
 
 /// A thread as `thread list` gives it: its stored record, with `labels`
-/// always present. Times are ms since the Unix epoch.
+/// always present. Times are RFC 3339 strings in UTC ([`Timestamp`]).
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct ThreadSummary {
     /// The child thread this one waits for (a `workflow:` role's step).
@@ -427,6 +427,9 @@ pub struct ThreadActivity {
     pub status: ThreadStatus,
     /// Its id.
     pub thread: ThreadId,
+    /// What its agent calls reported (absent: none yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageTotals>,
     /// Its workflow's name.
     pub workflow: String,
 }
@@ -440,6 +443,7 @@ impl From<&ThreadRecord> for ThreadActivity {
             seq: r.seq,
             status: r.status,
             thread: r.id,
+            usage: r.usage.clone(),
             workflow: r.workflow.clone(),
         }
     }

@@ -43,6 +43,8 @@ pub const MAX_BODY: usize = 1 << 20;
 /// Threads driven by this server at once (starts and resumes); more are
 /// refused with 503 until one ends.
 const MAX_DRIVES: usize = 64;
+/// Library calls running at once (the runtime's blocking pool).
+const BLOCKING_THREADS: usize = 32;
 /// How long a shutdown waits for connections and drives to finish.
 const DRAIN: Duration = Duration::from_secs(10);
 
@@ -166,6 +168,9 @@ pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError>
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("uwf-serve")
+        // Each library call holds a read transaction (an LMDB reader slot,
+        // a PostgreSQL connection): bounded well inside the store's limits.
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start the server's runtime: {e}")))?;
     let (changes, _) = broadcast::channel(events::CHANNEL);

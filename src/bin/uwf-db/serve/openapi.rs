@@ -66,14 +66,6 @@ fn build() -> Value {
                     json!({"description": "OK", "content": {"application/json": {"schema": schema(&mut answers)}}}),
                 );
             }
-            Answer::OneOf(status, schemas) => {
-                let one_of: Vec<Value> =
-                    schemas.iter().map(|s| s(&mut answers).to_value()).collect();
-                responses.insert(
-                    status.to_string(),
-                    json!({"description": "OK", "content": {"application/json": {"schema": {"oneOf": one_of}}}}),
-                );
-            }
             Answer::Events => {
                 responses.insert(
                     "200".into(),

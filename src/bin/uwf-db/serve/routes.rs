@@ -62,9 +62,6 @@ const fn query(name: &'static str, description: &'static str, schema: &'static s
 pub enum Answer {
     /// JSON of this type, with this status.
     Json(u16, SchemaFn),
-    /// JSON of one of these types (a start that drives answers with what
-    /// the drive took; one that does not, with the new thread).
-    OneOf(u16, &'static [SchemaFn]),
     /// A `text/event-stream`.
     Events,
     /// The OpenAPI document itself.
@@ -141,10 +138,7 @@ pub static ROUTES: &[Route] = &[
         summary: "Start a thread of a registered workflow, and drive it with a server agent when asked",
         params: &[],
         body: Some(schema::<api::StartRequest>),
-        answer: Answer::OneOf(
-            201,
-            &[schema::<api::ThreadStarted>, schema::<api::DriveAccepted>],
-        ),
+        answer: Answer::Json(201, schema::<api::DriveAccepted>),
         handler: || post(writes::start),
     },
     Route {
@@ -211,6 +205,16 @@ pub static ROUTES: &[Route] = &[
         body: Some(schema::<api::ResumeRequest>),
         answer: Answer::Json(202, schema::<api::DriveAccepted>),
         handler: || post(writes::resume),
+    },
+    Route {
+        method: "post",
+        path: "/api/threads/{id}/drive",
+        operation: "driveThread",
+        summary: "Drive an idle thread on with a server agent until it ends or suspends; answers when driving begins",
+        params: &[ID],
+        body: Some(schema::<api::DriveRequest>),
+        answer: Answer::Json(202, schema::<api::DriveAccepted>),
+        handler: || post(writes::drive),
     },
     Route {
         method: "post",

@@ -12,20 +12,20 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use uwf_db::api::{
-    self, CancelRequest, DriveAccepted, ErrorKind, ForkRequest, LabelsRequest, ResumeRequest,
-    StartRequest,
+    self, CancelRequest, DriveAccepted, DriveRequest, ErrorKind, ForkRequest, LabelsRequest,
+    ResumeRequest, StartRequest,
 };
 use uwf_db::engine::{CancelOptions, DriveOptions, ForkAt, StartOptions};
-use uwf_db::thread::ThreadId;
+use uwf_db::thread::{ThreadId, ThreadStatus};
 
 use super::error::{ApiError, ApiResult, blocking};
 use super::params::{Params, truncated};
 use super::reads::resolve;
 use super::{Shared, lock};
 
-/// The agent a request names (absent: `default`), as `(name, spec)`.
-fn agent(state: &Shared, name: Option<&str>) -> ApiResult<(String, String)> {
-    let name = name.unwrap_or("default");
+/// The agent a request names, as `(name, spec)`; absent: the server agent
+/// whose spec `stored` is (the thread's own), else `default`.
+fn agent(state: &Shared, name: Option<&str>, stored: Option<&str>) -> ApiResult<(String, String)> {
     if state.agents.is_empty() {
         return Err(ApiError::new(
             ErrorKind::Conflict,
@@ -33,6 +33,15 @@ fn agent(state: &Shared, name: Option<&str>) -> ApiResult<(String, String)> {
         )
         .with_hint("uwf-db serve --agent default=script:FILE (or 'cmd:PROGRAM ARGS')"));
     }
+    let name = match (name, stored) {
+        (Some(name), _) => name,
+        (None, Some(spec)) => state
+            .agents
+            .iter()
+            .find(|(_, s)| s.as_str() == spec)
+            .map_or("default", |(n, _)| n.as_str()),
+        (None, None) => "default",
+    };
     match state.agents.get(name) {
         Some(spec) => Ok((name.to_owned(), spec.clone())),
         None => Err(ApiError::invalid(format!(
@@ -101,7 +110,7 @@ pub async fn start(
     State(state): State<Shared>,
     RawQuery(q): RawQuery,
     body: Result<Json<StartRequest>, JsonRejection>,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+) -> ApiResult<(StatusCode, Json<DriveAccepted>)> {
     no_query(q.as_deref())?;
     let Json(req) = body?;
     blocking(move || {
@@ -109,10 +118,10 @@ pub async fn start(
         uwf_db::thread::check_labels(&req.labels).map_err(|e| ApiError::invalid(e.to_string()))?;
         let driver = req
             .drive
-            .then(|| agent(&state, req.agent.as_deref()))
+            .then(|| agent(&state, req.agent.as_deref(), None))
             .transpose()?;
         if !req.drive && req.agent.is_some() {
-            agent(&state, req.agent.as_deref())?;
+            agent(&state, req.agent.as_deref(), None)?;
         }
         let (hash, _) = store.workflows().by_name(&req.workflow)?.ok_or_else(|| {
             ApiError::not_found(format!(
@@ -134,17 +143,17 @@ pub async fn start(
             ..StartOptions::default()
         };
         let record = store.engine().start_workflow(hash, &req.prompt, &options)?;
-        let value = match driver {
+        let agent = match driver {
             Some((name, spec)) => {
                 spawn_drive(&state, record.id, spec, None)?;
-                serde_json::to_value(DriveAccepted {
-                    agent: name,
-                    thread: api::ThreadSummary::from(&record),
-                })
+                Some(name)
             }
-            None => serde_json::to_value(api::ThreadStarted::from(&record)),
-        }
-        .map_err(|e| ApiError::new(ErrorKind::Failed, e.to_string()))?;
+            None => None,
+        };
+        let value = DriveAccepted {
+            agent,
+            thread: api::ThreadSummary::from(&record),
+        };
         Ok((StatusCode::CREATED, Json(value)))
     })
     .await
@@ -164,16 +173,54 @@ pub async fn resume(
         // A thread that cannot be resumed says so before its agent is
         // looked at.
         store.engine().check_resumable(id)?;
-        let (name, spec) = agent(&state, req.agent.as_deref())?;
         let record = store
             .threads()
             .get(id)?
             .ok_or_else(|| ApiError::not_found(format!("no thread {id}")))?;
+        let (name, spec) = agent(&state, req.agent.as_deref(), record.agent.as_deref())?;
         spawn_drive(&state, id, spec, Some(req.text))?;
         Ok((
             StatusCode::ACCEPTED,
             Json(DriveAccepted {
-                agent: name,
+                agent: Some(name),
+                thread: api::ThreadSummary::from(&record),
+            }),
+        ))
+    })
+    .await
+}
+
+pub async fn drive(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Result<Json<DriveRequest>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<DriveAccepted>)> {
+    no_query(q.as_deref())?;
+    let Json(req) = body?;
+    blocking(move || {
+        let store = &state.store;
+        let id = resolve(store, &id)?;
+        let record = store
+            .threads()
+            .get(id)?
+            .ok_or_else(|| ApiError::not_found(format!("no thread {id}")))?;
+        // What the drive would refuse, refused now (the answer does not
+        // wait for the drive): only an idle thread, or one whose driver
+        // died, takes steps.
+        let status = record.underlying_status();
+        if status != ThreadStatus::Idle {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("thread {id} is {status}: only idle threads take steps (resume a suspended or ended thread)"),
+            ));
+        }
+        let (name, spec) = agent(&state, req.agent.as_deref(), record.agent.as_deref())?;
+        spawn_drive(&state, id, spec, None)?;
+        Ok((
+            StatusCode::ACCEPTED,
+            Json(DriveAccepted {
+                agent: Some(name),
                 thread: api::ThreadSummary::from(&record),
             }),
         ))

@@ -30,7 +30,7 @@ function metaTable(meta) {
 export function stepCard(entry, opts = {}) {
   const end = isEnd(entry);
   const u = entry.usage || {};
-  const dur = h('span', { class: 'dur', title: 'Duration', text: fmtDuration(stepDuration(entry, opts.olderTimestamp)) });
+  const dur = h('span', { class: 'dur', title: 'Duration' });
   const tokens = fmtTokens(u);
   const summary = h('summary', { 'data-row': '' },
     h('span', { class: 'seq mono', text: `#${entry.seq}` }),
@@ -73,6 +73,10 @@ export function stepCard(entry, opts = {}) {
   card.addEventListener('toggle', () => { if (card.open) build(); });
   if (opts.open) { card.open = true; build(); }
   // Lets the caller fill the duration once the step before is known.
-  card.setOlderTimestamp = (ts) => { dur.textContent = fmtDuration(stepDuration(entry, ts)); };
+  card.setOlderTimestamp = (ts) => {
+    const ms = stepDuration(entry, ts);
+    dur.textContent = ms == null ? '' : fmtDuration(ms);
+  };
+  card.setOlderTimestamp(opts.olderTimestamp);
   return card;
 }

@@ -8,6 +8,8 @@ import {
 } from './ui.js';
 
 const PAGE = 30;
+const RESUMABLE = new Set(['suspended', 'completed', 'failed']);
+const WIDE = new Set(['Agent', 'Forked from', 'Children']); // facts given two columns
 
 /** "4 calls · 1.2k in · 340 out · $0.01 · 3.2 s", leaving out what no agent reported. */
 function usageLine(u) {
@@ -17,7 +19,6 @@ function usageLine(u) {
   parts.push(fmtDuration(u.wall_ms));
   return parts.join(' · ');
 }
-const RESUMABLE = new Set(['suspended', 'completed', 'failed']);
 
 export async function threadView(main, [idParam]) {
   const root = h('section', { class: 'page thread' }, loading());
@@ -98,7 +99,7 @@ export async function threadView(main, [idParam]) {
       ['Driver', d.driver_alive || d.claimed_status
         ? `${d.driver_alive ? 'alive' : 'dead (the next driver takes over)'}${d.claimed_status ? `, ${d.claimed_status} under the claim` : ''}` : null],
       ['Next role', d.next_role ? h('span', { class: 'mono', text: d.next_role }) : null],
-      ['Steps', `${d.seq}${d.rounds != null ? ` (${d.rounds} rounds since the last end)` : ''}`],
+      ['Steps', `${d.seq}${d.rounds != null ? ` (${d.rounds} round${d.rounds === 1 ? '' : 's'} since the last end)` : ''}`],
       ['Started', timeEl(d.created_at)],
       ['Last activity', timeEl(d.completed_at || d.updated_at)],
       ['Usage', u ? usageLine(u) : null],
@@ -138,7 +139,7 @@ export async function threadView(main, [idParam]) {
         statusBadge(d.status)),
       alerts,
       task,
-      h('dl', { class: 'facts-grid' }, facts.map(([k, v]) => h('div', {}, h('dt', { text: k }), h('dd', {}, v)))));
+      h('dl', { class: 'facts-grid' }, facts.map(([k, v]) => h('div', { class: WIDE.has(k) ? 'wide' : null }, h('dt', { text: k }), h('dd', {}, v)))));
     const key = `${d.status}/${d.driver_alive}/${d.done}`;
     if (key !== controlsKey) {
       controlsKey = key;

@@ -221,7 +221,7 @@ export function showMessage(err, kind = 'error', extra = null) {
   const parts = [];
   if (err?.status) parts.push(h('span', { class: 'muted', text: `HTTP ${err.status}` }));
   if (err?.kind) parts.push(h('code', { text: err.kind }));
-  const msg = h('div', { class: `msg msg-${kind}`, role: kind === 'error' ? 'alert' : 'status', dataset: { key } },
+  const msg = h('div', { class: `msg msg-${kind}`, role: kind === 'error' ? 'alert' : 'status', dataset: { key, at: String(Date.now()) } },
     h('div', { class: 'msg-body' },
       h('div', {}, h('strong', { text: kind === 'error' ? 'Error: ' : '' }), message, ' ', parts),
       err?.hint && h('div', { class: 'hint' }, 'Hint: ', h('code', { text: err.hint })),
@@ -235,9 +235,16 @@ export function showMessage(err, kind = 'error', extra = null) {
 export const showError = (err, extra) => showMessage(err, 'error', extra);
 export const showInfo = (text, extra) => showMessage({ message: text }, 'info', extra);
 
-/** Removes error messages (on navigation: they were about the last page). */
+/**
+ * On navigation: removes the messages about the page left (errors, and
+ * notes older than a moment; a note just made is about the page opening,
+ * such as "Forked into ...").
+ */
 export function clearErrors() {
-  for (const m of [...bannerEl().querySelectorAll('.msg-error')]) m.remove();
+  const now = Date.now();
+  for (const m of [...bannerEl().querySelectorAll('.msg')]) {
+    if (m.classList.contains('msg-error') || now - Number(m.dataset.at) > 1500) m.remove();
+  }
 }
 
 /** A "Loading…" paragraph. */

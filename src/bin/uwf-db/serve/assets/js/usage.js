@@ -14,7 +14,7 @@ export async function usageView(main) {
     h('p', { class: 'muted', text: 'Totals over every agent call recorded in this store (summarising and re-ask calls included). Tokens and cost add up what the agents reported.' }),
     h('div', { class: 'stats' },
       card('Agent calls', n(u.calls)),
-      card('Wall time', fmtDuration(u.wall_ms), `${n(u.wall_ms)} ms`),
+      card('Wall time', fmtDuration(u.wall_ms), u.wall_ms >= 1000 ? `${n(u.wall_ms)} ms` : null),
       card('Input tokens', n(u.input_tokens)),
       card('Output tokens', n(u.output_tokens)),
       card('Cost', fmtCost(u.cost_usd), u.cost_usd ? `$${Number(u.cost_usd).toFixed(6)}` : null)),
@@ -23,5 +23,6 @@ export async function usageView(main) {
       h('dl', { class: 'facts-grid' },
         [['Version', health.version], ['API version', health.api_version], ['Backend', health.backend], ['Store', health.store],
           ['Agents', (health.agents || []).join(', ') || '—'], ['Read-only', health.read_only ? 'yes' : 'no']]
+          .filter(([, v]) => v !== undefined && v !== null)
           .map(([k, v]) => h('div', {}, h('dt', { text: k }), h('dd', { class: k === 'Store' ? 'mono' : null, text: v ?? '—' }))))));
 }

@@ -11,20 +11,30 @@ export async function workflowsView(main) {
   replace(main, root);
   const r = await api('/api/workflows');
   const list = r.workflows || [];
+  const descs = new Map(); // name -> its description cell, filled in below
   replace(root, h('h1', { text: 'Workflows' }),
     list.length
-      ? h('table', { class: 'plain-table' },
-        h('thead', {}, h('tr', {}, h('th', { scope: 'col', text: 'Name' }), h('th', { scope: 'col', text: 'Hash' }), h('th', { scope: 'col', text: '' }))),
+      ? h('table', { class: 'plain-table workflows' },
+        h('thead', {}, h('tr', {}, ['Name', 'Description', 'Hash', ''].map((c) => h('th', { scope: 'col', text: c })))),
         h('tbody', {}, list.map((w) => h('tr', { 'data-row': '', tabindex: '0', 'data-href': `#/w/${seg(w.name)}` },
           h('td', {}, h('a', { href: `#/w/${seg(w.name)}`, text: w.name, tabindex: '-1' })),
+          (() => { const td = h('td', { class: 'muted desc' }); descs.set(w.name, td); return td; })(),
           h('td', {}, h('code', { title: w.hash, text: shortHash(w.hash) })),
-          h('td', {}, h('a', { href: `#/threads?workflow=${seg(w.name)}`, text: 'threads', tabindex: '-1' }), ' · ',
+          h('td', { class: 'wf-links' }, h('a', { href: `#/threads?workflow=${seg(w.name)}`, text: 'threads', tabindex: '-1' }), ' · ',
             h('a', { href: `#/start?workflow=${seg(w.name)}`, text: 'start a run', tabindex: '-1' }))))))
       : h('p', { class: 'empty' }, 'No workflows yet: ', h('code', { text: 'uwf-db workflow add FILE.yaml' })));
   root.querySelector('tbody')?.addEventListener('click', (ev) => {
     const tr = ev.target.closest('tr[data-href]');
     if (tr && !ev.target.closest('a')) window.location.hash = tr.dataset.href;
   });
+  // Descriptions need one request each: only for a list of reasonable size.
+  if (list.length <= 100) {
+    for (const w of list) {
+      api(`/api/workflows/${seg(w.name)}`).then((d) => {
+        descs.get(w.name).textContent = d.definition?.description || '';
+      }).catch(() => {});
+    }
+  }
 }
 
 export async function workflowView(main, [name]) {
@@ -274,8 +284,9 @@ export function drawGraph(graph) {
 
   const width = Math.ceil(right + MARGIN);
   const height = Math.ceil(L.height);
+  // Shown a little larger than laid out; CSS shrinks it to fit narrow screens.
   return S('svg', {
-    class: 'graph', viewBox: `0 0 ${width} ${height}`, width, height, role: 'img',
+    class: 'graph', viewBox: `0 0 ${width} ${height}`, width: Math.round(width * 1.2), height: Math.round(height * 1.2), role: 'img',
     'aria-label': `Workflow graph: ${L.nodes.size} nodes, ${graph.edges.length} edges`,
   },
   S('defs', {}, S('marker', { id: 'uwf-arrow', viewBox: '0 0 10 10', refX: '9', refY: '5', markerWidth: '8', markerHeight: '8', orient: 'auto-start-reverse' },
