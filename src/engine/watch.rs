@@ -118,8 +118,7 @@ impl Engine {
 
     /// Hands `on_change` the threads `query` selects (its first page, as
     /// [`Threads::list`](crate::thread::Threads::list) gives it, oldest first), then every thread
-    /// matching its filters whose status, last activity or chain length
-    /// changes, in the
+    /// matching its filters whose status or last activity changes, in the
     /// order of their last activity, until `on_change` breaks or `cancel`
     /// is cancelled. Polled: states a thread passed through between two
     /// polls are merged into the last. Every status change moves a
@@ -152,32 +151,42 @@ impl Engine {
         on_change: &mut dyn FnMut(&ThreadRecord) -> Result<ControlFlow<()>, EngineError>,
     ) -> Result<WatchEnd, EngineError> {
         // What was last handed over for each thread.
-        let mut seen: HashMap<ThreadId, (ThreadStatus, u64, u64)> = HashMap::new();
+        let mut seen: HashMap<ThreadId, (ThreadStatus, u64)> = HashMap::new();
         let mut newest = 0u64;
         let mut first = true;
         loop {
-            let q = if first {
-                query.clone()
+            let mut records = if first {
+                self.threads().list(query)?
             } else {
                 // From the newest change seen, but never from the past
                 // when nothing matched yet, nor from a future that one
                 // writer's fast clock announced.
                 let now = crate::store::now_ms();
                 let base = if newest == 0 { now } else { newest.min(now) };
-                ThreadQuery {
-                    since: Some(base.saturating_sub(WINDOW_MS).max(query.since.unwrap_or(0))),
-                    limit: POLL_PAGE,
-                    offset: 0,
-                    ..query.clone()
+                let since = base.saturating_sub(WINDOW_MS).max(query.since.unwrap_or(0));
+                if query.labels.is_empty() {
+                    // The window's index entries alone; records only for
+                    // the threads that changed since the last poll.
+                    self.threads()
+                        .changed_since(query, since, POLL_PAGE, &|id, status, at| {
+                            seen.get(&id) == Some(&(status, at))
+                        })?
+                } else {
+                    self.threads().list(&ThreadQuery {
+                        since: Some(since),
+                        limit: POLL_PAGE,
+                        offset: 0,
+                        before: None,
+                        ..query.clone()
+                    })?
                 }
             };
-            let mut records = self.threads().list(&q)?;
             // Oldest change first.
             records.reverse();
             for r in &records {
                 let at = r.last_activity();
                 newest = newest.max(at);
-                let now = (r.status, at, r.seq);
+                let now = (r.status, at);
                 if seen.get(&r.id) == Some(&now) {
                     continue;
                 }
@@ -189,7 +198,7 @@ impl Engine {
             first = false;
             // What fell out of the window cannot show again unchanged.
             let floor = newest.saturating_sub(2 * WINDOW_MS);
-            seen.retain(|_, (_, at, _)| *at >= floor);
+            seen.retain(|_, (_, at)| *at >= floor);
             if cancel.is_cancelled() {
                 return Ok(WatchEnd::Cancelled);
             }

@@ -281,6 +281,70 @@ impl Threads<'_> {
         })
     }
 
+    /// The threads matching `q`'s filters other than labels (and ignoring
+    /// its `since`, `limit` and paging) whose activity entry is at or
+    /// after `since`, newest first, at most `limit` entries read, less
+    /// those `unchanged` says were already seen (by id, status and last
+    /// activity): a scan of the `activity` index alone, with records read
+    /// only for the changed threads. What [`crate::Engine::watch_threads`]
+    /// polls with.
+    pub(crate) fn changed_since(
+        &self,
+        q: &ThreadQuery,
+        since: u64,
+        limit: usize,
+        unchanged: &dyn Fn(ThreadId, ThreadStatus, u64) -> bool,
+    ) -> Result<Vec<ThreadRecord>, ThreadError> {
+        self.store.read(|r| {
+            let lower = activity_key(since, ThreadId::NIL);
+            let upper = q.upper_key();
+            let range = KeyRange {
+                lower: Bound::Included(&lower[..]),
+                upper: upper
+                    .as_ref()
+                    .map_or(Bound::Unbounded, |k| Bound::Excluded(&k[..])),
+            };
+            let mut ids = Vec::new();
+            for (read, entry) in r
+                .tables()
+                .range(Table::Activity, range, Direction::Reverse)?
+                .enumerate()
+            {
+                if read == limit {
+                    break;
+                }
+                let (key, value) = entry?;
+                let Some(a) = ActivityEntry::parse(&value) else {
+                    continue;
+                };
+                if (!q.statuses.is_empty() && !q.statuses.contains(&a.status))
+                    || (q.failed_only && !a.has_error)
+                    || q.workflow
+                        .as_ref()
+                        .is_some_and(|w| w.as_bytes() != a.workflow)
+                {
+                    continue;
+                }
+                let (Some(at), Some(id)) = (
+                    key.get(..8)
+                        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                        .map(u64::from_be_bytes),
+                    key.get(8..).and_then(ThreadId::from_slice),
+                ) else {
+                    continue;
+                };
+                if !unchanged(id, a.status, at) {
+                    ids.push(id);
+                }
+            }
+            Ok(index::find_many(r.tables(), &ids)?
+                .into_iter()
+                .flatten()
+                .map(|(record, _)| record)
+                .collect())
+        })
+    }
+
     /// [`Threads::list`] with labels: a leapfrog join of the
     /// labels' runs of the `labels` index. Each label's entries end in the
     /// same `activity` key (last activity, id), so the runs are walked

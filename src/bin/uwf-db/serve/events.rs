@@ -43,7 +43,7 @@ pub const CHANNEL: usize = 4096;
 const CATCH_UP_MAX: usize = 10_000;
 /// A thread's stream rereads its record this often even when the poller
 /// said nothing.
-const BACKSTOP: Duration = Duration::from_secs(5);
+const BACKSTOP: Duration = Duration::from_secs(2);
 /// Steps read per page while a thread's stream catches up.
 const STEP_PAGE: usize = 64;
 /// Events buffered per stream before its writer waits for the client.

@@ -83,6 +83,17 @@ fn check(state: &Shared, request: &Request, is_api: bool) -> Result<(), ApiError
             ));
         }
     }
+    // A body announced past the cap is refused before it is read.
+    if headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > super::MAX_BODY as u64)
+    {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!("the request body is larger than {} bytes", super::MAX_BODY),
+        ));
+    }
     let write = !matches!(*request.method(), Method::GET | Method::HEAD);
     if write {
         if headers
