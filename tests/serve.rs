@@ -523,6 +523,13 @@ fn writes_start_resume_stop_cancel_fork_label(b: TestBackend) {
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
     for (body, status, says) in [
         (json!({"workflow": "nope", "prompt": "x"}), 404, "nope"),
+        // An empty name is a name no workflow has (LMDB cannot hold the
+        // key: found by schemathesis as a 503).
+        (
+            json!({"workflow": "", "prompt": "x"}),
+            404,
+            "no workflow named ''",
+        ),
         (
             json!({"workflow": "review", "prompt": "x", "drive": true, "agent": "cmd:rm -rf /"}),
             400,

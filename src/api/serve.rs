@@ -250,6 +250,7 @@ impl ThreadDiff {
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
     /// A registered workflow's name.
+    #[schemars(length(min = 1))]
     pub workflow: String,
     /// The task prompt.
     pub prompt: String,

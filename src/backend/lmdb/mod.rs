@@ -295,6 +295,9 @@ fn sane<'t>(
     })
 }
 
+/// LMDB's key size limit in its default build (`mdb_env_get_maxkeysize`).
+const MAX_KEY_LEN: usize = 511;
+
 /// Reads shared by read and write transactions.
 fn get<'t>(
     backend: &LmdbBackend,
@@ -305,6 +308,12 @@ fn get<'t>(
     let Some(db) = backend.db(table) else {
         return Ok(None);
     };
+    // A key LMDB cannot hold (empty, or past its 511-byte limit) is in no
+    // table: asked for one (a workflow named "" by a request), the answer
+    // is "absent", as on the other backends, not MDB_BAD_VALSIZE.
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Ok(None);
+    }
     db.get(txn, key)
         .map_err(|e| backend.error(format!("reading {table}"), e))?
         .map(|v| sane(backend, table, key, v).map(Cow::Borrowed))

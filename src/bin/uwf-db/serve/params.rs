@@ -104,9 +104,10 @@ impl Params {
         if let Ok(ms) = v.parse::<u64>() {
             return Ok(Some(ms));
         }
+        // Before the epoch is the epoch: no thread is older.
         v.parse::<jiff::Timestamp>()
             .ok()
-            .and_then(|t| u64::try_from(t.as_millisecond()).ok())
+            .map(|t| u64::try_from(t.as_millisecond()).unwrap_or(0))
             .map(Some)
             .ok_or_else(|| {
                 ApiError::invalid(format!(

@@ -38,15 +38,20 @@ pub struct Param {
     pub schema: &'static str,
 }
 
-const fn path(name: &'static str, description: &'static str) -> Param {
+const fn path(name: &'static str, description: &'static str, schema: &'static str) -> Param {
     Param {
         name,
         place: In::Path,
         required: true,
         description,
-        schema: r#"{"type":"string","minLength":1}"#,
+        schema,
     }
 }
+
+/// A thread id or a prefix of one (at least 6 of its 26 characters).
+const THREAD_ID: &str = r#"{"type":"string","pattern":"^[0-9A-Za-z]{6,26}$"}"#;
+/// A blob hash or a prefix of one (at least 6 of its 64 hex digits).
+const HASH: &str = r#"{"type":"string","pattern":"^[0-9a-fA-F]{6,64}$"}"#;
 
 const fn query(name: &'static str, description: &'static str, schema: &'static str) -> Param {
     Param {
@@ -79,7 +84,7 @@ pub struct Route {
     pub handler: fn() -> MethodRouter<Shared>,
 }
 
-const ID: Param = path("id", "A thread id, or a unique prefix of one");
+const ID: Param = path("id", "A thread id, or a unique prefix of one", THREAD_ID);
 const LIMIT: &str = r#"{"type":"integer","minimum":1,"maximum":1000}"#;
 const TIME: &str =
     r#"{"type":"string","description":"RFC 3339 (2026-11-26T10:00:00Z) or ms since the epoch"}"#;
@@ -161,7 +166,7 @@ pub static ROUTES: &[Route] = &[
             query(
                 "before",
                 "The next_before of the previous page (a node hash or prefix)",
-                r#"{"type":"string","pattern":"^[0-9a-f]{4,64}$"}"#,
+                HASH,
             ),
             query("limit", "Page size (default 20)", LIMIT),
         ],
@@ -262,7 +267,7 @@ pub static ROUTES: &[Route] = &[
         operation: "getNode",
         summary: "One blob (a node, a reply, a workflow), refused past max_bytes",
         params: &[
-            path("hash", "A blob hash, or a unique prefix of one"),
+            path("hash", "A blob hash, or a unique prefix of one", HASH),
             query(
                 "max_bytes",
                 "Largest blob to send (default 1 MiB, at most 64 MiB)",
@@ -281,11 +286,11 @@ pub static ROUTES: &[Route] = &[
         params: &[
             Param {
                 required: true,
-                ..query("a", "A thread id or prefix", r#"{"type":"string"}"#)
+                ..query("a", "A thread id or prefix", THREAD_ID)
             },
             Param {
                 required: true,
-                ..query("b", "A thread id or prefix", r#"{"type":"string"}"#)
+                ..query("b", "A thread id or prefix", THREAD_ID)
             },
         ],
         body: None,
@@ -307,7 +312,11 @@ pub static ROUTES: &[Route] = &[
         path: "/api/workflows/{name}",
         operation: "getWorkflow",
         summary: "A workflow: its definition, YAML, and graph of roles and status edges",
-        params: &[path("name", "A registered workflow's name")],
+        params: &[path(
+            "name",
+            "A registered workflow's name",
+            r#"{"type":"string","minLength":1}"#,
+        )],
         body: None,
         answer: Answer::Json(200, schema::<api::WorkflowView>),
         handler: || get(reads::get_workflow),
