@@ -112,7 +112,7 @@ idle = sorted(t["thread"] for t in threads if t["labels"].get("fuzz") == "drive"
 ids = sorted(t["thread"] for t in threads if t["thread"] not in idle)
 hashes = set()
 for i in ids:
-    for e in get(f"/api/threads/{i}/log?limit=1000")["entries"]:
+    for e in get(f"/api/threads/{i}/log?limit=200")["entries"]:
         hashes.add(e["hash"])
         hashes.update(get(f"/api/nodes/{e['hash']}")["refs"])
 workflows = get("/api/workflows")["workflows"]

@@ -146,16 +146,54 @@ impl From<axum::extract::rejection::JsonRejection> for ApiError {
     }
 }
 
-/// Runs a library call on the blocking pool.
+/// Library calls running at once; more wait for a slot (bounded by the
+/// connection cap), and one that waits longer than [`WAIT`] is refused.
+/// Bounded so that a page hammering a costly endpoint queues behind this
+/// instead of in the runtime's unbounded blocking queue.
+const SLOTS: usize = 28;
+/// Longest wait for a slot.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Longest a request waits for its library call; the call itself goes on
+/// (it holds its slot), the client is answered 503.
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn slots() -> &'static tokio::sync::Semaphore {
+    static SLOTS_: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS_.get_or_init(|| tokio::sync::Semaphore::new(SLOTS))
+}
+
+/// Runs a library call on the blocking pool, in one of [`SLOTS`].
 pub async fn blocking<T, F>(f: F) -> ApiResult<T>
 where
     T: Send + 'static,
     F: FnOnce() -> ApiResult<T> + Send + 'static,
 {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(ApiError::new(
+    let busy = || {
+        ApiError::new(
+            ErrorKind::Unavailable,
+            "the server is busy: too many requests are being answered; try again",
+        )
+    };
+    let permit = match tokio::time::timeout(WAIT, slots().acquire()).await {
+        Ok(Ok(permit)) => permit,
+        _ => return Err(busy()),
+    };
+    let work = tokio::task::spawn_blocking(move || {
+        let _held = permit;
+        f()
+    });
+    match tokio::time::timeout(TIMEOUT, work).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => Err(ApiError::new(
             ErrorKind::Failed,
             format!("the request's work ended early: {e}"),
-        ))
-    })
+        )),
+        Err(_) => Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "the request took longer than {} s; try a smaller page",
+                TIMEOUT.as_secs()
+            ),
+        )),
+    }
 }

@@ -14,7 +14,7 @@
 //! those it was just sent. `GET /api/threads/{id}/events`: the step's
 //! `seq`; a reconnect is sent the steps after it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -40,7 +40,7 @@ use super::reads::resolve;
 pub const CHANNEL: usize = 4096;
 /// Most threads a reconnecting stream is sent from the index; past it the
 /// stream says `reset` (reload the list) and goes on live.
-const CATCH_UP_MAX: usize = 10_000;
+const CATCH_UP_MAX: usize = 2_000;
 /// A thread's stream rereads its record this often even when the poller
 /// said nothing.
 const BACKSTOP: Duration = Duration::from_secs(2);
@@ -194,6 +194,27 @@ fn catch_up(state: &Shared, after: ActivityCursor) -> ApiResult<Option<Vec<Chang
     Ok(Some(out))
 }
 
+/// Sends `event` unless the client is gone or the server is closing.
+async fn send(
+    tx: &mpsc::Sender<Event>,
+    event: Event,
+    closing: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        sent = tx.send(event) => sent.is_ok(),
+        _ = closing.changed() => false,
+    }
+}
+
+/// The newest position in the activity index (none: no thread yet).
+fn newest_cursor(state: &Shared) -> ApiResult<Option<ActivityCursor>> {
+    let top = state.store.threads().list(&ThreadQuery {
+        limit: 1,
+        ..ThreadQuery::default()
+    })?;
+    Ok(top.first().map(ActivityCursor::of))
+}
+
 async fn pump_all(
     state: Shared,
     mut after: Option<ActivityCursor>,
@@ -201,16 +222,43 @@ async fn pump_all(
     tx: mpsc::Sender<Event>,
 ) {
     let mut closing = state.closing.clone();
-    // What the catch-up sent, so the live changes do not repeat it.
-    let mut sent: HashSet<(ThreadId, u64)> = HashSet::new();
+    if after.is_none() {
+        // A first `ready` event carries the newest position as its id, so
+        // that a client that sees nothing before it reconnects still
+        // resumes from here.
+        let shared = state.clone();
+        let id = match blocking(move || newest_cursor(&shared)).await {
+            Ok(Some(c)) => c.to_string(),
+            Ok(None) => "0-00000000000000000000000000".to_owned(),
+            Err(e) => {
+                let _ = send(&tx, error_event(&e), &mut closing).await;
+                return;
+            }
+        };
+        if !send(
+            &tx,
+            Event::default().event("ready").id(id).data("{}"),
+            &mut closing,
+        )
+        .await
+        {
+            return;
+        }
+    }
+    // Each thread the catch-up sent, with the activity it sent: a live
+    // change at or before it (broadcast before the catch-up read) is older
+    // news and is dropped.
+    let mut caught: HashMap<ThreadId, u64> = HashMap::new();
+    let mut newest: Option<ActivityCursor> = None;
     loop {
         if let Some(from) = after.take() {
             let shared = state.clone();
             match blocking(move || catch_up(&shared, from)).await {
-                Ok(Some(caught)) => {
-                    for c in caught {
-                        sent.insert((c.cursor.thread, c.cursor.at));
-                        if tx.send(c.event()).await.is_err() {
+                Ok(Some(changes)) => {
+                    for c in changes {
+                        caught.insert(c.cursor.thread, c.cursor.at);
+                        newest = newest.max(Some(c.cursor));
+                        if !send(&tx, c.event(), &mut closing).await {
                             return;
                         }
                     }
@@ -218,27 +266,29 @@ async fn pump_all(
                 Ok(None) => {
                     let reset = Event::default()
                         .event("reset")
-                        .data("too many changes to replay: reload the list");
-                    if tx.send(reset).await.is_err() {
+                        .data(r#"{"message":"too many changes to replay: reload the list"}"#);
+                    if !send(&tx, reset, &mut closing).await {
                         return;
                     }
                 }
                 Err(e) => {
-                    let _ = tx.send(error_event(&e)).await;
+                    let _ = send(&tx, error_event(&e), &mut closing).await;
                     return;
                 }
             }
         }
-        let mut newest: Option<ActivityCursor> = None;
         loop {
             tokio::select! {
                 change = changes.recv() => match change {
                     Ok(c) => {
-                        if sent.remove(&(c.cursor.thread, c.cursor.at)) {
-                            continue;
+                        if let Some(&at) = caught.get(&c.cursor.thread) {
+                            if c.cursor.at <= at {
+                                continue;
+                            }
+                            caught.remove(&c.cursor.thread);
                         }
                         newest = newest.max(Some(c.cursor));
-                        if tx.send(c.event()).await.is_err() {
+                        if !send(&tx, c.event(), &mut closing).await {
                             return;
                         }
                     }
@@ -322,7 +372,7 @@ async fn pump_thread(
         let (record, steps) = match blocking(move || read_steps(&shared, id, cursor)).await {
             Ok(read) => read,
             Err(e) => {
-                let _ = tx.send(error_event(&e)).await;
+                let _ = send(&tx, error_event(&e), &mut closing).await;
                 return;
             }
         };
@@ -332,7 +382,7 @@ async fn pump_thread(
                 .event("step")
                 .id(seq.to_string())
                 .data(json);
-            if tx.send(event).await.is_err() {
+            if !send(&tx, event, &mut closing).await {
                 return;
             }
             cursor = seq;

@@ -6,11 +6,14 @@
 //!    on its port, or an `--allow-host`): a page on another site that
 //!    rebinds its DNS name to 127.0.0.1 is refused (DNS rebinding).
 //! 2. **Token.** With `--token`, every `/api/` request carries it, as
-//!    `Authorization: Bearer TOKEN` or (event streams, which browsers open
-//!    without headers) `?token=TOKEN`; compared in constant time.
-//! 3. **Origin.** A write (any method but GET and HEAD) sent by a browser
-//!    from another origin is refused: its `Origin` must be this server's,
-//!    and `Sec-Fetch-Site` must not say `cross-site`. Write bodies must be
+//!    `Authorization: Bearer TOKEN`, or `?token=TOKEN` on a GET of an event
+//!    stream only (browsers open those without headers); compared in
+//!    constant time.
+//! 3. **Origin.** An API request a browser sends from another site's page
+//!    is refused, read or write: its `Origin`, when sent, must be this
+//!    server's, and `Sec-Fetch-Site`, when sent, must be `same-origin` or
+//!    `none`. (Another site's page could not read the answers, but could
+//!    make the server work and time it.) Write bodies must be
 //!    `application/json`, which a plain HTML form cannot send.
 //! 4. **Read-only.** With `--read-only`, writes are refused.
 //!
@@ -71,18 +74,6 @@ fn check(state: &Shared, request: &Request, is_api: bool) -> Result<(), ApiError
             }
         }
     }
-    if is_api && let Some(expected) = &state.token {
-        let given = bearer(request)
-            .map(str::to_owned)
-            .or_else(|| query_token(request));
-        let ok = given.is_some_and(|t| blake3::hash(t.as_bytes()) == *expected);
-        if !ok {
-            return Err(ApiError::new(
-                ErrorKind::Unauthorized,
-                "this server needs its token: send Authorization: Bearer TOKEN",
-            ));
-        }
-    }
     // A body announced past the cap is refused before it is read.
     if headers
         .get(header::CONTENT_LENGTH)
@@ -94,15 +85,33 @@ fn check(state: &Shared, request: &Request, is_api: bool) -> Result<(), ApiError
             format!("the request body is larger than {} bytes", super::MAX_BODY),
         ));
     }
-    let write = !matches!(*request.method(), Method::GET | Method::HEAD);
-    if write {
+    let get = matches!(*request.method(), Method::GET | Method::HEAD);
+    if is_api && let Some(expected) = &state.token {
+        // In the query only where a browser cannot send a header: an
+        // EventSource (GET on an event stream).
+        let in_query = get && request.uri().path().ends_with("/events");
+        let given = bearer(request)
+            .map(str::to_owned)
+            .or_else(|| in_query.then(|| query_token(request)).flatten());
+        let ok = given.is_some_and(|t| blake3::hash(t.as_bytes()) == *expected);
+        if !ok {
+            return Err(ApiError::new(
+                ErrorKind::Unauthorized,
+                "this server needs its token: send Authorization: Bearer TOKEN",
+            ));
+        }
+    }
+    // The API answers this server's own pages and programs that are not
+    // browsers, never another site's page: a page elsewhere could not
+    // read the answers, but could make the server work (and time them).
+    if is_api {
         if headers
             .get("sec-fetch-site")
-            .is_some_and(|v| v.as_bytes() == b"cross-site")
+            .is_some_and(|v| !matches!(v.as_bytes(), b"same-origin" | b"none"))
         {
             return Err(ApiError::new(
                 ErrorKind::Forbidden,
-                "a write from another site is refused",
+                "a request from another site's page is refused",
             ));
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
@@ -114,17 +123,18 @@ fn check(state: &Shared, request: &Request, is_api: bool) -> Result<(), ApiError
                 return Err(ApiError::new(
                     ErrorKind::Forbidden,
                     format!(
-                        "a write from origin '{origin}' is refused: only this server's own pages may write"
+                        "a request from origin '{}' is refused: only this server's own pages may call it",
+                        super::params::truncated(&origin)
                     ),
                 ));
             }
         }
-        if state.read_only && is_api {
-            return Err(ApiError::new(
-                ErrorKind::Forbidden,
-                "this server is read-only (--read-only)",
-            ));
-        }
+    }
+    if !get && state.read_only && is_api {
+        return Err(ApiError::new(
+            ErrorKind::Forbidden,
+            "this server is read-only (--read-only)",
+        ));
     }
     Ok(())
 }

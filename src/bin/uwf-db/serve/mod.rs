@@ -36,8 +36,6 @@ use crate::{Cli, CliError};
 const MAX_CONNECTIONS: usize = 4096;
 /// A client that has not sent its request headers by then is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// A request (other than an event stream) that takes longer answers 408.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request body.
 pub const MAX_BODY: usize = 1 << 20;
 /// Threads driven by this server at once (starts and resumes); more are
@@ -111,7 +109,9 @@ pub struct AppState {
     pub changes: broadcast::Sender<Arc<events::Change>>,
     /// Becomes `true` when the server shuts down: streams end.
     pub closing: watch::Receiver<bool>,
-    /// The token every drive of this server runs under.
+    /// The command's token (the signal thread's): every drive of this
+    /// server runs under it, so a first signal stops them after their step
+    /// in flight and a second kills their agents.
     pub cancel: Cancel,
     /// Drives in flight (start with `drive`, resume).
     pub drives: Arc<Semaphore>,
@@ -190,14 +190,15 @@ pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError>
         hosts,
         changes,
         closing,
-        cancel: Cancel::new(),
+        cancel: cancel.clone(),
         drives: Arc::new(Semaphore::new(MAX_DRIVES)),
         drive_threads: Mutex::new(Vec::new()),
         backend,
     });
     let poller = events::start_poller(&state);
     let result = runtime.block_on(serve(state.clone(), listener, cancel.clone(), close_tx));
-    // Drives stop after their step in flight; the poller ends.
+    // Drives stop after their step in flight (the signal said so already;
+    // a failed bind did not); the poller ends.
     state.cancel.stop_after_step();
     let deadline = std::time::Instant::now() + DRAIN;
     let handles = std::mem::take(&mut *lock(&state.drive_threads));
@@ -240,15 +241,21 @@ async fn serve(
     let app = routes::router(state.clone());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    // The signal thread cancels `cancel`; watch it from the blocking pool.
-    let mut stopped = {
+    // The signal thread stops `cancel`; a thread of its own watches it
+    // (not one of the blocking pool's).
+    let (stop_tx, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    {
         let cancel = cancel.clone();
-        tokio::task::spawn_blocking(move || {
-            while !cancel.is_cancelled() && !cancel.is_stopping() {
-                cancel.sleep(Duration::from_millis(200));
-            }
-        })
-    };
+        std::thread::Builder::new()
+            .name("uwf-serve-stop".into())
+            .spawn(move || {
+                while !cancel.is_stopping() {
+                    cancel.sleep(Duration::from_millis(100));
+                }
+                let _ = stop_tx.send(());
+            })
+            .map_err(|e| CliError::Failed(format!("cannot start the server: {e}")))?;
+    }
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => permit,

@@ -22,7 +22,9 @@ const LOG_PAGE: usize = 20;
 const NODE_BYTES: u64 = 1 << 20;
 const MAX_NODE_BYTES: u64 = 64 << 20;
 /// Steps of each thread `GET /api/diff` compares.
-const DIFF_STEPS: usize = 500;
+const DIFF_STEPS: usize = 200;
+/// Largest log page: its steps carry their texts.
+const MAX_LOG_PAGE: usize = 200;
 
 /// A thread named by its id or a unique prefix, in the path.
 pub fn resolve(store: &Store, id: &str) -> ApiResult<ThreadId> {
@@ -131,6 +133,11 @@ pub async fn thread_log(
 ) -> ApiResult<Json<LogPage>> {
     let p = Params::parse(q.as_deref(), &["before", "limit"], &[])?;
     let limit = p.limit(LOG_PAGE)?;
+    if limit > MAX_LOG_PAGE {
+        return Err(ApiError::invalid(format!(
+            "query parameter 'limit': a log page holds at most {MAX_LOG_PAGE} steps (their texts with them)"
+        )));
+    }
     let before = p
         .get("before")
         .map(|b| hash_prefix(b, "query parameter 'before'"))
@@ -254,7 +261,7 @@ pub async fn get_workflow(
         let yaml = serde_saphyr::to_string(wf.as_ref()).map_err(|e| {
             ApiError::new(
                 api::ErrorKind::Failed,
-                format!("cannot write workflow '{name}' as YAML: {e}"),
+                format!("cannot write workflow '{}' as YAML: {e}", truncated(&name)),
             )
         })?;
         Ok(Json(WorkflowView {

@@ -8,11 +8,10 @@ use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use tower_http::timeout::TimeoutLayer;
 use uwf_db::api;
 
 use super::error::ApiError;
-use super::{REQUEST_TIMEOUT, Shared, assets, events, guard, openapi, reads, writes};
+use super::{Shared, assets, events, guard, openapi, reads, writes};
 
 /// A schema maker: adds the type to the generator's components and gives
 /// a reference to it.
@@ -168,7 +167,11 @@ pub static ROUTES: &[Route] = &[
                 "The next_before of the previous page (a node hash or prefix)",
                 HASH,
             ),
-            query("limit", "Page size (default 20)", LIMIT),
+            query(
+                "limit",
+                "Page size (default 20)",
+                r#"{"type":"integer","minimum":1,"maximum":200}"#,
+            ),
         ],
         body: None,
         answer: Answer::Json(200, schema::<api::LogPage>),
@@ -377,10 +380,6 @@ pub fn router(state: Shared) -> Router {
             api = api.route(path, methods);
         }
     }
-    let api = api.layer(TimeoutLayer::with_status_code(
-        StatusCode::REQUEST_TIMEOUT,
-        REQUEST_TIMEOUT,
-    ));
     api.merge(streams)
         .route("/", get(assets::index))
         .route("/assets/{*path}", get(assets::asset))

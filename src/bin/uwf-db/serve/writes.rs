@@ -52,20 +52,16 @@ fn agent(state: &Shared, name: Option<&str>, stored: Option<&str>) -> ApiResult<
     }
 }
 
-/// Drives `id` on a thread of its own with the agent `spec` (a resume
-/// first when `resume` is given, with its text).
-fn spawn_drive(
-    state: &Shared,
-    id: ThreadId,
+/// A drive ready to start: its slot among [`super::MAX_DRIVES`] and its
+/// agent, taken before anything is written, so that a request refused for
+/// want of either leaves no thread behind.
+struct Ready {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    agent: Box<dyn uwf_db::engine::agent::Agent>,
     spec: String,
-    resume: Option<Option<String>>,
-) -> ApiResult<()> {
-    if uwf_db::engine::claim::is_held(&state.store, id)? {
-        return Err(ApiError::new(
-            ErrorKind::Conflict,
-            format!("thread {id} is being driven by another runner"),
-        ));
-    }
+}
+
+fn ready(state: &Shared, spec: String) -> ApiResult<Ready> {
     let permit = state.drives.clone().try_acquire_owned().map_err(|_| {
         ApiError::new(
             ErrorKind::Unavailable,
@@ -75,10 +71,36 @@ fn spawn_drive(
             ),
         )
     })?;
-    let mut agent = state
+    let agent = state
         .store
         .engine()
         .build_agent(&spec, &state.agent_options)?;
+    Ok(Ready {
+        permit,
+        agent,
+        spec,
+    })
+}
+
+/// Drives `id` on a thread of its own (a resume first when `resume` is
+/// given, with its text).
+fn spawn_drive(
+    state: &Shared,
+    id: ThreadId,
+    ready: Ready,
+    resume: Option<Option<String>>,
+) -> ApiResult<()> {
+    if uwf_db::engine::claim::is_held(&state.store, id)? {
+        return Err(ApiError::new(
+            ErrorKind::Conflict,
+            format!("thread {id} is being driven by another runner"),
+        ));
+    }
+    let Ready {
+        permit,
+        mut agent,
+        spec,
+    } = ready;
     let shared = state.clone();
     let handle = std::thread::Builder::new()
         .name(format!("uwf-drive-{id}"))
@@ -90,9 +112,15 @@ fn spawn_drive(
                 agent_spec: Some(spec),
                 cancel: shared.cancel.clone(),
             };
-            // Failures are recorded on the thread (`last_error`) and show
-            // in its events; nobody waits here to be told.
-            let _ = shared.store.engine().drive(id, &options, agent.as_mut());
+            // A failed step is recorded on the thread (`last_error`) and
+            // shows in its events; a drive refused before any step (another
+            // runner claimed the thread first) is said here, as nobody
+            // waits for the answer.
+            let report = shared.store.engine().drive(id, &options, agent.as_mut());
+            match report.error {
+                None | Some(uwf_db::engine::EngineError::StepFailed { .. }) => {}
+                Some(e) => eprintln!("uwf-db serve: drive of thread {id}: {e}"),
+            }
             drop(permit);
         })
         .map_err(|e| ApiError::new(ErrorKind::Unavailable, format!("cannot start a drive: {e}")))?;
@@ -135,8 +163,13 @@ pub async fn start(
                 format!("the server's directory is gone: {e}"),
             )
         })?;
+        // The drive's slot and agent before the thread exists: a start
+        // refused for want of them writes nothing.
+        let driver = driver
+            .map(|(name, spec)| Ok::<_, ApiError>((name, ready(&state, spec)?)))
+            .transpose()?;
         let options = StartOptions {
-            agent_spec: driver.as_ref().map(|(_, spec)| spec.clone()),
+            agent_spec: driver.as_ref().map(|(_, r)| r.spec.clone()),
             max_rounds: req.max_rounds,
             cwd: Some(cwd),
             labels: req.labels.clone(),
@@ -144,8 +177,8 @@ pub async fn start(
         };
         let record = store.engine().start_workflow(hash, &req.prompt, &options)?;
         let agent = match driver {
-            Some((name, spec)) => {
-                spawn_drive(&state, record.id, spec, None)?;
+            Some((name, ready)) => {
+                spawn_drive(&state, record.id, ready, None)?;
                 Some(name)
             }
             None => None,
@@ -178,7 +211,7 @@ pub async fn resume(
             .get(id)?
             .ok_or_else(|| ApiError::not_found(format!("no thread {id}")))?;
         let (name, spec) = agent(&state, req.agent.as_deref(), record.agent.as_deref())?;
-        spawn_drive(&state, id, spec, Some(req.text))?;
+        spawn_drive(&state, id, ready(&state, spec)?, Some(req.text))?;
         Ok((
             StatusCode::ACCEPTED,
             Json(DriveAccepted {
@@ -216,7 +249,7 @@ pub async fn drive(
             ));
         }
         let (name, spec) = agent(&state, req.agent.as_deref(), record.agent.as_deref())?;
-        spawn_drive(&state, id, spec, None)?;
+        spawn_drive(&state, id, ready(&state, spec)?, None)?;
         Ok((
             StatusCode::ACCEPTED,
             Json(DriveAccepted {

@@ -43,7 +43,12 @@ async function route() {
   let found = null;
   for (const [re, nav, view] of routes) {
     const m = path.match(re);
-    if (m) { found = [nav, view, m.slice(1).map(decodeURIComponent)]; break; }
+    if (m) {
+      // A malformed %-escape in a typed URL is taken as it is.
+      const decode = (x) => { try { return decodeURIComponent(x); } catch { return x; } };
+      found = [nav, view, m.slice(1).map(decode)];
+      break;
+    }
   }
   for (const a of document.querySelectorAll('nav a[data-nav]')) {
     if (found && a.dataset.nav === found[0]) a.setAttribute('aria-current', 'page');

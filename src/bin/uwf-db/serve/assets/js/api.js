@@ -36,7 +36,7 @@ function askForToken() {
   tokenPromptShown = true;
   const input = h('input', { type: 'password', autocomplete: 'off', 'aria-label': 'API token', placeholder: 'token' });
   const form = h('form', { class: 'inline-form' }, input, h('button', { type: 'submit', text: 'Use token' }));
-  const msg = showError({ message: 'The server wants a token (start it with a token, then open the URL it prints, or paste the token here).', status: 401, kind: 'unauthorized' }, form);
+  const msg = showError({ message: 'The server wants its token (the --token it was started with): paste it here, or open the page as /?token=TOKEN.', status: 401, kind: 'unauthorized' }, form);
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     if (!input.value.trim()) return;
@@ -133,6 +133,7 @@ export function subscribe(path, handlers) {
       try { body = JSON.parse(ev.data); } catch { /* not JSON */ }
       showError(new ApiError(0, body || { error: { message: ev.data } }));
       src.close();
+      streams.delete(src);
     }
     updateLive();
   });

@@ -239,6 +239,9 @@ export async function threadsView(main, _params, query) {
       queue.set(act.thread, act);
       if (!frame) frame = requestAnimationFrame(flush);
     },
+    // More changed while the stream was away than it replays: what is
+    // shown may be stale, so load it again.
+    reset: () => reload(),
   });
 
   await loadPage(true);

@@ -194,6 +194,9 @@ export function renderMarkdown(text) {
     FORBID_TAGS: ['style', 'form', 'input', 'button', 'textarea', 'select', 'option', 'dialog', 'svg', 'math'],
     FORBID_ATTR: ['style', 'srcset', 'action', 'formaction'],
     SANITIZE_NAMED_PROPS: true,
+    // No data-* from agents: the page's own code reads data-* attributes
+    // (rows, keyboard navigation).
+    ALLOW_DATA_ATTR: false,
   });
   for (const img of frag.querySelectorAll('img[data-blocked-src]')) {
     const src = img.getAttribute('data-blocked-src');
