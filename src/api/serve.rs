@@ -86,12 +86,11 @@ impl WorkflowGraph {
     ///
     /// ```
     /// let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
-    /// let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false)?;
+    /// let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
     /// let g = uwf_db::api::WorkflowGraph::of(&wf);
     /// let ids: Vec<&str> = g.nodes.iter().map(|n| n.id.as_str()).collect();
     /// assert_eq!(ids, ["$START", "writer", "$END"]);
     /// assert_eq!(g.edges.len(), 2);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn of(wf: &Workflow) -> Self {
         use crate::workflow::model::{END, START, SUSPEND};
@@ -193,7 +192,7 @@ impl ThreadDiff {
     /// struct Echo(&'static str);
     /// impl Agent for Echo {
     ///     fn call(&mut self, _: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
-    ///         Ok(self.0.into())
+    ///         Ok(self.0.to_owned().into())
     ///     }
     /// }
     /// let (a, _) = store.engine().run_workflow(hash, "task", &Default::default(), &mut Echo("one"))?;
