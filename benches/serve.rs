@@ -146,6 +146,39 @@ fn step_reader(addr: &str, id: &str) -> std::sync::mpsc::Receiver<(u64, Instant)
     rx
 }
 
+/// Commits `steps` steps to thread `t`, 30 ms apart, and times each from
+/// its commit until `rx` says it was seen.
+fn commit_latencies(
+    low: &uwf_db::thread::LowLevel<'_>,
+    t: &uwf_db::thread::ThreadRecord,
+    steps: usize,
+    rx: &std::sync::mpsc::Receiver<(u64, Instant)>,
+) -> Vec<Duration> {
+    let mut head = t.head;
+    let mut out = Vec::with_capacity(steps);
+    for i in 0..steps {
+        std::thread::sleep(Duration::from_millis(30));
+        let w = low
+            .append_step(
+                t.id,
+                head,
+                step(i),
+                Next::Role {
+                    role: "developer".into(),
+                    instruction: "again".into(),
+                    location: None,
+                },
+            )
+            .unwrap();
+        let committed = Instant::now();
+        head = w.record.head;
+        let (seq, at) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(seq, i as u64 + 1);
+        out.push(at.saturating_duration_since(committed));
+    }
+    out
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -234,28 +267,7 @@ fn main() {
     let t = low.start_thread(new_thread(wf, n)).unwrap();
     let id = t.id.to_string();
     let rx = step_reader(&server.addr, &id);
-    let mut head = t.head;
-    let mut served = Vec::new();
-    for i in 0..steps {
-        std::thread::sleep(Duration::from_millis(30));
-        let w = low
-            .append_step(
-                t.id,
-                head,
-                step(i),
-                Next::Role {
-                    role: "developer".into(),
-                    instruction: "again".into(),
-                    location: None,
-                },
-            )
-            .unwrap();
-        let committed = Instant::now();
-        head = w.record.head;
-        let (seq, at) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(seq, i as u64 + 1);
-        served.push(at.saturating_duration_since(committed));
-    }
+    let mut served = commit_latencies(&low, &t, steps, &rx);
     // The same through the library's watch in this process.
     let t2 = low.start_thread(new_thread(wf, n + 1)).unwrap();
     let (tx, wrx) = channel();
@@ -274,27 +286,7 @@ fn main() {
         });
         (handle, cancel)
     };
-    let mut head = t2.head;
-    let mut watched = Vec::new();
-    for i in 0..steps {
-        std::thread::sleep(Duration::from_millis(30));
-        let w = low
-            .append_step(
-                t2.id,
-                head,
-                step(i),
-                Next::Role {
-                    role: "developer".into(),
-                    instruction: "again".into(),
-                    location: None,
-                },
-            )
-            .unwrap();
-        let committed = Instant::now();
-        head = w.record.head;
-        let (_, at) = wrx.recv_timeout(Duration::from_secs(10)).unwrap();
-        watched.push(at.saturating_duration_since(committed));
-    }
+    let mut watched = commit_latencies(&low, &t2, steps, &wrx);
     watcher.1.cancel();
     let _ = watcher.0.join();
     served.sort();

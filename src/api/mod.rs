@@ -74,24 +74,27 @@ pub struct AnswerSchema {
 /// The schema of `T` as it is serialized, draft 2020-12, with its `$id`
 /// naming the contract's version.
 pub fn schema_of<T: JsonSchema>(name: &str) -> Schema {
-    let mut schema = SchemaSettings::draft2020_12()
-        .for_serialize()
-        .into_generator()
-        .into_root_schema_for::<T>();
-    schema.insert(
-        "$id".into(),
-        format!("urn:uwf-db:api:v{API_VERSION}:{name}").into(),
-    );
-    schema
+    with_id(SchemaSettings::draft2020_12().for_serialize(), name, |g| {
+        g.into_root_schema_for::<T>()
+    })
 }
 
 /// The schema of `T` as it is read (a request body): a field with a
 /// default is optional.
 pub fn request_schema_of<T: JsonSchema>(name: &str) -> Schema {
-    let mut schema = SchemaSettings::draft2020_12()
-        .for_deserialize()
-        .into_generator()
-        .into_root_schema_for::<T>();
+    with_id(
+        SchemaSettings::draft2020_12().for_deserialize(),
+        name,
+        |g| g.into_root_schema_for::<T>(),
+    )
+}
+
+fn with_id(
+    settings: SchemaSettings,
+    name: &str,
+    root: impl FnOnce(schemars::SchemaGenerator) -> Schema,
+) -> Schema {
+    let mut schema = root(settings.into_generator());
     schema.insert(
         "$id".into(),
         format!("urn:uwf-db:api:v{API_VERSION}:{name}").into(),

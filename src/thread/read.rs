@@ -98,6 +98,17 @@ impl std::str::FromStr for ActivityCursor {
 }
 
 impl ThreadQuery {
+    /// Whether an `activity` entry passes the filters other than labels
+    /// and time.
+    fn admits(&self, a: &ActivityEntry<'_>) -> bool {
+        (self.statuses.is_empty() || self.statuses.contains(&a.status))
+            && (!self.failed_only || a.has_error)
+            && self
+                .workflow
+                .as_ref()
+                .is_none_or(|w| w.as_bytes() == a.workflow)
+    }
+
     /// The exclusive upper key of the listing: `until`, or the cursor,
     /// whichever is lower.
     fn upper_key(&self) -> Option<[u8; 24]> {
@@ -253,12 +264,7 @@ impl Threads<'_> {
                 let Some(a) = ActivityEntry::parse(&value) else {
                     continue;
                 };
-                if (!q.statuses.is_empty() && !q.statuses.contains(&a.status))
-                    || (q.failed_only && !a.has_error)
-                    || q.workflow
-                        .as_ref()
-                        .is_some_and(|w| w.as_bytes() != a.workflow)
-                {
+                if !q.admits(&a) {
                     continue;
                 }
                 if skipped < q.offset {
@@ -317,12 +323,7 @@ impl Threads<'_> {
                 let Some(a) = ActivityEntry::parse(&value) else {
                     continue;
                 };
-                if (!q.statuses.is_empty() && !q.statuses.contains(&a.status))
-                    || (q.failed_only && !a.has_error)
-                    || q.workflow
-                        .as_ref()
-                        .is_some_and(|w| w.as_bytes() != a.workflow)
-                {
+                if !q.admits(&a) {
                     continue;
                 }
                 let (Some(at), Some(id)) = (
@@ -361,15 +362,7 @@ impl Threads<'_> {
             let since = q.since.map(|at| activity_key(at, ThreadId::NIL));
             let until = q.upper_key();
             let prefixes: Vec<Vec<u8>> = q.labels.iter().map(|(k, v)| label_prefix(k, v)).collect();
-            let wanted = |value: &[u8]| {
-                ActivityEntry::parse(value).is_some_and(|a| {
-                    (q.statuses.is_empty() || q.statuses.contains(&a.status))
-                        && (!q.failed_only || a.has_error)
-                        && q.workflow
-                            .as_ref()
-                            .is_none_or(|w| w.as_bytes() == a.workflow)
-                })
-            };
+            let wanted = |value: &[u8]| ActivityEntry::parse(value).is_some_and(|a| q.admits(&a));
             let mut found: Vec<([u8; 24], ThreadId)> = Vec::with_capacity(q.limit.min(1024));
             let mut skipped = 0;
             let mut take = |suffix: [u8; 24], value: &[u8]| -> bool {

@@ -112,15 +112,26 @@ pub fn start_poller(state: &Shared) -> std::thread::JoinHandle<()> {
     }
 }
 
-/// `Last-Event-ID`, else the `after` query parameter.
-fn resume_point<'a>(headers: &'a HeaderMap, p: &'a Params) -> ApiResult<Option<&'a str>> {
-    match headers.get("last-event-id") {
-        Some(v) => v
-            .to_str()
-            .map(Some)
-            .map_err(|_| ApiError::invalid("the Last-Event-ID header is not text")),
-        None => Ok(p.get("after")),
-    }
+/// `Last-Event-ID`, else the `after` query parameter, parsed (`what` says
+/// what it should be).
+fn resume_point<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    p: &Params,
+    what: &str,
+) -> ApiResult<Option<T>> {
+    let given = match headers.get("last-event-id") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::invalid("the Last-Event-ID header is not text"))?,
+        ),
+        None => p.get("after"),
+    };
+    given
+        .map(|s| {
+            s.parse::<T>()
+                .map_err(|_| ApiError::invalid(format!("'{}' is not {what}", truncated(s))))
+        })
+        .transpose()
 }
 
 type EventStream = axum::response::Response;
@@ -145,16 +156,8 @@ pub async fn all(
     RawQuery(q): RawQuery,
 ) -> ApiResult<EventStream> {
     let p = Params::parse(q.as_deref(), &["after"], &[])?;
-    let after = resume_point(&headers, &p)?
-        .map(|s| {
-            s.parse::<ActivityCursor>().map_err(|_| {
-                ApiError::invalid(format!(
-                    "'{}' is not an event id of /api/events (MS-THREAD)",
-                    truncated(s)
-                ))
-            })
-        })
-        .transpose()?;
+    let after: Option<ActivityCursor> =
+        resume_point(&headers, &p, "an event id of /api/events (MS-THREAD)")?;
     // Subscribed before the catch-up is read: nothing falls between.
     let changes = state.changes.subscribe();
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -321,17 +324,12 @@ pub async fn thread(
     RawQuery(q): RawQuery,
 ) -> ApiResult<EventStream> {
     let p = Params::parse(q.as_deref(), &["after"], &[])?;
-    let after = resume_point(&headers, &p)?
-        .map(|s| {
-            s.parse::<u64>().map_err(|_| {
-                ApiError::invalid(format!(
-                    "'{}' is not an event id of a thread's events (a step number)",
-                    truncated(s)
-                ))
-            })
-        })
-        .transpose()?
-        .unwrap_or(0);
+    let after: u64 = resume_point(
+        &headers,
+        &p,
+        "an event id of a thread's events (a step number)",
+    )?
+    .unwrap_or(0);
     let shared = state.clone();
     let id = blocking(move || resolve(&shared.store, &id)).await?;
     let changes = state.changes.subscribe();

@@ -192,6 +192,48 @@ pub async fn start(
     .await
 }
 
+/// Drives thread `id` (named by id or prefix) on with the agent `name`
+/// (see [`agent`]): a resume with its text when `resume` is given, else a
+/// drive of an idle thread. Refuses now what the drive would refuse, since
+/// the answer does not wait for it.
+fn drive_on(
+    state: &Shared,
+    id: &str,
+    name: Option<&str>,
+    resume: Option<Option<String>>,
+) -> ApiResult<(StatusCode, Json<DriveAccepted>)> {
+    let store = &state.store;
+    let id = resolve(store, id)?;
+    if resume.is_some() {
+        // A thread that cannot be resumed says so before its agent is
+        // looked at.
+        store.engine().check_resumable(id)?;
+    }
+    let record = store
+        .threads()
+        .get(id)?
+        .ok_or_else(|| ApiError::not_found(format!("no thread {id}")))?;
+    // Only an idle thread (or one whose driver died) takes steps.
+    let status = record.underlying_status();
+    if resume.is_none() && status != ThreadStatus::Idle {
+        return Err(ApiError::new(
+            ErrorKind::Conflict,
+            format!(
+                "thread {id} is {status}: only idle threads take steps (resume a suspended or ended thread)"
+            ),
+        ));
+    }
+    let (name, spec) = agent(state, name, record.agent.as_deref())?;
+    spawn_drive(state, id, ready(state, spec)?, resume)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(DriveAccepted {
+            agent: Some(name),
+            thread: api::ThreadSummary::from(&record),
+        }),
+    ))
+}
+
 pub async fn resume(
     State(state): State<Shared>,
     Path(id): Path<String>,
@@ -200,27 +242,7 @@ pub async fn resume(
 ) -> ApiResult<(StatusCode, Json<DriveAccepted>)> {
     no_query(q.as_deref())?;
     let Json(req) = body?;
-    blocking(move || {
-        let store = &state.store;
-        let id = resolve(store, &id)?;
-        // A thread that cannot be resumed says so before its agent is
-        // looked at.
-        store.engine().check_resumable(id)?;
-        let record = store
-            .threads()
-            .get(id)?
-            .ok_or_else(|| ApiError::not_found(format!("no thread {id}")))?;
-        let (name, spec) = agent(&state, req.agent.as_deref(), record.agent.as_deref())?;
-        spawn_drive(&state, id, ready(&state, spec)?, Some(req.text))?;
-        Ok((
-            StatusCode::ACCEPTED,
-            Json(DriveAccepted {
-                agent: Some(name),
-                thread: api::ThreadSummary::from(&record),
-            }),
-        ))
-    })
-    .await
+    blocking(move || drive_on(&state, &id, req.agent.as_deref(), Some(req.text))).await
 }
 
 pub async fn drive(
@@ -231,34 +253,7 @@ pub async fn drive(
 ) -> ApiResult<(StatusCode, Json<DriveAccepted>)> {
     no_query(q.as_deref())?;
     let Json(req) = body?;
-    blocking(move || {
-        let store = &state.store;
-        let id = resolve(store, &id)?;
-        let record = store
-            .threads()
-            .get(id)?
-            .ok_or_else(|| ApiError::not_found(format!("no thread {id}")))?;
-        // What the drive would refuse, refused now (the answer does not
-        // wait for the drive): only an idle thread, or one whose driver
-        // died, takes steps.
-        let status = record.underlying_status();
-        if status != ThreadStatus::Idle {
-            return Err(ApiError::new(
-                ErrorKind::Conflict,
-                format!("thread {id} is {status}: only idle threads take steps (resume a suspended or ended thread)"),
-            ));
-        }
-        let (name, spec) = agent(&state, req.agent.as_deref(), record.agent.as_deref())?;
-        spawn_drive(&state, id, ready(&state, spec)?, None)?;
-        Ok((
-            StatusCode::ACCEPTED,
-            Json(DriveAccepted {
-                agent: Some(name),
-                thread: api::ThreadSummary::from(&record),
-            }),
-        ))
-    })
-    .await
+    blocking(move || drive_on(&state, &id, req.agent.as_deref(), None)).await
 }
 
 pub async fn stop(
