@@ -91,6 +91,13 @@ fn a_child_that_suspends_suspends_its_parent_and_resumes_through_it(b: TestBacke
         "{}",
         stderr(&o)
     );
+    // What to do next is said: the child's and the parent's pages name the
+    // command that resumes the parent (issue 21).
+    let want = format!("uwf-db thread resume {parent} -p 'YOUR ANSWER'");
+    assert_eq!(env.show(&child)["resume_command"], want.as_str());
+    assert_eq!(before["resume_command"], want.as_str());
+    let o = env.uwf(&["thread", "show", &child]);
+    assert!(stdout(&o).contains(&want), "{}", stdout(&o));
     // Forking the suspended parent is refused too.
     assert_eq!(code(&env.uwf(&["thread", "fork", &parent])), Some(1));
     let r = env.json(&["thread", "resume", &parent, "-p", "PostgreSQL"]);

@@ -52,6 +52,25 @@ fn suspend_resume_cycles_record_what_the_human_said(b: TestBackend) {
     assert_eq!(r["suspended_role"], "planner");
     assert_eq!(r["suspend_message"], "The planner asks: Which database?");
     let id = r["thread"].as_str().unwrap();
+    // Its page says what to do next; so does the text of a run that
+    // suspends (issue 21).
+    let want = format!("uwf-db thread resume {id} -p 'YOUR ANSWER'");
+    assert_eq!(env.show(id)["resume_command"], want.as_str());
+    let o = env.uwf(&["thread", "show", id]);
+    assert!(stdout(&o).contains(&want), "{}", stdout(&o));
+    let o = env.uwf(&[
+        "run",
+        "examples/planner.yaml",
+        "-p",
+        "Export",
+        "--agent",
+        &format!("script:{sc}"),
+    ]);
+    assert!(
+        stdout(&o).contains("answer and go on: uwf-db thread resume"),
+        "{}",
+        stdout(&o)
+    );
     // Stepping a suspended thread is refused; resuming it works.
     assert_eq!(code(&env.uwf(&["thread", "step", id])), Some(1));
     let r = env.json(&["thread", "resume", id, "-p", "PostgreSQL"]);

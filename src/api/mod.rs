@@ -42,7 +42,7 @@ pub use store::{
 pub use thread::{
     ForkedFrom, LabelsSet, LogEntry, StepUsageEntry, StopRequested, SummaryStaged, ThreadActivity,
     ThreadDetail, ThreadForked, ThreadRemoved, ThreadStarted, ThreadSummary, TreeNode, TreeParent,
-    TreeView,
+    TreeView, resume_command,
 };
 pub use time::Timestamp;
 pub use workflow::{WorkflowAdded, WorkflowDetail, WorkflowEntry, WorkflowValidation};

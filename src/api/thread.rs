@@ -133,8 +133,24 @@ pub struct ThreadDetail {
     pub done: bool,
     /// Whether a live driver holds its claim.
     pub driver_alive: bool,
+    /// For a suspended thread: the command that answers it and runs it on
+    /// (through its top-level parent when it is a child workflow's thread,
+    /// which is what resumes it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_command: Option<String>,
     /// Role steps since the last end.
     pub rounds: u64,
+}
+
+/// The command that resumes suspended thread `id` with a human's answer.
+///
+/// ```
+/// let id = uwf_db::thread::ThreadId::generate();
+/// let cmd = uwf_db::api::resume_command(id);
+/// assert_eq!(cmd, format!("uwf-db thread resume {id} -p 'YOUR ANSWER'"));
+/// ```
+pub fn resume_command(id: ThreadId) -> String {
+    format!("uwf-db thread resume {id} -p 'YOUR ANSWER'")
 }
 
 impl ThreadDetail {
@@ -149,6 +165,8 @@ impl ThreadDetail {
             children: tree.children.iter().map(|c| c.thread.id).collect(),
             done: r.status.is_done(),
             driver_alive,
+            resume_command: (r.underlying_status() == ThreadStatus::Suspended)
+                .then(|| resume_command(tree.parents.first().map_or(r.id, |p| p.id))),
             rounds: r.rounds(),
         }
     }

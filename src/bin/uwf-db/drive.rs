@@ -103,8 +103,9 @@ fn print_result(out: &mut Output, r: &StepResult) -> Result<(), CliError> {
     let what = match (&r.current_role, &r.suspended_role) {
         (Some(next), _) => format!("idle, next role {next}"),
         (None, Some(role)) => format!(
-            "suspended at role {role}: {}",
-            r.suspend_message.as_deref().unwrap_or_default()
+            "suspended at role {role}: {}\n  answer and go on: {}",
+            r.suspend_message.as_deref().unwrap_or_default(),
+            uwf_db::api::resume_command(r.thread)
         ),
         _ => r.status.to_string(),
     };

@@ -597,6 +597,10 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
         ThreadStatus::Suspended => {
             rows.push(("suspended role", opt(&r.suspended_role)));
             rows.push(("suspend message", opt(&r.suspend_message)));
+            rows.push((
+                "resume with",
+                uwf_db::api::resume_command(tree.parents.first().map_or(r.id, |p| p.id)),
+            ));
         }
         s if !s.is_done() => {
             rows.push(("next role", opt(&r.next_role)));
