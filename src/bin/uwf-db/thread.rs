@@ -30,6 +30,11 @@ pub fn label_map(labels: &[(String, String)]) -> Labels {
     labels.iter().cloned().collect()
 }
 
+fn parse_cursor(s: &str) -> Result<uwf_db::thread::ActivityCursor, String> {
+    s.parse()
+        .map_err(|e: uwf_db::thread::ParseCursorError| e.to_string())
+}
+
 fn parse_status(s: &str) -> Result<ThreadStatus, String> {
     s.trim().parse()
 }
@@ -140,6 +145,10 @@ pub enum ThreadCommand {
         /// Matching threads to skip
         #[arg(long, default_value_t = 0)]
         offset: usize,
+        /// Continue below this position: the cursor a full page names on
+        /// stderr (MS-THREAD; stable while threads change, cheap at any depth)
+        #[arg(long, value_name = "CURSOR", value_parser = parse_cursor, conflicts_with = "watch")]
+        cursor: Option<uwf_db::thread::ActivityCursor>,
         /// Then follow: one line (JSON Lines with --json) per status change of a matching
         /// thread, until interrupted
         #[arg(long)]
@@ -268,6 +277,7 @@ pub fn run(
             until,
             limit,
             offset,
+            cursor,
             watch,
         } => {
             let store = cli.open(false)?;
@@ -280,13 +290,24 @@ pub fn run(
                 until: *until,
                 limit: *limit,
                 offset: *offset,
-                before: None,
+                before: *cursor,
             };
             if *watch {
                 return crate::watch::list(&store, &query, cancel, out);
             }
             let records = store.threads().list(&query)?;
-            list(&records, out)
+            list(&records, out)?;
+            // A full page: where the next one starts (on stderr, so that
+            // stdout stays the page alone).
+            if records.len() == *limit
+                && let Some(last) = records.last()
+            {
+                eprintln!(
+                    "more: uwf-db thread list --cursor {} (with the same filters)",
+                    uwf_db::thread::ActivityCursor::of(last)
+                );
+            }
+            Ok(())
         }
         ThreadCommand::Label { id, labels, remove } => label(cli, id, labels, remove, out),
         ThreadCommand::Show { id } => {
