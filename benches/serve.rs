@@ -22,34 +22,22 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
-use common::{Comparison, report, scale, scratch_dir, time};
+use common::{Comparison, report, scale, scratch_dir, start_thread, time};
 use uwf_db::engine::Cancel;
-use uwf_db::thread::{NewThread, Next, StepWrite, ThreadQuery};
+use uwf_db::thread::{Next, StepWrite, ThreadQuery};
 use uwf_db::{Blob, Durability, Store, StoreOptions, Value, WorkflowNode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_uwf-db");
 
-fn new_thread(wf: uwf_db::Hash, i: usize) -> NewThread {
-    NewThread {
-        workflow: if i.is_multiple_of(2) {
-            "review"
-        } else {
-            "plan"
-        }
-        .into(),
-        workflow_hash: wf,
-        prompt: format!("task {i}"),
-        max_rounds: 100,
-        depth: 0,
-        parent_state: None,
-        parent_thread: None,
-        next_role: "developer".into(),
-        next_instruction: "Implement".into(),
-        agent: None,
-        cwd: None,
-        next_location: None,
-        labels: Default::default(),
-    }
+/// Thread `i` of the placeholder workflow `wf` (two workflow names, as
+/// in the threads bench).
+fn new_thread(store: &Store, wf: uwf_db::Hash, i: usize) -> uwf_db::thread::ThreadRecord {
+    let name = if i.is_multiple_of(2) {
+        "review"
+    } else {
+        "plan"
+    };
+    start_thread(store, wf, name, format!("task {i}"), "developer")
 }
 
 fn step(i: usize) -> StepWrite {
@@ -201,11 +189,7 @@ fn main() {
         .unwrap();
     let n = scale(100_000, 100);
     for i in 0..n {
-        store
-            .threads()
-            .low_level()
-            .start_thread(new_thread(wf, i))
-            .unwrap();
+        new_thread(&store, wf, i);
     }
     let server = Server::start(dir.path());
 
@@ -264,12 +248,12 @@ fn main() {
     // Commit-to-client latency of a step.
     let low = store.threads().low_level();
     let steps = scale(100, 20);
-    let t = low.start_thread(new_thread(wf, n)).unwrap();
+    let t = new_thread(&store, wf, n);
     let id = t.id.to_string();
     let rx = step_reader(&server.addr, &id);
     let mut served = commit_latencies(&low, &t, steps, &rx);
     // The same through the library's watch in this process.
-    let t2 = low.start_thread(new_thread(wf, n + 1)).unwrap();
+    let t2 = new_thread(&store, wf, n + 1);
     let (tx, wrx) = channel();
     let watcher = {
         let store = store.clone();
@@ -316,7 +300,7 @@ fn main() {
     }
     // 100 changes, each sent to every stream.
     for i in 0..100 {
-        low.start_thread(new_thread(wf, n + 2 + i)).unwrap();
+        new_thread(&store, wf, n + 2 + i);
     }
     std::thread::sleep(Duration::from_secs(1));
     // Drain what each was sent, so the server's buffers are not what is
