@@ -729,7 +729,36 @@ fn thread_events_send_every_step_once_and_resume_from_last_event_id(b: TestBacke
     assert_eq!((status, kind(&e)), (400, "invalid"), "{e}");
 }
 
+/// A child workflow's thread answers with what its agents are told of
+/// their parent: the same section `thread show --json` gives (issue 21).
+fn a_child_thread_answers_with_its_parent_context(b: TestBackend) {
+    let env = setup(b);
+    let r = env.json(&[
+        "run",
+        "examples/ship.yaml",
+        "-p",
+        "Ship it",
+        "--agent",
+        "script:examples/ship.scenario.yaml",
+    ]);
+    let parent = thread_of(&r);
+    let child = env.show(&parent)["children"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let server = Server::start(&env, &[]);
+    let t = server.ok(&format!("/api/threads/{child}"), "ThreadDetail");
+    let pc = &t["parent_context"];
+    assert_eq!(pc["thread"], parent.as_str());
+    assert_eq!(pc["role"], "implement");
+    assert_eq!(pc["task"]["text"], "Ship it");
+    assert_eq!(pc, &env.show(&child)["parent_context"]);
+    let top = server.ok(&format!("/api/threads/{parent}"), "ThreadDetail");
+    assert!(top.get("parent_context").is_none(), "{top}");
+}
+
 process_conformance!(
+    a_child_thread_answers_with_its_parent_context,
     every_read_endpoint_answers_with_its_contract_type,
     threads_page_by_cursor_without_gaps_or_repeats,
     writes_start_resume_stop_cancel_fork_label,

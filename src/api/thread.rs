@@ -133,6 +133,11 @@ pub struct ThreadDetail {
     pub done: bool,
     /// Whether a live driver holds its claim.
     pub driver_alive: bool,
+    /// For a child workflow's thread: what its agents are told of the
+    /// thread that called it (the prompt section and its data), as
+    /// [`crate::engine::Engine::parent_context`] gives it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_context: Option<crate::engine::ParentContext>,
     /// For a suspended thread: the command that answers it and runs it on
     /// (through its top-level parent when it is a child workflow's thread,
     /// which is what resumes it).
@@ -165,10 +170,18 @@ impl ThreadDetail {
             children: tree.children.iter().map(|c| c.thread.id).collect(),
             done: r.status.is_done(),
             driver_alive,
+            parent_context: None,
             resume_command: (r.underlying_status() == ThreadStatus::Suspended)
                 .then(|| resume_command(tree.parents.first().map_or(r.id, |p| p.id))),
             rounds: r.rounds(),
         }
+    }
+
+    /// With the parent context of a child workflow's thread.
+    #[must_use]
+    pub fn with_parent_context(mut self, pc: Option<crate::engine::ParentContext>) -> Self {
+        self.parent_context = pc;
+        self
     }
 }
 

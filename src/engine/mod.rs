@@ -35,6 +35,7 @@ mod compact;
 mod drive;
 mod error;
 pub mod extract;
+pub mod parent;
 pub mod prompt;
 pub mod prompt_file;
 pub(crate) mod state;
@@ -44,6 +45,7 @@ pub mod watch;
 pub use cancel::Cancel;
 pub use drive::{CancelOptions, DriveOptions, DriveReport, StepResult};
 pub use error::{EngineError, StepFailure};
+pub use parent::ParentContext;
 
 use std::sync::Arc;
 

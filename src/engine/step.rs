@@ -158,6 +158,15 @@ impl Engine {
         let (task, max_rounds) = self.task_of(record.start)?;
         let context = self.threads().context_of(record, RECENT_STEPS + 1)?;
         let header = self.role_header_of(record.workflow_hash, role, role_def);
+        // A child workflow's agent is told whom it works for (§8e); a
+        // top-level thread's prompt is unchanged.
+        let task = match record.parent_thread {
+            Some(_) => match self.parent_context(record)? {
+                Some(pc) => Arc::from(format!("{task}\n\n{}", pc.section.trim())),
+                None => task,
+            },
+            None => task,
+        };
         let prompt = assemble_with_header(
             &header,
             role,

@@ -385,6 +385,34 @@ impl Threads<'_> {
         self.store.read(|r| context_in(r, record, max_steps))
     }
 
+    /// The context as it was at `node` (a state node, or a start node,
+    /// which has no steps): the steps up to `node` after the newest summary
+    /// at or before it, and that summary; at most `max_steps` steps. A
+    /// child workflow's prompt shows its parent this way, at the parent
+    /// state it was started from.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{EndSpec, NewThread, Next, StepWrite, ThreadStatus};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// # let t = low.start_thread(new)?;
+    /// let first = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// low.append_step(t.id, first.record.head, step("another"), again())?;
+    /// // As it was after the first step, and before it (the start node).
+    /// assert_eq!(store.threads().context_at(first.record.head, 10)?.steps.len(), 1);
+    /// assert!(store.threads().context_at(t.start, 10)?.steps.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn context_at(&self, node: Hash, max_steps: usize) -> Result<Context, ThreadError> {
+        self.store.read(|r| context_from(r, node, None, max_steps))
+    }
+
     /// The Merkle call stack of any node, innermost first: the node's own
     /// thread level, then each parent state up to the top-level thread.
     ///
@@ -509,6 +537,16 @@ fn context_in(
     record: &ThreadRecord,
     max_steps: usize,
 ) -> Result<Context, ThreadError> {
+    context_from(r, record.head, record.staged_compact, max_steps)
+}
+
+/// [`context_in`] from a head and a staged summary.
+fn context_from(
+    r: &ReadTxn<'_>,
+    head: Hash,
+    staged: Option<Hash>,
+    max_steps: usize,
+) -> Result<Context, ThreadError> {
     let text = |h: &Hash| -> Result<String, ThreadError> {
         match r.get_blob(h)? {
             Some(Blob::Content(c)) => Ok(c.text),
@@ -519,7 +557,7 @@ fn context_in(
             None => Err(ThreadError::MissingNode { hash: *h }),
         }
     };
-    if let Some(staged) = record.staged_compact {
+    if let Some(staged) = staged {
         return Ok(Context {
             summary: Some((staged, text(&staged)?)),
             steps: Vec::new(),
@@ -527,7 +565,7 @@ fn context_in(
     }
     let mut steps = Vec::new();
     let mut summary = None;
-    let mut from = Some(record.head);
+    let mut from = Some(head);
     'walk: while let Some(h) = from {
         let want = max_steps.saturating_sub(steps.len()).clamp(1, 64);
         let page = page_from(r, h, want)?;

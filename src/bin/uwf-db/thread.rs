@@ -315,7 +315,8 @@ pub fn run(
             let id = store.threads().resolve(id)?;
             let tree = store.threads().tree(id)?;
             let driver_alive = uwf_db::engine::claim::is_held(&store, id)?;
-            show(&tree, driver_alive, out)
+            let parent = store.engine().parent_context(&tree.thread)?;
+            show(&tree, driver_alive, parent, out)
         }
         ThreadCommand::Log { id, limit, before } => {
             let store = cli.open(false)?;
@@ -567,11 +568,18 @@ fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
     Ok(())
 }
 
-fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), CliError> {
+fn show(
+    tree: &ThreadTree,
+    driver_alive: bool,
+    parent: Option<uwf_db::engine::ParentContext>,
+    out: &mut Output,
+) -> Result<(), CliError> {
     let r = &tree.thread;
     let children: Vec<ThreadId> = tree.children.iter().map(|c| c.thread.id).collect();
     if out.json {
-        return Ok(out.json_value(&api::ThreadDetail::of(tree, driver_alive))?);
+        return Ok(
+            out.json_value(&api::ThreadDetail::of(tree, driver_alive).with_parent_context(parent))?
+        );
     }
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let mut rows = vec![
@@ -669,6 +677,10 @@ fn show(tree: &ThreadTree, driver_alive: bool, out: &mut Output) -> Result<(), C
         rows.push(("next location", location.clone()));
     }
     out.table(&rows)?;
+    if let Some(pc) = parent {
+        // What this child workflow's agents are told of their parent.
+        out.line(pc.section.trim_end())?;
+    }
     Ok(())
 }
 

@@ -121,7 +121,10 @@ pub async fn get_thread(
         let id = resolve(store, &id)?;
         let tree = store.threads().tree(id)?;
         let alive = uwf_db::engine::claim::is_held(store, id)?;
-        Ok(Json(ThreadDetail::of(&tree, alive)))
+        let parent = store.engine().parent_context(&tree.thread)?;
+        Ok(Json(
+            ThreadDetail::of(&tree, alive).with_parent_context(parent),
+        ))
     })
     .await
 }
