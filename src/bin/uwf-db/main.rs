@@ -14,6 +14,8 @@ mod batch;
 mod cas;
 mod drive;
 mod fault;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod output;
 mod render;
 mod salvage;
@@ -140,6 +142,9 @@ enum Command {
     /// Serve the HTTP API, live events and the dashboard (http://127.0.0.1:7860/)
     #[cfg(feature = "serve")]
     Serve(serve::ServeArgs),
+    /// Serve a Model Context Protocol server on stdin/stdout, for coding agents (Claude Code, Cursor, Codex…)
+    #[cfg(feature = "mcp")]
+    Mcp(mcp::McpArgs),
     /// Start, inspect, fork and unlink threads
     #[command(subcommand)]
     Thread(thread::ThreadCommand),
@@ -367,6 +372,8 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
         Command::Workflow(cmd) => workflow::run(cli, cmd, out),
         #[cfg(feature = "serve")]
         Command::Serve(args) => serve::run(cli, args, cancel),
+        #[cfg(feature = "mcp")]
+        Command::Mcp(args) => mcp::run(cli, args, cancel),
         Command::Run {
             workflow,
             prompt,
@@ -489,6 +496,8 @@ fn main() -> ExitCode {
         Command::Batch { .. } => SignalMode::Batch,
         #[cfg(feature = "serve")]
         Command::Serve(_) => SignalMode::Serve,
+        #[cfg(feature = "mcp")]
+        Command::Mcp(_) => SignalMode::Serve,
         _ => SignalMode::Exit,
     };
     handle_signals(&cancel, mode);

@@ -1,21 +1,23 @@
 //! Terminal and JSON output: one writer, sizes and times for people.
 
-use std::io::{self, BufWriter, IsTerminal, StdoutLock, Write};
+use std::io::{self, BufWriter, IsTerminal, Stdout, Write};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Buffered stdout plus the `--json` switch.
+/// Buffered stdout plus the `--json` switch. It takes stdout's lock only
+/// while it writes (a flush): `uwf-db mcp` writes the protocol to stdout
+/// from other threads while the command's `Output` lives.
 pub struct Output {
     pub json: bool,
-    out: BufWriter<StdoutLock<'static>>,
+    out: BufWriter<Stdout>,
 }
 
 impl Output {
     pub fn new(json: bool) -> Self {
         Output {
             json,
-            out: BufWriter::new(io::stdout().lock()),
+            out: BufWriter::new(io::stdout()),
         }
     }
 

@@ -9,14 +9,14 @@
 //! timeout, a cap on open connections, and a graceful drain.
 
 mod assets;
-mod error;
+pub(crate) mod error;
 mod events;
 mod guard;
 mod openapi;
 mod params;
-mod reads;
+pub(crate) mod reads;
 mod routes;
-mod writes;
+pub(crate) mod writes;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -79,7 +79,7 @@ pub struct ServeArgs {
     agent_timeout: Option<Duration>,
 }
 
-fn parse_agent(s: &str) -> Result<(String, String), String> {
+pub fn parse_agent(s: &str) -> Result<(String, String), String> {
     let (name, spec) = match s.split_once('=') {
         Some((name, spec))
             if !name.is_empty()
@@ -173,32 +173,66 @@ pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError>
         .max_blocking_threads(BLOCKING_THREADS)
         .build()
         .map_err(|e| CliError::Failed(format!("cannot start the server's runtime: {e}")))?;
-    let (changes, _) = broadcast::channel(events::CHANNEL);
     let (close_tx, closing) = watch::channel(false);
-    let state = Arc::new(AppState {
-        store,
-        agents: args.agents.iter().cloned().collect(),
-        agent_options: {
-            let mut options = AgentOptions::default();
-            if let Some(t) = args.agent_timeout {
-                options.timeout = t;
-            }
-            options
-        },
-        read_only: args.read_only,
-        token: args.token.as_deref().map(|t| blake3::hash(t.as_bytes())),
-        hosts,
-        changes,
-        closing,
-        cancel: cancel.clone(),
-        drives: Arc::new(Semaphore::new(MAX_DRIVES)),
-        drive_threads: Mutex::new(Vec::new()),
-        backend,
-    });
+    let mut state = AppState::new(store, &args.agents, args.agent_timeout, cancel, closing);
+    state.read_only = args.read_only;
+    state.token = args.token.as_deref().map(|t| blake3::hash(t.as_bytes()));
+    state.hosts = hosts;
+    state.backend = backend;
+    let state = Arc::new(state);
     let poller = events::start_poller(&state);
     let result = runtime.block_on(serve(state.clone(), listener, cancel.clone(), close_tx));
-    // Drives stop after their step in flight (the signal said so already;
-    // a failed bind did not); the poller ends.
+    finish_drives(&state);
+    let _ = poller.join();
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+impl AppState {
+    /// The state of a server over `store` whose drives may use `agents`
+    /// and run under `cancel`: no token, any host, writes allowed, the LMDB
+    /// backend named (the caller sets what differs).
+    pub fn new(
+        store: Store,
+        agents: &[(String, String)],
+        agent_timeout: Option<Duration>,
+        cancel: &Cancel,
+        closing: watch::Receiver<bool>,
+    ) -> AppState {
+        let (changes, _) = broadcast::channel(events::CHANNEL);
+        let backend = if uwf_db::backend::is_postgres_url(store.location()) {
+            "postgres"
+        } else {
+            "lmdb"
+        };
+        AppState {
+            store,
+            agents: agents.iter().cloned().collect(),
+            agent_options: {
+                let mut options = AgentOptions::default();
+                if let Some(t) = agent_timeout {
+                    options.timeout = t;
+                }
+                options
+            },
+            read_only: false,
+            token: None,
+            hosts: None,
+            changes,
+            closing,
+            cancel: cancel.clone(),
+            drives: Arc::new(Semaphore::new(MAX_DRIVES)),
+            drive_threads: Mutex::new(Vec::new()),
+            backend,
+        }
+    }
+}
+
+/// At shutdown: drives stop after their step in flight (a signal said so
+/// already; a failed bind or the end of input did not), waited for at most
+/// [`DRAIN`]; then the token is cancelled (agents still running are
+/// killed, the poller ends).
+pub fn finish_drives(state: &AppState) {
     state.cancel.stop_after_step();
     let deadline = std::time::Instant::now() + DRAIN;
     let handles = std::mem::take(&mut *lock(&state.drive_threads));
@@ -211,9 +245,6 @@ pub fn run(cli: &Cli, args: &ServeArgs, cancel: &Cancel) -> Result<(), CliError>
         }
     }
     state.cancel.cancel();
-    let _ = poller.join();
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    result
 }
 
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
