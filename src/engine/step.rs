@@ -331,7 +331,13 @@ impl Engine {
                 // recorded and the thread stays retryable.
                 Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
                 Err(e) => {
-                    usage.add_call(wall_ms, None);
+                    // An agent CLI that reports an error may say what the
+                    // failed call cost: it is counted all the same.
+                    let reported = match &e {
+                        super::agent::AgentError::Reported { usage, .. } => usage.as_deref(),
+                        _ => None,
+                    };
+                    usage.add_call(wall_ms, reported);
                     let cause = StepFailure::Agent {
                         role: role.to_owned(),
                         source: e,

@@ -74,7 +74,7 @@ pub fn run(
 ) -> Result<(), CliError> {
     let Some(spec) = agent.agent.clone() else {
         return Err(CliError::Failed(
-            "batch needs an agent: pass --agent script:FILE or --agent 'cmd:PROGRAM ARGS'".into(),
+            "batch needs an agent: pass --agent script:FILE, --agent 'cmd:PROGRAM ARGS' or --agent 'claude:[ARGS]'".into(),
         ));
     };
     let (store, hash, wf, work) = if source.continue_ {

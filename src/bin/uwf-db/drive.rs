@@ -15,16 +15,17 @@ use crate::{Cli, CliError};
 /// How to run agents.
 #[derive(Args, Clone)]
 pub struct AgentArgs {
-    /// The agent: script:FILE or cmd:PROGRAM ARGS (stored on the thread; reused when omitted)
+    /// The agent: script:FILE, cmd:PROGRAM ARGS or claude:[ARGS] (Claude Code, or the program
+    /// $UWF_CLAUDE names; stored on the thread; reused when omitted)
     #[arg(long, value_name = "SPEC")]
     pub agent: Option<String>,
-    /// Kill a cmd: agent's process group after this long (e.g. 90s, 10m)
+    /// Kill an agent program's process group (cmd:, claude:) after this long (e.g. 90s, 10m)
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::output::parse_duration)]
     pub agent_timeout: Duration,
-    /// Re-ask a cmd: agent this many times after an invalid reply
+    /// Re-ask an agent program (cmd:, claude:) this many times after an invalid reply
     #[arg(long, default_value_t = 2)]
     pub reasks: usize,
-    /// Largest reply a cmd: agent may print (e.g. 64KiB, 16MiB): past it the agent is killed
+    /// Largest reply an agent program (cmd:, claude:) may print (e.g. 64KiB, 16MiB): past it the agent is killed
     /// and the step fails
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_reply_size)]
     pub max_reply_size: usize,

@@ -48,7 +48,7 @@ pub enum ThreadCommand {
         /// The task prompt
         #[arg(short = 'p', long = "prompt")]
         prompt: String,
-        /// The agent spec to store on the thread (script:FILE, cmd:PROGRAM ARGS)
+        /// The agent spec to store on the thread (script:FILE, cmd:PROGRAM ARGS, claude:[ARGS])
         #[arg(long)]
         agent: Option<String>,
         /// Loop protection (default: the workflow's maxRounds)

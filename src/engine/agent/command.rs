@@ -1,5 +1,7 @@
 //! `cmd:PROGRAM ARGS`: an external program answers, the prompt on its
 //! stdin and the reply on its stdout, under a timeout and a reply cap.
+//! [`CmdAgent::run`] (the process, whatever its exit) is shared with
+//! `claude:`, which reads its stdout as JSON instead.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -62,6 +64,38 @@ impl Agent for CmdAgent {
     }
 
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        let run = self.run(req)?;
+        if !run.status.success() {
+            return Err(AgentError::Exit {
+                status: run.status.to_string(),
+                stderr: run.stderr,
+            });
+        }
+        String::from_utf8(run.stdout)
+            .map(AgentReply::from)
+            .map_err(|_| AgentError::NotUtf8)
+    }
+}
+
+/// How a program run by [`CmdAgent::run`] ended: its exit status, all of
+/// its stdout (at most the reply cap) and the tail of its stderr.
+pub(super) struct Finished {
+    /// The program's exit status.
+    pub(super) status: std::process::ExitStatus,
+    /// Its stdout, whole.
+    pub(super) stdout: Vec<u8>,
+    /// The last [`STDERR_TAIL`] bytes of its stderr, trimmed.
+    pub(super) stderr: String,
+}
+
+impl CmdAgent {
+    /// Runs the program once for `req` (prompt on stdin, in the step's
+    /// directory, its own process group, under the timeout and the reply
+    /// cap, registered with the drive's token) and returns how it ended,
+    /// whatever its exit status: [`CmdAgent`] refuses a failed exit,
+    /// [`ClaudeAgent`](super::ClaudeAgent) reads the JSON a failed run
+    /// still prints.
+    pub(super) fn run(&self, req: &AgentRequest<'_>) -> Result<Finished, AgentError> {
         let (program, mut command) = self.command_for(req);
         die_with_driver(&mut command);
         let mut child = command.spawn().map_err(|source| AgentError::Spawn {
@@ -136,19 +170,13 @@ impl Agent for CmdAgent {
                 limit: self.max_reply,
             });
         }
-        if !status.success() {
-            return Err(AgentError::Exit {
-                status: status.to_string(),
-                stderr,
-            });
-        }
-        String::from_utf8(stdout)
-            .map(AgentReply::from)
-            .map_err(|_| AgentError::NotUtf8)
+        Ok(Finished {
+            status,
+            stdout,
+            stderr,
+        })
     }
-}
 
-impl CmdAgent {
     /// The program's command for one call: its arguments, `UWF_THREAD`,
     /// `UWF_ROLE` and `UWF_STORE`, piped stdio, a process group of its own,
     /// and the step's directory (a relative program path made absolute

@@ -1,13 +1,17 @@
 //! Agents: what answers a role step. This file holds the trait, requests,
 //! replies, errors and specs; the built-in agents are `script:FILE`
-//! (`script.rs`: a scripted scenario, for tests and examples) and
+//! (`script.rs`: a scripted scenario, for tests and examples),
 //! `cmd:PROGRAM ARGS` (`command.rs`: an external program such as an LLM
-//! CLI, supervised by `process.rs`).
+//! CLI, supervised by `process.rs`) and `claude:[ARGS]` (`claude.rs`:
+//! Claude Code in print mode, or a compatible agent CLI, run like `cmd:`
+//! and read from its JSON result).
 
+mod claude;
 mod command;
 mod process;
 mod script;
 
+pub use claude::{CLAUDE_PROGRAM, CLAUDE_PROGRAM_VAR, ClaudeAgent, ClaudeSpec};
 pub use command::CmdAgent;
 pub use script::ScriptAgent;
 
@@ -19,7 +23,7 @@ use crate::hash::Hash;
 use crate::thread::ThreadId;
 use crate::workflow::Role;
 
-/// Default time a `cmd:` agent may take.
+/// Default time a `cmd:` or `claude:` agent may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What an agent is asked.
@@ -35,12 +39,14 @@ pub struct AgentRequest<'a> {
     pub role: &'a Role,
     /// The instruction (rendered edge prompt, or the resume instruction).
     pub instruction: &'a str,
-    /// The assembled prompt (what a `cmd:` agent reads on stdin).
+    /// The assembled prompt (what a `cmd:` or `claude:` agent reads on
+    /// stdin).
     pub prompt: &'a str,
     /// Agent-answered role steps the thread already has.
     pub answered_steps: usize,
     /// The directory to work in (the edge's `location` resolved against
-    /// the thread's `cwd`; it exists): a `cmd:` agent is started there.
+    /// the thread's `cwd`; it exists): a `cmd:` or `claude:` agent is
+    /// started there.
     /// `None`: the driver's working directory.
     pub cwd: Option<&'a std::path::Path>,
     /// For a summarising call: how many summaries the thread already has.
@@ -78,8 +84,8 @@ impl From<String> for AgentReply {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
-    /// A `cmd:` agent's reply passed [`AgentOptions::max_reply_bytes`]: its
-    /// process group was killed.
+    /// A `cmd:` (or `claude:`) agent's reply passed
+    /// [`AgentOptions::max_reply_bytes`]: its process group was killed.
     #[error(
         "the agent's reply passed {limit} bytes: the agent was killed and the step failed (raise --max-reply-size if such replies are expected)"
     )]
@@ -87,9 +93,9 @@ pub enum AgentError {
         /// The cap, in bytes.
         limit: usize,
     },
-    /// A `cmd:` agent's program exited, but a process it started outside
-    /// its process group (a daemon, say) kept its output pipes open until
-    /// the timeout: the reply cannot be known to be whole.
+    /// A `cmd:` (or `claude:`) agent's program exited, but a process it
+    /// started outside its process group (a daemon, say) kept its output
+    /// pipes open until the timeout: the reply cannot be known to be whole.
     #[error(
         "the agent exited but a process it started outside its process group kept its output open until the timeout ({seconds} s after the start): no reply was taken and the step failed"
     )]
@@ -97,8 +103,10 @@ pub enum AgentError {
         /// Seconds from the start of the call to giving up.
         seconds: u64,
     },
-    /// The spec is not `script:FILE` or `cmd:PROGRAM ARGS`.
-    #[error("unknown agent spec '{0}': use script:FILE or cmd:PROGRAM ARGS")]
+    /// The spec is not `script:FILE`, `cmd:PROGRAM ARGS` or
+    /// `claude:[ARGS]` (or its words cannot be used: then the reason
+    /// follows it, in parentheses).
+    #[error("unknown agent spec '{0}': use script:FILE, cmd:PROGRAM ARGS or claude:[ARGS]")]
     BadSpec(String),
     /// The scenario file cannot be read.
     #[error("cannot read scenario {path}: {source}")]
@@ -166,12 +174,48 @@ pub enum AgentError {
     /// The program's output is not UTF-8.
     #[error("agent output is not UTF-8")]
     NotUtf8,
+    /// An agent CLI (`claude:`) answered with an error of its own (its
+    /// result said `is_error`, or its subtype is an error): the step fails
+    /// with the agent's message.
+    #[error("{agent} reported an error: {message}")]
+    Reported {
+        /// The program that answered.
+        agent: String,
+        /// What it said (its result text, else its subtype), cut to 4 KiB.
+        message: String,
+        /// What the failed call cost, as the agent reported it: counted in
+        /// the thread's usage with the failed attempt.
+        usage: Option<Box<crate::usage::Usage>>,
+    },
+    /// An agent CLI (`claude:`) printed no result object: it crashed, or
+    /// printed something else. (Boxed: it carries four texts, and every
+    /// `Result` of the engine carries an `AgentError`.)
+    #[error("{0}")]
+    NoResult(Box<NoResultReport>),
     /// A `cmd:` agent needs a program to run.
     #[error("a cmd: agent needs a program to run (cmd:PROGRAM ARGS)")]
     NoProgram,
     /// An embedder's agent failed; the cause is kept as the source.
     #[error(transparent)]
     Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What [`AgentError::NoResult`] says: which program printed no result
+/// object, why its output is none, and what it printed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{agent} printed no JSON result ({problem}); its stdout began: {stdout:?}; its stderr: {stderr:?}"
+)]
+pub struct NoResultReport {
+    /// The program that ran.
+    pub agent: String,
+    /// What was wrong: the exit status when it failed, and why its stdout
+    /// is no result object.
+    pub problem: String,
+    /// The first 200 bytes of its stdout.
+    pub stdout: String,
+    /// The tail of its stderr (trimmed).
+    pub stderr: String,
 }
 
 /// Something that answers role steps.
@@ -289,10 +333,14 @@ pub enum AgentSpec {
     Script(PathBuf),
     /// `cmd:PROGRAM ARGS…`, split like shell words.
     Cmd(Vec<String>),
+    /// `claude:[ARGS…]`: Claude Code in print mode (the program
+    /// [`CLAUDE_PROGRAM_VAR`] names, else `claude`), ARGS split like shell
+    /// words and given after `-p --output-format json`.
+    Claude(ClaudeSpec),
 }
 
 impl AgentSpec {
-    /// Parses `script:FILE` or `cmd:PROGRAM ARGS`.
+    /// Parses `script:FILE`, `cmd:PROGRAM ARGS` or `claude:[ARGS]`.
     ///
     /// ```
     /// use uwf_db::engine::agent::{AgentError, AgentSpec};
@@ -301,6 +349,25 @@ impl AgentSpec {
     /// assert_eq!(spec, AgentSpec::Cmd(vec!["llm".into(), "--model".into(), "small one".into()]));
     /// assert_eq!(AgentSpec::parse("script:s.yaml")?, AgentSpec::Script("s.yaml".into()));
     /// assert!(matches!(AgentSpec::parse("llm"), Err(AgentError::BadSpec(_))));
+    /// # Ok::<(), AgentError>(())
+    /// ```
+    ///
+    /// `claude:` takes Claude Code's own flags after the colon (none is
+    /// fine); the agent fixes the output format, so that flag is refused:
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::{AgentError, AgentSpec, ClaudeSpec};
+    ///
+    /// let AgentSpec::Claude(spec) = AgentSpec::parse("claude:--model sonnet --allowedTools 'Read,Edit'")? else {
+    ///     panic!("not a claude: spec");
+    /// };
+    /// assert_eq!(
+    ///     spec.argv("claude"),
+    ///     ["claude", "-p", "--output-format", "json", "--model", "sonnet", "--allowedTools", "Read,Edit"]
+    /// );
+    /// assert_eq!(AgentSpec::parse("claude:")?, AgentSpec::Claude(ClaudeSpec::default()));
+    /// let refused = AgentSpec::parse("claude:--output-format text");
+    /// assert!(matches!(refused, Err(AgentError::BadSpec(why)) if why.contains("--output-format")));
     /// # Ok::<(), AgentError>(())
     /// ```
     pub fn parse(spec: &str) -> Result<AgentSpec, AgentError> {
@@ -315,6 +382,11 @@ impl AgentSpec {
             }
             return Ok(AgentSpec::Cmd(words));
         }
+        if let Some(words) = spec.strip_prefix("claude:") {
+            return ClaudeSpec::parse(words)
+                .map(AgentSpec::Claude)
+                .map_err(|why| AgentError::BadSpec(format!("{spec} ({why})")));
+        }
         Err(AgentError::BadSpec(spec.to_owned()))
     }
 }
@@ -322,18 +394,20 @@ impl AgentSpec {
 /// How built-in agents run ([`AgentSpec::build`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentOptions {
-    /// The store directory, given to `cmd:` programs as `UWF_STORE`
-    /// ([`Engine::build_agent`](crate::engine::Engine::build_agent) fills it in).
+    /// The store directory, given to `cmd:` and `claude:` programs as
+    /// `UWF_STORE` ([`Engine::build_agent`](crate::engine::Engine::build_agent)
+    /// fills it in).
     pub store: PathBuf,
-    /// How long a `cmd:` program may take before its process group is
-    /// killed.
+    /// How long a `cmd:` or `claude:` program may take before its process
+    /// group is killed.
     pub timeout: Duration,
-    /// How many times a `cmd:` agent is re-asked after an invalid reply.
+    /// How many times a `cmd:` or `claude:` agent is re-asked after an
+    /// invalid reply.
     pub reasks: usize,
-    /// The largest reply (stdout) a `cmd:` agent may give: past it the
-    /// program's process group is killed and the call fails with
-    /// [`AgentError::ReplyTooLarge`], so an endless reply costs bounded
-    /// memory. Default [`DEFAULT_MAX_REPLY`].
+    /// The largest reply (stdout; for `claude:` its whole JSON) a `cmd:` or
+    /// `claude:` agent may give: past it the program's process group is
+    /// killed and the call fails with [`AgentError::ReplyTooLarge`], so an
+    /// endless reply costs bounded memory. Default [`DEFAULT_MAX_REPLY`].
     pub max_reply_bytes: usize,
 }
 
@@ -348,17 +422,19 @@ impl Default for AgentOptions {
     }
 }
 
-/// Default largest reply of a `cmd:` agent: 16 MiB.
+/// Default largest reply of a `cmd:` or `claude:` agent: 16 MiB.
 pub const DEFAULT_MAX_REPLY: usize = 16 << 20;
 
-/// The tail of a `cmd:` agent's stderr kept for its error: 16 KiB.
+/// The tail of a `cmd:` or `claude:` agent's stderr kept for its error:
+/// 16 KiB.
 pub const STDERR_TAIL: usize = 16 << 10;
 
-/// Default re-asks of a `cmd:` agent after an invalid reply.
+/// Default re-asks of a `cmd:` or `claude:` agent after an invalid reply.
 pub const DEFAULT_REASKS: usize = 2;
 
 impl AgentSpec {
-    /// The agent this spec names: a loaded scenario, or a command agent.
+    /// The agent this spec names: a loaded scenario, a command agent or a
+    /// Claude Code agent.
     /// ([`Engine::build_agent`](crate::engine::Engine::build_agent) parses and builds
     /// in one call, with the store's directory filled in.)
     ///
@@ -376,6 +452,7 @@ impl AgentSpec {
         Ok(match self {
             AgentSpec::Script(file) => Box::new(ScriptAgent::load(file)?),
             AgentSpec::Cmd(argv) => Box::new(CmdAgent::new(argv.clone(), options)?),
+            AgentSpec::Claude(spec) => Box::new(ClaudeAgent::new(spec, options)?),
         })
     }
 }
