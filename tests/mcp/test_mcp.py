@@ -40,11 +40,12 @@ def ok(what):
 
 
 def uwf(store, *args):
-    """Runs the CLI on `store` with --json; returns the parsed answer."""
+    """Runs the CLI on `store` with --json; returns the parsed answer (the
+    last line's, for JSON Lines such as batch's)."""
     out = subprocess.run([BIN, "--store", store, "--json", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"uwf-db {args}: {out.returncode}: {out.stderr}"
-    return json.loads(out.stdout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def seed(store):
@@ -56,6 +57,10 @@ def seed(store):
                "--label", "team=cli")["thread"]
     asked = uwf(store, "run", "planner", "-p", "Export", "--agent", PLANNER_AGENT)["thread"]
     idle = uwf(store, "thread", "start", "review", "-p", "idle one")["thread"]
+    # And what a batch run leaves: four completed, labelled threads.
+    summary = uwf(store, "batch", "review", "-n", "4", "-p", "Batch item", "--agent",
+                  REVIEW_AGENT, "--label", "batch=b1")
+    assert summary["summary"]["completed"] == 4, summary
     return done, asked, idle
 
 
@@ -78,7 +83,8 @@ def error_of(result):
 async def session_on(store, *extra):
     params = StdioServerParameters(
         command=BIN,
-        args=["--store", store, "mcp", "--agent", f"default={PLANNER_AGENT}", *extra],
+        args=["--store", store, "mcp", "--agent", f"default={PLANNER_AGENT}",
+              "--agent", "slow=cmd:sh tests/mcp/slow-agent.sh", *extra],
         cwd=ROOT,
     )
     return stdio_client(params)
@@ -117,16 +123,22 @@ async def full_session(store, backend):
             ok(f"{backend}: 14 tools, reads and writes annotated as such")
 
             page = value(await s.call_tool("list_threads", {}))
-            assert {t["thread"] for t in page["threads"]} == {done, asked, idle}
-            assert page["next_cursor"] is None
+            assert {done, asked, idle} <= {t["thread"] for t in page["threads"]}
+            assert len(page["threads"]) == 7 and page["next_cursor"] is None
+            batch = value(await s.call_tool("list_threads",
+                                            {"label": ["batch=b1"], "status": ["completed"]}))
+            assert len(batch["threads"]) == 4, batch
+            assert all(t["usage"]["calls"] == 4 for t in batch["threads"]), batch
             only = value(await s.call_tool("list_threads", {"status": ["suspended"]}))
             assert [t["thread"] for t in only["threads"]] == [asked]
             labelled = value(await s.call_tool("list_threads", {"label": ["team=cli"]}))
             assert [t["thread"] for t in labelled["threads"]] == [done]
-            first = value(await s.call_tool("list_threads", {"limit": 1}))
+            first = value(await s.call_tool("list_threads", {"limit": 3}))
             rest = value(await s.call_tool("list_threads",
-                                           {"limit": 5, "cursor": first["next_cursor"]}))
-            assert len(first["threads"]) == 1 and len(rest["threads"]) == 2
+                                           {"limit": 10, "cursor": first["next_cursor"]}))
+            assert len(first["threads"]) == 3 and len(rest["threads"]) == 4
+            seen = [t["thread"] for t in first["threads"] + rest["threads"]]
+            assert sorted(seen) == sorted(t["thread"] for t in page["threads"])
             ok(f"{backend}: list_threads filters and pages by cursor")
 
             waiting = value(await s.call_tool("waiting_threads", {}))
@@ -193,6 +205,18 @@ async def full_session(store, backend):
             assert labels["labels"] == {"stage": "mcp"}
             labels = value(await s.call_tool("label", {"id": idle, "remove": ["stage"]}))
             assert labels["labels"] == {}
+            # A running thread stops after its step in flight, kept idle.
+            slow = value(await s.call_tool("start_run",
+                                           {"workflow": "review", "prompt": "Slowly",
+                                            "drive": True, "agent": "slow"}))["thread"]["thread"]
+            deadline = time.monotonic() + 30
+            while not value(await s.call_tool("get_thread", {"id": slow}))["driver_alive"]:
+                assert time.monotonic() < deadline, "the slow run never started"
+                await asyncio.sleep(0.02)
+            stopped = value(await s.call_tool("stop", {"id": slow}))
+            assert stopped["thread"] == slow and stopped["stop_requested_at"] is not None
+            t = await until(s, slow, "idle")
+            assert t["seq"] == 1 and t["next_role"] == "reviewer", t
             # Nothing drives the idle thread: stopping it is refused, saying why.
             e = error_of(await s.call_tool("stop", {"id": idle}))
             assert e["kind"] == "conflict" and "nothing to stop" in e["message"], e
