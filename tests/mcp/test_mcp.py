@@ -26,8 +26,8 @@ BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/debug/uwf
 PLANNER_AGENT = "script:examples/planner.scenario.yaml"
 REVIEW_AGENT = "script:examples/review.scenario.yaml"
 
-READS = {"list_threads", "waiting_threads", "get_thread", "read_log", "read_node",
-         "call_stack", "list_workflows"}
+READS = {"list_threads", "waiting_for_human", "get_thread", "read_log", "read_node",
+         "call_stack", "list_workflows", "usage"}
 WRITES = {"start_run", "resume", "drive", "stop", "cancel", "fork", "label"}
 
 passed = 0
@@ -120,7 +120,7 @@ async def full_session(store, backend):
             assert tools["start_run"].annotations.idempotent_hint is False
             assert tools["label"].annotations.idempotent_hint is True
             assert tools["get_thread"].input_schema["required"] == ["id"]
-            ok(f"{backend}: 14 tools, reads and writes annotated as such")
+            ok(f"{backend}: 15 tools, reads and writes annotated as such")
 
             page = value(await s.call_tool("list_threads", {}))
             assert {done, asked, idle} <= {t["thread"] for t in page["threads"]}
@@ -141,13 +141,13 @@ async def full_session(store, backend):
             assert sorted(seen) == sorted(t["thread"] for t in page["threads"])
             ok(f"{backend}: list_threads filters and pages by cursor")
 
-            waiting = value(await s.call_tool("waiting_threads", {}))
+            waiting = value(await s.call_tool("waiting_for_human", {}))
             assert [t["thread"] for t in waiting["threads"]] == [asked]
             assert "Which database" in waiting["threads"][0]["suspend_message"]
             t = value(await s.call_tool("get_thread", {"id": asked}))
             assert t["status"] == "suspended"
             assert t["resume_command"] == f"uwf-db thread resume {asked} -p 'YOUR ANSWER'"
-            ok(f"{backend}: waiting_threads and get_thread say how to resume")
+            ok(f"{backend}: waiting_for_human and get_thread say how to resume")
 
             log = value(await s.call_tool("read_log", {"id": done}))
             assert [e["seq"] for e in log["entries"]] == [5, 4, 3, 2, 1]
@@ -175,7 +175,10 @@ async def full_session(store, backend):
             assert stack["thread"]["thread"] == done and stack["parents"] == []
             wfs = value(await s.call_tool("list_workflows", {}))
             assert {w["name"] for w in wfs["workflows"]} == {"review", "planner"}
-            ok(f"{backend}: call_stack and list_workflows")
+            spent = value(await s.call_tool("usage", {}))
+            cli = uwf(store, "stats")["usage"]
+            assert spent["calls"] == cli["calls"] > 0, (spent, cli)
+            ok(f"{backend}: call_stack, list_workflows and usage")
 
             # The suspended thread, answered through the tool and followed.
             accepted = value(await s.call_tool("resume", {"id": asked, "text": "PostgreSQL"}))

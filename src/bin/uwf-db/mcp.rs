@@ -162,7 +162,7 @@ pub struct ListArgs {
     pub cursor: Option<String>,
 }
 
-/// `waiting_threads`: a page of suspended threads.
+/// `waiting_for_human`: a page of suspended threads.
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PageArgs {
@@ -387,7 +387,7 @@ impl UwfMcp {
         idempotent_hint = true,
         open_world_hint = false
     ))]
-    async fn waiting_threads(&self, Parameters(a): Parameters<PageArgs>) -> CallToolResult {
+    async fn waiting_for_human(&self, Parameters(a): Parameters<PageArgs>) -> CallToolResult {
         let mut q = vec![("status", "suspended".to_owned())];
         q.extend(a.limit.map(|l| ("limit", l.to_string())));
         q.extend(a.cursor.map(|c| ("cursor", c)));
@@ -466,6 +466,20 @@ impl UwfMcp {
     ))]
     async fn call_stack(&self, Parameters(a): Parameters<ThreadArg>) -> CallToolResult {
         let r = reads::thread_tree(State(self.state.clone()), Path(a.id), RawQuery(None)).await;
+        answer(r.map(|Json(v)| v))
+    }
+
+    /// What every agent call of the store cost: calls, wall time, tokens
+    /// and cost, over all threads (history included).
+    #[tool(annotations(
+        title = "Usage",
+        read_only_hint = true,
+        destructive_hint = false,
+        idempotent_hint = true,
+        open_world_hint = false
+    ))]
+    async fn usage(&self) -> CallToolResult {
+        let r = reads::usage(State(self.state.clone()), RawQuery(None)).await;
         answer(r.map(|Json(v)| v))
     }
 
@@ -630,8 +644,8 @@ impl UwfMcp {
 }
 
 const INSTRUCTIONS: &str = "uwf-db stores AI-agent workflow threads: chains of immutable, \
-content-addressed nodes. Find threads with list_threads (or waiting_threads for those \
-waiting for a human), read one with get_thread, its steps with read_log (bodies only with \
+content-addressed nodes. Find threads with list_threads (or waiting_for_human for those \
+waiting for an answer), read one with get_thread, its steps with read_log (bodies only with \
 bodies: true) and any node or text by hash with read_node; call_stack walks parent and \
 child workflows. A child workflow's get_thread has parent_context: what its agents were told \
 of their parent. Writes (start_run, resume, drive, stop, cancel, fork, label) name one of \
@@ -749,7 +763,7 @@ mod tests {
     }
 
     #[test]
-    fn the_router_offers_the_fourteen_documented_tools() {
+    fn the_router_offers_the_fifteen_documented_tools() {
         let names = |router: &ToolRouter<UwfMcp>| {
             let mut v: Vec<String> = router
                 .list_all()
@@ -776,7 +790,8 @@ mod tests {
                 "resume",
                 "start_run",
                 "stop",
-                "waiting_threads"
+                "usage",
+                "waiting_for_human"
             ]
         );
     }
