@@ -308,7 +308,86 @@ fn claude_specs_that_cannot_work_are_refused_clearly(b: TestBackend) {
     );
 }
 
+/// A role's `model:` and `allowedTools:` reach the command line, unless
+/// the spec sets that flag itself (the operator's spec wins).
+fn a_role_names_its_model_and_tools_unless_the_spec_does(b: TestBackend) {
+    let env = Cli::new(b);
+    let yaml = std::fs::read_to_string(root().join("examples/review.yaml"))
+        .unwrap()
+        .replace(
+            "    description: Implements changes\n",
+            "    description: Implements changes\n    model: claude-deep\n    allowedTools: [Read, 'Bash(cargo test:*)']\n",
+        );
+    assert!(yaml.contains("model: claude-deep"), "the example changed");
+    let wf = env.file("review.yaml", &yaml);
+    let record = record_dir(&env);
+    let argv = |role: &str| -> Vec<String> {
+        recorded(&record, &format!("argv.{role}"))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let o = with_fake(
+        &env,
+        "success",
+        &record,
+        &["--json", "run", &wf, "-p", "t", "--agent", "claude:"],
+    );
+    assert_eq!(json_of(&o)["status"], "completed");
+    assert_eq!(
+        argv("developer"),
+        [
+            "-p",
+            "--output-format",
+            "json",
+            "--model",
+            "claude-deep",
+            "--allowedTools",
+            "Read,Bash(cargo test:*)"
+        ]
+    );
+    // The reviewer role names neither.
+    assert_eq!(argv("reviewer"), ["-p", "--output-format", "json"]);
+    // A spec that sets the model keeps it; the role still adds its tools.
+    let o = with_fake(
+        &env,
+        "success",
+        &record,
+        &[
+            "--json",
+            "run",
+            "review",
+            "-p",
+            "t",
+            "--agent",
+            "claude:--model=claude-fast",
+        ],
+    );
+    assert_eq!(json_of(&o)["status"], "completed");
+    assert_eq!(
+        argv("developer"),
+        [
+            "-p",
+            "--output-format",
+            "json",
+            "--model=claude-fast",
+            "--allowedTools",
+            "Read,Bash(cargo test:*)"
+        ]
+    );
+    // Stored with the workflow, shown by `workflow show`.
+    let shown = env.json(&["workflow", "show", "review"]);
+    let dev = &shown["roles"]["developer"];
+    assert_eq!(dev["model"], "claude-deep", "{shown}");
+    assert!(
+        shown["workflow"]["roles"]["reviewer"]
+            .get("model")
+            .is_none()
+    );
+}
+
 process_conformance!(
+    a_role_names_its_model_and_tools_unless_the_spec_does,
     a_claude_agent_answers_from_its_json_result_with_usage,
     an_is_error_result_fails_the_step_with_the_agents_message,
     a_crash_without_json_is_reported_with_its_output,

@@ -52,6 +52,12 @@ pub struct Compact {
 /// A role: an agent's job, or a child workflow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 pub struct Role {
+    /// Tools an agent CLI may use in this role (`allowedTools:`; given to
+    /// a `claude:` agent as `--allowedTools` unless its spec sets them).
+    /// Left out of the stored form when empty, so workflows without it
+    /// keep their hashes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_tools: Vec<String>,
     /// Tools or skills the role may use.
     pub capabilities: Vec<String>,
     /// What the role does.
@@ -60,6 +66,11 @@ pub struct Role {
     pub frontmatter: Option<serde_json::Value>,
     /// The role's goal.
     pub goal: Option<String>,
+    /// The model an agent CLI should use for this role (`model:`; given
+    /// to a `claude:` agent as `--model` unless its spec sets one). Left
+    /// out of the stored form when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// What the reply must contain.
     pub output: Option<String>,
     /// How to work.

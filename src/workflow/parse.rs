@@ -74,6 +74,9 @@ struct RoleSrc {
     output: Option<String>,
     frontmatter: Option<serde_json::Value>,
     workflow: Option<String>,
+    model: Option<String>,
+    #[serde(rename = "allowedTools", default)]
+    allowed_tools: Vec<String>,
     #[serde(flatten)]
     extra: Extra,
 }
@@ -276,7 +279,7 @@ fn check_roles(
             &path,
             Some(r),
             &r.value.extra,
-            "description, goal, capabilities, procedure, output, frontmatter, workflow",
+            "description, goal, capabilities, procedure, output, frontmatter, workflow, model, allowedTools",
         );
         let v = &r.value;
         if let Some(child) = &v.workflow {
@@ -320,10 +323,12 @@ fn check_roles(
         roles.insert(
             rname.clone(),
             Role {
+                allowed_tools: v.allowed_tools.clone(),
                 capabilities: v.capabilities.clone(),
                 description: v.description.clone(),
                 frontmatter: v.frontmatter.clone(),
                 goal: v.goal.clone(),
+                model: v.model.clone(),
                 output: v.output.clone(),
                 procedure: v.procedure.clone(),
                 workflow: v.workflow.clone(),

@@ -68,7 +68,50 @@ impl ClaudeSpec {
         Ok(ClaudeSpec { args })
     }
 
-    /// The command line of a call: `program -p --output-format json ARGS`.
+    /// What a role adds to the command line: `--model M` for its `model:`
+    /// and `--allowedTools T1,T2` for its `allowedTools:`, each only when
+    /// the spec does not set that flag itself (the operator's spec wins
+    /// over the workflow's role).
+    ///
+    /// ```
+    /// use uwf_db::engine::agent::ClaudeSpec;
+    /// use uwf_db::workflow::Role;
+    ///
+    /// let role = Role {
+    ///     model: Some("opus".into()),
+    ///     allowed_tools: vec!["Read".into(), "Bash(cargo test:*)".into()],
+    ///     ..Role::default()
+    /// };
+    /// let none = ClaudeSpec::default();
+    /// assert_eq!(
+    ///     none.role_args(&role),
+    ///     ["--model", "opus", "--allowedTools", "Read,Bash(cargo test:*)"]
+    /// );
+    /// let pinned = ClaudeSpec::parse("--model=haiku")?;
+    /// assert_eq!(pinned.role_args(&role), ["--allowedTools", "Read,Bash(cargo test:*)"]);
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn role_args(&self, role: &crate::workflow::Role) -> Vec<String> {
+        let sets = |flags: &[&str]| {
+            self.args.iter().any(|a| {
+                let flag = a.split_once('=').map_or(a.as_str(), |(f, _)| f);
+                flags.contains(&flag)
+            })
+        };
+        let mut out = Vec::new();
+        if let Some(model) = &role.model
+            && !sets(&["--model"])
+        {
+            out.extend(["--model".to_owned(), model.clone()]);
+        }
+        if !role.allowed_tools.is_empty() && !sets(&["--allowedTools", "--allowed-tools"]) {
+            out.extend(["--allowedTools".to_owned(), role.allowed_tools.join(",")]);
+        }
+        out
+    }
+
+    /// The command line of a call: `program -p --output-format json ARGS`
+    /// (then what the role adds, [`ClaudeSpec::role_args`]).
     ///
     /// ```
     /// use uwf_db::engine::agent::ClaudeSpec;
@@ -118,6 +161,7 @@ impl ClaudeSpec {
 #[derive(Debug, Clone)]
 pub struct ClaudeAgent {
     program: String,
+    spec: ClaudeSpec,
     command: CmdAgent,
 }
 
@@ -163,7 +207,11 @@ impl ClaudeAgent {
     ) -> Result<Self, AgentError> {
         let program = program.into();
         let command = CmdAgent::new(spec.argv(&program), options)?;
-        Ok(ClaudeAgent { program, command })
+        Ok(ClaudeAgent {
+            program,
+            spec: spec.clone(),
+            command,
+        })
     }
 
     /// The program a call runs.
@@ -186,11 +234,17 @@ impl Agent for ClaudeAgent {
     }
 
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        // The role's model and tools, where the spec leaves them open.
+        let extra = self.spec.role_args(req.role);
         let Finished {
             status,
             stdout,
             stderr,
-        } = self.command.run(req)?;
+        } = if extra.is_empty() {
+            self.command.run(req)?
+        } else {
+            self.command.with_args(&extra).run(req)?
+        };
         reply_of(&self.program, status, &stdout, stderr)
     }
 }

@@ -89,6 +89,13 @@ pub(super) struct Finished {
 }
 
 impl CmdAgent {
+    /// This agent with `extra` arguments after its own.
+    pub(super) fn with_args(&self, extra: &[String]) -> CmdAgent {
+        let mut agent = self.clone();
+        agent.args.extend(extra.iter().cloned());
+        agent
+    }
+
     /// Runs the program once for `req` (prompt on stdin, in the step's
     /// directory, its own process group, under the timeout and the reply
     /// cap, registered with the drive's token) and returns how it ended,
