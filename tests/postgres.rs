@@ -827,6 +827,70 @@ fn a_read_only_role_reads_a_current_store_but_cannot_migrate_an_old_one() {
     assert_columns_match(&store, &mut sql, id);
 }
 
+/// A server that refuses a connection for having too many (here a role
+/// allowed 2) makes the caller wait and retry, not fail (issue 22): a read
+/// that needs a third connection while two are held succeeds once one is
+/// given back.
+#[test]
+fn a_refused_connection_is_waited_for_not_failed() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let id = new_thread(&store, "review").id;
+    let url = store.store_arg().into_string().unwrap();
+    let mut sql = connect(&store);
+    let database: String = sql
+        .query_one("SELECT current_database()::text", &[])
+        .unwrap()
+        .get(0);
+    let role = format!("{database}_few");
+    sql.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN CONNECTION LIMIT 2; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role};"
+    ))
+    .unwrap();
+    let _role = DropRole {
+        url: url.clone(),
+        role: role.clone(),
+    };
+    let few_url = url.replacen("root@", &format!("{role}@"), 1);
+    let few = Store::open_location(&few_url, reader_options()).unwrap();
+    // Two readers hold the role's two connections for a second.
+    let held = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let (few, held) = (few.clone(), held.clone());
+            std::thread::spawn(move || {
+                few.read(|r| {
+                    r.get_blob(&uwf_db::Hash::of(b"nothing"))?;
+                    held.wait();
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    Ok::<_, uwf_db::StoreError>(())
+                })
+                .unwrap();
+            })
+        })
+        .collect();
+    held.wait();
+    let started = std::time::Instant::now();
+    let record = few.threads().get(id).unwrap().unwrap();
+    assert_eq!(record.id, id);
+    let waited = started.elapsed();
+    for h in holders {
+        h.join().unwrap();
+    }
+    let backend = few
+        .backend()
+        .as_any()
+        .downcast_ref::<uwf_db::backend::postgres::PostgresBackend>()
+        .expect("a PostgreSQL store");
+    assert!(backend.connect_waits() > 0, "it was never refused");
+    assert!(
+        waited >= std::time::Duration::from_millis(300),
+        "answered in {waited:?} while both connections were held"
+    );
+}
+
 /// Drops a test's role (with its grants in the test's database), also
 /// when the test fails.
 struct DropRole {

@@ -119,15 +119,15 @@ impl PostgresBackend {
     /// Takes advisory lock `key` in a transaction of its own connection:
     /// `None` when another transaction (anywhere) holds it.
     pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
-        let reused = self
-            .lock_pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let mut client = match reused {
-            Some(c) if !c.is_closed() => c,
-            _ => self.connect_client()?,
-        };
+        let mut client = self.connect_or_reuse(|| {
+            let mut idle = self.lock_pool.lock().unwrap_or_else(|p| p.into_inner());
+            while let Some(c) = idle.pop() {
+                if !c.is_closed() {
+                    return Some(c);
+                }
+            }
+            None
+        })?;
         let begin = format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; \
              SET LOCAL idle_in_transaction_session_timeout = 0; \

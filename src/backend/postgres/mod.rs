@@ -82,6 +82,20 @@ const PAGE: i64 = 512;
 /// Idle connections kept for reuse.
 const POOL_SIZE: usize = 16;
 
+/// The first pause before asking again a server that has too many
+/// connections.
+pub const CONNECT_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest pause between two such attempts.
+pub const CONNECT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a connection is waited for before the caller fails.
+pub const CONNECT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the server refused the connection for having too many
+/// (SQLSTATE 53300: `max_connections`, or a role's or database's limit).
+fn too_many_connections(e: &postgres::Error) -> bool {
+    e.code() == Some(&postgres::error::SqlState::TOO_MANY_CONNECTIONS)
+}
+
 /// `uwf_<table>`.
 pub(super) fn sql_table(table: Table) -> &'static str {
     match table {
@@ -110,6 +124,8 @@ pub struct PostgresBackend {
     lock_pool: locks::LockPool,
     /// Round trips of this handle's transactions ([`PostgresBackend::round_trips`]).
     round_trips: std::sync::atomic::AtomicU64,
+    /// Connection attempts refused for too many clients and retried.
+    connect_waits: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -167,6 +183,7 @@ impl PostgresBackend {
             idle: Mutex::new(Vec::new()),
             lock_pool: Arc::new(Mutex::new(Vec::new())),
             round_trips: std::sync::atomic::AtomicU64::new(0),
+            connect_waits: std::sync::atomic::AtomicU64::new(0),
         };
         backend.migrate(create)?;
         Ok(backend)
@@ -176,10 +193,57 @@ impl PostgresBackend {
     /// plus TCP keepalives and a connect timeout unless the URL sets its
     /// own (so a connection to a vanished server fails within
     /// [`locks::TAKEOVER_BOUND_S`] seconds instead of hanging).
-    pub(super) fn connect_client(&self) -> Result<Client, BackendError> {
-        self.config
-            .connect(NoTls)
-            .map_err(|e| self.error("connecting".into(), e))
+    ///
+    /// A server that refuses the connection because it has too many
+    /// (`max_connections`, a role's or database's connection limit:
+    /// SQLSTATE 53300) is asked again with backoff, from
+    /// [`CONNECT_BACKOFF_FIRST`] doubling to [`CONNECT_BACKOFF_MAX`], for up
+    /// to [`CONNECT_PATIENCE`]: a runner waits for a connection rather than
+    /// fail a thread for want of one. The error after that says how long it
+    /// waited.
+    ///
+    /// A connection `reuse` gives is taken instead whenever it has one:
+    /// while the server refuses new connections, one this process gives
+    /// back to its pool (its own idle connections count against the limit)
+    /// ends the wait.
+    pub(super) fn connect_or_reuse(
+        &self,
+        reuse: impl Fn() -> Option<Client>,
+    ) -> Result<Client, BackendError> {
+        let started = std::time::Instant::now();
+        let mut pause = CONNECT_BACKOFF_FIRST;
+        loop {
+            if let Some(client) = reuse() {
+                return Ok(client);
+            }
+            match self.config.connect(NoTls) {
+                Ok(client) => return Ok(client),
+                Err(e) if too_many_connections(&e) && started.elapsed() < CONNECT_PATIENCE => {
+                    self.connect_waits
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Spread the retries of many waiting threads.
+                    let jitter = u64::from(started.elapsed().subsec_nanos() % 50);
+                    std::thread::sleep(pause + std::time::Duration::from_millis(jitter));
+                    pause = (pause * 2).min(CONNECT_BACKOFF_MAX);
+                }
+                Err(e) if too_many_connections(&e) => {
+                    let op = format!(
+                        "connecting (the server refused new connections for {} s: too many clients; \
+                         raise max_connections or run fewer jobs)",
+                        started.elapsed().as_secs()
+                    );
+                    return Err(self.error(op, e));
+                }
+                Err(e) => return Err(self.error("connecting".into(), e)),
+            }
+        }
+    }
+
+    /// How many times this handle waited because the server had too many
+    /// connections (the backoff of opening a connection).
+    pub fn connect_waits(&self) -> u64 {
+        self.connect_waits
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many round trips this handle's transactions have made to the
@@ -207,11 +271,15 @@ impl PostgresBackend {
 
     /// A connection from the pool, or a new one.
     pub(super) fn client(&self) -> Result<Client, BackendError> {
-        let reused = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match reused {
-            Some(c) if !c.is_closed() => Ok(c),
-            _ => self.connect_client(),
-        }
+        self.connect_or_reuse(|| {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            while let Some(c) = idle.pop() {
+                if !c.is_closed() {
+                    return Some(c);
+                }
+            }
+            None
+        })
     }
 
     /// Gives a connection back (only one outside any transaction).
