@@ -770,25 +770,8 @@ fn a_read_only_role_reads_a_current_store_but_cannot_migrate_an_old_one() {
     }
     let mut store = TestBackend::Postgres.fast();
     let id = new_thread(&store, "review").id;
-    let url = store.store_arg().into_string().unwrap();
     let mut sql = connect(&store);
-    // A role of this test only (roles are global to the server): named
-    // after the test's database, dropped at the end.
-    let database: String = sql
-        .query_one("SELECT current_database()::text", &[])
-        .unwrap()
-        .get(0);
-    let role = format!("{database}_reader");
-    sql.batch_execute(&format!(
-        "CREATE ROLE {role} LOGIN; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role};"
-    ))
-    .unwrap();
-    let _role = DropRole {
-        url: url.clone(),
-        role: role.clone(),
-    };
-    let reader_url = url.replacen("root@", &format!("{role}@"), 1);
-    assert_ne!(reader_url, url, "the test URL names no user to replace");
+    let (_role, reader_url) = reading_role(&store, &mut sql, "reader", "");
 
     let reader = Store::open_location(&reader_url, reader_options()).unwrap();
     assert_eq!(reader.threads().get(id).unwrap().unwrap().id, id);
@@ -838,22 +821,8 @@ fn a_refused_connection_is_waited_for_not_failed() {
     }
     let store = TestBackend::Postgres.fast();
     let id = new_thread(&store, "review").id;
-    let url = store.store_arg().into_string().unwrap();
     let mut sql = connect(&store);
-    let database: String = sql
-        .query_one("SELECT current_database()::text", &[])
-        .unwrap()
-        .get(0);
-    let role = format!("{database}_few");
-    sql.batch_execute(&format!(
-        "CREATE ROLE {role} LOGIN CONNECTION LIMIT 2; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role};"
-    ))
-    .unwrap();
-    let _role = DropRole {
-        url: url.clone(),
-        role: role.clone(),
-    };
-    let few_url = url.replacen("root@", &format!("{role}@"), 1);
+    let (_role, few_url) = reading_role(&store, &mut sql, "few", "CONNECTION LIMIT 2");
     let few = Store::open_location(&few_url, reader_options()).unwrap();
     // Two readers hold the role's two connections for a second.
     let held = std::sync::Arc::new(std::sync::Barrier::new(3));
@@ -889,6 +858,31 @@ fn a_refused_connection_is_waited_for_not_failed() {
         waited >= std::time::Duration::from_millis(300),
         "answered in {waited:?} while both connections were held"
     );
+}
+
+/// A login role of this test only (roles are global to the server: named
+/// after the test's database plus `suffix`, with `options` such as a
+/// connection limit) that may read every table; its URL, and the guard
+/// that drops it at the end.
+fn reading_role(
+    store: &common::backend::TestStore,
+    sql: &mut postgres::Client,
+    suffix: &str,
+    options: &str,
+) -> (DropRole, String) {
+    let url = store.store_arg().into_string().unwrap();
+    let database: String = sql
+        .query_one("SELECT current_database()::text", &[])
+        .unwrap()
+        .get(0);
+    let role = format!("{database}_{suffix}");
+    sql.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN {options}; GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role};"
+    ))
+    .unwrap();
+    let role_url = url.replacen("root@", &format!("{role}@"), 1);
+    assert_ne!(role_url, url, "the test URL names no user to replace");
+    (DropRole { url, role }, role_url)
 }
 
 /// Drops a test's role (with its grants in the test's database), also

@@ -306,7 +306,21 @@ def postgres_url():
     return f"postgres://root@127.0.0.1:5432/{name}", name
 
 
+def a_missing_store_is_an_error():
+    """A mistyped store in a client's configuration is refused, not served
+    empty (and not created)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        missing = os.path.join(tmp, "typo")
+        out = subprocess.run([BIN, "--store", missing, "mcp"], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1, (out.returncode, out.stderr)
+        assert "no uwf-db store at" in out.stderr and "uwf-db init" in out.stderr, out.stderr
+        assert not os.path.exists(missing)
+    ok("a missing store is refused, not created")
+
+
 async def main():
+    a_missing_store_is_an_error()
     with tempfile.TemporaryDirectory() as tmp:
         lmdb = os.path.join(tmp, "store")
         await full_session(lmdb, "lmdb")

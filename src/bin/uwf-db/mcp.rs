@@ -61,7 +61,9 @@ pub struct McpArgs {
 
 /// `uwf-db mcp`: serves until the client closes stdin (or a signal).
 pub fn run(cli: &Cli, args: &McpArgs, cancel: &Cancel) -> Result<(), CliError> {
-    let store = cli.open(true)?;
+    // An existing store only: a mistyped path in a client's configuration
+    // is an error the user sees, not an empty store served quietly.
+    let store = cli.open(false)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("uwf-mcp")
