@@ -160,11 +160,9 @@ impl Engine {
         let header = self.role_header_of(record.workflow_hash, role, role_def);
         // A child workflow's agent is told whom it works for (§8e); a
         // top-level thread's prompt is unchanged.
-        let task = match record.parent_thread {
-            Some(_) => match self.parent_context(record)? {
-                Some(pc) => Arc::from(format!("{task}\n\n{}", pc.section.trim())),
-                None => task,
-            },
+        // (`parent_context` answers `None` at once for a top-level thread.)
+        let task = match self.parent_context(record)? {
+            Some(pc) => Arc::from(format!("{task}\n\n{}", pc.section.trim())),
             None => task,
         };
         let prompt = assemble_with_header(
