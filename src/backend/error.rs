@@ -175,6 +175,19 @@ pub enum BackendError {
         /// The cause.
         source: postgres::Error,
     },
+    /// Every connection this process may open for transactions
+    /// (`--pg-connections`) stayed in use for as long as a caller waits.
+    #[error(
+        "no free connection to {location}: all {connections} of this process stayed in use for {waited_s} s (raise --pg-connections)"
+    )]
+    PoolExhausted {
+        /// The store.
+        location: String,
+        /// The bound.
+        connections: usize,
+        /// How long the caller waited, in seconds.
+        waited_s: u64,
+    },
     /// A transaction's connection was already given up (after an error).
     #[error(
         "the connection of this transaction to {location} was lost while {op}; nothing of it was applied"

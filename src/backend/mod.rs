@@ -27,15 +27,19 @@
 //!
 //! What a backend must guarantee (`docs/design.md` §4b states it in full):
 //!
-//! - **Isolation**: write transactions are serializable with respect to
-//!   each other (LMDB runs one writer at a time across processes). A read
-//!   of a record and the write that depends on it never interleave with
-//!   another writer: this is what makes every head move a compare-and-swap.
-//!   A backend that detects conflicts optimistically instead (PostgreSQL's
-//!   `SERIALIZABLE`) reports them as [`BackendError::Serialization`], and the
-//!   caller re-runs the whole transaction closure ([`crate::Store::write`]
-//!   does), so closures given to a write must have no effect outside the
-//!   transaction.
+//! - **Isolation**: a write transaction's reads of a thread's record (in
+//!   `threads`, `history_ids` or `history`) or a workflow's name, and the
+//!   writes that depend on them, never interleave with another writer of
+//!   the same record: this is what makes every head move a
+//!   compare-and-swap. LMDB runs one writer at a time across processes;
+//!   PostgreSQL runs writers of different threads in parallel and orders
+//!   those of one thread by a lock on its id. Blobs are immutable and
+//!   `meta` is written only by exclusive writers
+//!   ([`Backend::begin_write_exclusive`]), which no writer interleaves
+//!   with. A backend that reports a conflict it cannot order (a deadlock)
+//!   says [`BackendError::Serialization`], and the caller re-runs the
+//!   whole transaction closure ([`crate::Store::write`] does), so closures
+//!   given to a write must have no effect outside the transaction.
 //! - **Atomicity and durability**: a commit that returns `Ok` is durable
 //!   in the store's [`Durability`] mode; a commit that
 //!   fails, or a transaction dropped without commit, leaves no trace. A
@@ -234,6 +238,15 @@ pub trait ReadTables {
         false
     }
 
+    /// Whether a statement of this transaction failed with
+    /// [`BackendError::Serialization`] (a deadlock between writers, say):
+    /// then whatever error the caller got from it, the transaction is over
+    /// with nothing applied, and running it again from the start may
+    /// succeed. A backend with one writer at a time has none.
+    fn serialization_failed(&self) -> bool {
+        false
+    }
+
     /// Whether one [`ReadTables::get_many`] of several keys is much cheaper
     /// than a `get` of each (a client–server backend: one round trip
     /// instead of many), so a caller should fetch together what it will
@@ -412,6 +425,24 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Starts a write transaction.
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError>;
+
+    /// Starts a write transaction that no other write transaction
+    /// interleaves with: it begins once every writer in flight has ended,
+    /// and writers that begin meanwhile wait for it. For the few writes
+    /// whose correctness argument needs every writer on one side of them
+    /// (a garbage collection's marker and sweep, `meta` settings). A
+    /// backend whose writers are all serial anyway (LMDB) gives an
+    /// ordinary one, the default.
+    fn begin_write_exclusive(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
+        self.begin_write()
+    }
+
+    /// How many write transactions a group-commit handle should keep in
+    /// flight at once: one for a backend with a single writer (the
+    /// default), more for a server that commits several in parallel.
+    fn parallel_writers(&self) -> usize {
+        1
+    }
 
     /// Where the store lives, for messages and for agents (`UWF_STORE`).
     fn location(&self) -> &str;

@@ -127,7 +127,7 @@ impl Copy<'_> {
     /// source (`true`), or mark an empty store as one (`false`), or refuse.
     pub(super) fn claim(&self, source_format: u32) -> Result<bool, CopyError> {
         self.dst
-            .write(|w| {
+            .write_exclusive(|w| {
                 let t = w.tables();
                 let format = read_format_version(t, self.to)?;
                 if format != source_format {
@@ -239,7 +239,7 @@ impl Copy<'_> {
     /// Deletes the marker: the destination is a finished copy.
     pub(super) fn finish(&self) -> Result<(), CopyError> {
         self.dst
-            .write(|w| {
+            .write_exclusive(|w| {
                 Ok(match UnfinishedCopy::read(w.tables())? {
                     Some(marker) if marker.source == self.from => {
                         w.tables_mut()

@@ -199,7 +199,7 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         // Best effort: a marker left behind only makes writers refresh
         // `touched_at` until the next collection replaces it.
-        let _ = self.store.write(|w| {
+        let _ = self.store.write_exclusive(|w| {
             let t = w.tables_mut();
             let ours = t.get(Table::Meta, GC_EPOCH_KEY.as_bytes())?.as_deref()
                 == Some(&self.epoch.to_be_bytes()[..]);
@@ -360,7 +360,7 @@ fn start_gc(store: &Store) -> Result<Running<'_>, GcError> {
             store: store.location().to_owned(),
         });
     };
-    let epoch = store.write(|w| {
+    let epoch = store.write_exclusive(|w| {
         // Under the lock, so a copy (which holds it while it runs)
         // cannot start between this check and the collection.
         refuse_unfinished_copy(store, UnfinishedCopy::read(w.tables())?)?;

@@ -32,7 +32,7 @@ pub(super) fn sweep(
     let total = order.len() as u64;
     let mut done = 0u64;
     for batch in order.chunks(SWEEP_BATCH) {
-        let (swept, freed, saved) = store.write(|w| {
+        let (swept, freed, saved) = store.write_exclusive(|w| {
             let t = w.tables_mut();
             let (mut swept, mut freed, mut saved) = (0u64, 0u64, 0u64);
             // Decide in sweep order (a rescue reaches only later

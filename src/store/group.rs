@@ -144,16 +144,23 @@ impl Store {
         let out = std::thread::scope(|scope| {
             let inner = &self.inner;
             let counters = &counters;
-            // The writer owns the receiver: if it dies, the queue goes with
-            // it and no sender waits for an answer that will not come.
-            let spawned = std::thread::Builder::new()
-                .name("uwf-group-commit".into())
-                .spawn_scoped(scope, move || writer(inner, rx, max_group, counters));
-            if let Err(e) = spawned {
-                // No writer: every write through the handle fails with
-                // `GroupStopped` (its request is dropped unanswered).
-                drop(e);
+            // The writers own the receiver: if they die, the queue goes
+            // with them and no sender waits for an answer that will not
+            // come. A server backend that commits in parallel gets several
+            // (`Backend::parallel_writers`), each with its own group in
+            // flight.
+            for _ in 0..inner.backend.parallel_writers().max(1) {
+                let rx = rx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("uwf-group-commit".into())
+                    .spawn_scoped(scope, move || writer(inner, rx, max_group, counters));
+                if let Err(e) = spawned {
+                    // No writer: every write through the handle fails with
+                    // `GroupStopped` (its request is dropped unanswered).
+                    drop(e);
+                }
             }
+            drop(rx);
             let grouped = Store {
                 inner: Arc::clone(&self.inner),
                 group: Some(Arc::new(GroupSender { tx })),
@@ -268,7 +275,7 @@ fn writer(inner: &StoreInner, rx: Receiver<Request>, max_group: usize, counters:
 /// failed alone. Returns the commit's outcome.
 fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreError> {
     let mut left_out = vec![false; batch.len()];
-    let mut lost = 0;
+    let (mut lost, mut conflicts) = (0, 0);
     loop {
         let mut txn = super::begin_with_retries(|| WriteTxn::begin(&*inner.backend))?;
         let mut failed = None;
@@ -298,13 +305,25 @@ fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreEr
             Some(_) if txn.connection_lost() && lost < super::LOST_CONNECTION_TRIES => {
                 lost += 1;
             }
+            // A deadlock with another group (or another process's
+            // writer): not the request's fault either; all run again.
+            Some(_) if txn.serialization_failed() && conflicts < super::SERIALIZATION_RETRIES => {
+                conflicts += 1;
+            }
             // Dropping the transaction discards everything it wrote.
             Some(i) => {
                 if let Some(out) = left_out.get_mut(i) {
                     *out = true;
                 }
             }
-            None => return txn.commit(),
+            None => match txn.commit() {
+                Err(StoreError::Backend(crate::backend::BackendError::Serialization {
+                    ..
+                })) if conflicts < super::SERIALIZATION_RETRIES => {
+                    conflicts += 1;
+                }
+                done => return done,
+            },
         }
     }
 }

@@ -40,7 +40,7 @@ pub use crate::backend::lmdb::{DEFAULT_MAP_SIZE, MAX_MAP_SIZE};
 pub use copy_marker::{COPY_MARKER_KEY, UnfinishedCopy};
 pub use error::{Damage, OpenError, StoreError};
 pub use group::{DEFAULT_MAX_GROUP, GroupStats};
-pub use options::{Durability, StoreOptions};
+pub use options::{DEFAULT_PG_CONNECTIONS, Durability, StoreOptions};
 pub use record::{BlobRecord, RecordError};
 pub use stats::Stats;
 pub use txn::{ReadTxn, StoredBlob, WriteTxn};
@@ -242,15 +242,39 @@ impl Store {
     /// ```
     pub fn write<R, E: From<StoreError>>(
         &self,
+        f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.write_as(false, f)
+    }
+
+    /// [`Store::write`] in a transaction no other writer interleaves with
+    /// (`Backend::begin_write_exclusive`): for the garbage collector's
+    /// marker and sweep and for `meta` settings, whose correctness needs
+    /// every writer on one side of them. Writers wait while it runs: keep
+    /// it short.
+    pub(crate) fn write_exclusive<R, E: From<StoreError>>(
+        &self,
+        f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.write_as(true, f)
+    }
+
+    fn write_as<R, E: From<StoreError>>(
+        &self,
+        exclusive: bool,
         mut f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut txn = begin_with_retries(|| WriteTxn::begin(&*self.inner.backend))?;
+            let mut txn =
+                begin_with_retries(|| WriteTxn::begin_as(&*self.inner.backend, exclusive))?;
             let out = match f(&mut txn) {
                 // Lost before the commit: nothing was applied.
                 Err(_) if txn.connection_lost() && attempt < LOST_CONNECTION_TRIES => continue,
+                // A deadlock or serialization failure under it, whatever
+                // error `f` made of it: nothing was applied.
+                Err(_) if txn.serialization_failed() && attempt < SERIALIZATION_RETRIES => continue,
                 out => out?,
             };
             match txn.commit() {

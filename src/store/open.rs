@@ -143,10 +143,15 @@ impl Store {
         }
         #[cfg(feature = "postgres")]
         {
-            let backend = crate::backend::postgres::PostgresBackend::connect(
+            let connections = match options.pg_connections {
+                0 => super::options::DEFAULT_PG_CONNECTIONS,
+                n => n,
+            };
+            let backend = crate::backend::postgres::PostgresBackend::connect_with(
                 location,
                 options.durability,
                 options.create,
+                connections,
             )?;
             Ok(Store::from_backend(backend))
         }

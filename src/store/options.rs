@@ -14,7 +14,15 @@ pub struct StoreOptions {
     /// Create the store when it does not exist (else fail with
     /// [`BackendError::NotInitialized`](crate::backend::BackendError::NotInitialized)).
     pub create: bool,
+    /// PostgreSQL: the most connections this handle opens for
+    /// transactions at once (`0`: [`DEFAULT_PG_CONNECTIONS`]); its claims
+    /// take one more, whatever their number. Ignored by LMDB.
+    pub pg_connections: usize,
 }
+
+/// The connections a PostgreSQL store handle opens for transactions when
+/// [`StoreOptions::pg_connections`] is `0`.
+pub const DEFAULT_PG_CONNECTIONS: usize = 4;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -22,6 +30,7 @@ impl Default for StoreOptions {
             durability: Durability::Sync,
             max_map_size: None,
             create: true,
+            pg_connections: 0,
         }
     }
 }

@@ -227,7 +227,17 @@ pub struct WriteTxn<'s> {
 
 impl<'s> WriteTxn<'s> {
     pub(super) fn begin(backend: &'s dyn Backend) -> Result<Self, StoreError> {
-        let txn = backend.begin_write()?;
+        Self::begin_as(backend, false)
+    }
+
+    /// A write transaction; `exclusive`: one no other writer interleaves
+    /// with ([`Backend::begin_write_exclusive`]).
+    pub(super) fn begin_as(backend: &'s dyn Backend, exclusive: bool) -> Result<Self, StoreError> {
+        let txn = if exclusive {
+            backend.begin_write_exclusive()?
+        } else {
+            backend.begin_write()?
+        };
         // Nearly every write reads it (the GC barrier): fetched with `BEGIN`
         // by a server backend.
         txn.prefetch(&[(Table::Meta, GC_EPOCH_KEY.as_bytes())])?;
@@ -246,6 +256,13 @@ impl<'s> WriteTxn<'s> {
     /// commit, nothing of it was applied).
     pub(super) fn connection_lost(&self) -> bool {
         self.txn.connection_lost()
+    }
+
+    /// Whether a statement failed for a serialization failure or a
+    /// deadlock: nothing of the transaction is applied, and running it
+    /// again may succeed.
+    pub(super) fn serialization_failed(&self) -> bool {
+        self.txn.serialization_failed()
     }
 
     /// The epoch of a garbage collection in progress (`docs/design.md` §7),

@@ -281,7 +281,7 @@ impl Threads<'_> {
             }
             None => None,
         };
-        self.store.write(|w| {
+        self.store.write_exclusive(|w| {
             let t = w.tables_mut();
             match &bytes {
                 Some(b) => t.put(Table::Meta, RETENTION_KEY.as_bytes(), b)?,

@@ -1,25 +1,34 @@
-//! Claims and the GC lock on PostgreSQL: transaction-scoped advisory locks,
-//! each held by a transaction kept open on a connection of its own.
+//! Claims and the GC lock on PostgreSQL: session advisory locks, all held
+//! by one connection of the backend (its lock session), however many
+//! drivers hold claims (`docs/design.md` §8f).
 //!
-//! A held lock is a connection inside `BEGIN` that took
-//! `pg_try_advisory_xact_lock(key)`; releasing it is `ROLLBACK`. Because
-//! the lock lives in a transaction, not a session, it works behind a
-//! transaction-mode pooler (the pooler pins one server connection to the
-//! client for the transaction's life), and it is gone as soon as the
-//! server ends that transaction: the holder rolls back, exits, is killed,
-//! or its connection is lost. The transaction writes nothing and, at
-//! `READ COMMITTED`, holds no snapshot between statements, so keeping it
-//! open does not hold back vacuum.
+//! The session opens a transaction when it connects and never ends it: a
+//! transaction-mode pooler pins one server connection to the client for a
+//! transaction's life, so session locks taken inside it stay on that
+//! server connection, and a pooler whose client leaves mid-transaction
+//! closes the server connection rather than reuse it. The locks are
+//! session-level (`pg_try_advisory_lock`), so each is released on its own
+//! (`pg_advisory_unlock`) without ending the transaction. The transaction
+//! writes nothing and, at `READ COMMITTED`, holds no snapshot between
+//! statements, so keeping it open does not hold back vacuum.
+//!
+//! The locks are gone as soon as the server ends the session: the holder
+//! exits, is killed, or its connection is lost. The session remembers the
+//! keys it holds, so a second take of one this handle holds is refused (as
+//! another session's would be). When the connection is lost, every lock
+//! of it is lost: a held lock knows the session generation it was taken
+//! in, and [`HeldLock::check`] fails once that session is gone.
 //!
 //! **Takeover bound** (`docs/design.md` §4b): a holder that exits or is
 //! killed closes its socket and the server releases its locks at once. A
 //! holder whose machine or network vanishes without a word is detected by
-//! the server's TCP keepalive, which the lock transaction sets for itself
+//! the server's TCP keepalive, which the lock session sets for itself
 //! (`SET LOCAL`, so nothing leaks to a pooled connection): probes after
 //! [`KEEPALIVE_IDLE_S`] idle seconds, every [`KEEPALIVE_INTERVAL_S`],
 //! given up after [`KEEPALIVE_COUNT`] unanswered, and `tcp_user_timeout`
 //! for data never acknowledged: at most [`TAKEOVER_BOUND_S`] seconds.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -39,9 +48,6 @@ pub const KEEPALIVE_COUNT: u32 = 3;
 /// The longest a silently vanished holder keeps its locks, in seconds.
 pub const TAKEOVER_BOUND_S: u32 = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT;
 
-/// Connections kept for reuse by locks.
-const LOCK_POOL_SIZE: usize = 16;
-
 /// A claim's advisory lock key: the thread id's 16 bytes folded into 63
 /// bits (the two halves XORed, sign bit cleared).
 pub(crate) fn claim_key(id: ClaimKey) -> i64 {
@@ -50,15 +56,31 @@ pub(crate) fn claim_key(id: ClaimKey) -> i64 {
     i64::try_from(folded >> 1).unwrap_or(0)
 }
 
-/// Idle connections for locks, shared by the backend and its held locks
-/// (which give their connection back when released).
-pub(super) type LockPool = Arc<Mutex<Vec<Client>>>;
+/// The lock session of a backend: one connection, opened when a lock is
+/// first taken, and what it holds.
+#[derive(Default, Clone)]
+pub(super) struct LockSession(Arc<Mutex<Session>>);
 
-/// A transaction-scoped advisory lock held by an open transaction; rolled
-/// back (so unlocked) when dropped.
+#[derive(Default)]
+struct Session {
+    client: Option<Client>,
+    /// Bumped each time a connection is opened: a lock taken in an
+    /// earlier one is lost.
+    generation: u64,
+    /// The keys held in the current connection.
+    held: HashSet<i64>,
+}
+
+impl LockSession {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One advisory lock of a lock session; released when dropped.
 struct AdvisoryLock {
-    client: Mutex<Option<Client>>,
-    pool: LockPool,
+    session: LockSession,
+    generation: u64,
     location: String,
     key: i64,
 }
@@ -71,97 +93,118 @@ impl fmt::Debug for AdvisoryLock {
     }
 }
 
+/// The first row's first column of a simple query's answer.
+fn first_value(messages: &[postgres::SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|m| match m {
+        postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    })
+}
+
 impl HeldLock for AdvisoryLock {
     fn check(&self) -> Result<(), BackendError> {
-        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        let alive = match slot.as_mut() {
+        let mut session = self.session.lock();
+        let lost = |detail: String| BackendError::LockLost {
+            location: self.location.clone(),
+            detail,
+        };
+        if session.generation != self.generation || !session.held.contains(&self.key) {
+            return Err(lost("the connection was lost earlier and given up".into()));
+        }
+        let alive = match session.client.as_mut() {
             Some(client) => client
                 .batch_execute("SELECT 1")
                 .map_err(|e| super::lock_lost_detail(&e)),
             None => Err("the connection was lost earlier and given up".into()),
         };
         alive.map_err(|detail| {
-            // The server ended the transaction with the connection: the
-            // lock is gone; this connection is never reused.
-            slot.take();
-            BackendError::LockLost {
-                location: self.location.clone(),
-                detail,
-            }
+            // The server ended the session with the connection: every lock
+            // of it is gone; this connection is never reused.
+            session.client = None;
+            session.held.clear();
+            lost(detail)
         })
     }
 }
 
 impl Drop for AdvisoryLock {
     fn drop(&mut self) {
-        let slot = self.client.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(mut client) = slot.take()
-            && client.batch_execute("ROLLBACK").is_ok()
-        {
-            give_back(&self.pool, client);
+        let mut session = self.session.lock();
+        if session.generation != self.generation || !session.held.remove(&self.key) {
+            return;
         }
-        // A connection that cannot roll back is dropped: closing it ends
-        // the transaction, and the lock with it.
-    }
-}
-
-fn give_back(pool: &LockPool, client: Client) {
-    if client.is_closed() {
-        return;
-    }
-    let mut idle = pool.lock().unwrap_or_else(|p| p.into_inner());
-    if idle.len() < LOCK_POOL_SIZE {
-        idle.push(client);
+        let unlocked = session.client.as_mut().is_some_and(|client| {
+            // A number we formatted.
+            client
+                .simple_query(&format!("SELECT pg_advisory_unlock({})", self.key))
+                .is_ok()
+        });
+        if !unlocked {
+            // Closing the connection releases every lock of the session
+            // (the others' holders find them lost).
+            session.client = None;
+            session.held.clear();
+        }
     }
 }
 
 impl PostgresBackend {
-    /// Takes advisory lock `key` in a transaction of its own connection:
-    /// `None` when another transaction (anywhere) holds it.
+    /// Takes advisory lock `key` in this handle's lock session: `None`
+    /// when another session (anywhere) or this handle holds it.
     pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
-        let mut client = self.connect_or_reuse(|| {
-            let mut idle = self.lock_pool.lock().unwrap_or_else(|p| p.into_inner());
-            while let Some(c) = idle.pop() {
-                if !c.is_closed() {
-                    return Some(c);
-                }
-            }
-            None
-        })?;
-        let begin = format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED; \
-             SET LOCAL idle_in_transaction_session_timeout = 0; \
-             SET LOCAL statement_timeout = 0; \
-             SET LOCAL tcp_keepalives_idle = {KEEPALIVE_IDLE_S}; \
-             SET LOCAL tcp_keepalives_interval = {KEEPALIVE_INTERVAL_S}; \
-             SET LOCAL tcp_keepalives_count = {KEEPALIVE_COUNT}; \
-             SET LOCAL tcp_user_timeout = {}",
-            TAKEOVER_BOUND_S * 1000
-        );
-        client
-            .batch_execute(&begin)
-            .map_err(|e| self.error("taking an advisory lock".into(), e))?;
-        // A simple query, not the extended protocol: an unnamed portal
-        // would stay open, holding its snapshot (and vacuum's horizon)
-        // for the lock's whole life. The key is a number we formatted.
-        let taken = client
-            .simple_query(&format!("SELECT pg_try_advisory_xact_lock({key})"))
-            .map_err(|e| self.error("taking an advisory lock".into(), e))?
-            .iter()
-            .find_map(|m| match m {
-                postgres::SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
-                _ => None,
-            })
-            .unwrap_or(false);
-        if !taken {
-            if client.batch_execute("ROLLBACK").is_ok() {
-                give_back(&self.lock_pool, client);
-            }
+        let mut session = self.locks.lock();
+        if session.client.as_ref().is_none_or(Client::is_closed) {
+            session.client = None;
+            session.held.clear();
+            let super::Reused::Fresh(mut client) = self.connect_or_reuse(|| None::<()>)? else {
+                unreachable!("nothing to reuse")
+            };
+            let begin = format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SET LOCAL idle_in_transaction_session_timeout = 0; \
+                 SET LOCAL statement_timeout = 0; \
+                 SET LOCAL tcp_keepalives_idle = {KEEPALIVE_IDLE_S}; \
+                 SET LOCAL tcp_keepalives_interval = {KEEPALIVE_INTERVAL_S}; \
+                 SET LOCAL tcp_keepalives_count = {KEEPALIVE_COUNT}; \
+                 SET LOCAL tcp_user_timeout = {}",
+                TAKEOVER_BOUND_S * 1000
+            );
+            client
+                .batch_execute(&begin)
+                .map_err(|e| self.error("opening the lock session".into(), e))?;
+            session.client = Some(client);
+            session.generation += 1;
+        }
+        if session.held.contains(&key) {
             return Ok(None);
         }
+        // A simple query, not the extended protocol: an unnamed portal
+        // would stay open, holding its snapshot (and vacuum's horizon).
+        // The key is a number we formatted.
+        let Some(client) = session.client.as_mut() else {
+            return Err(BackendError::ConnectionLost {
+                location: self.location.clone(),
+                op: "taking an advisory lock".into(),
+            });
+        };
+        let answer = client.simple_query(&format!("SELECT pg_try_advisory_lock({key})"));
+        let taken = match answer {
+            Ok(messages) => first_value(&messages).is_some_and(|v| v == "t"),
+            Err(e) => {
+                // Whatever failed, the session's transaction is unusable:
+                // give it up (and every lock in it).
+                session.client = None;
+                session.held.clear();
+                return Err(self.error("taking an advisory lock".into(), e));
+            }
+        };
+        if !taken {
+            return Ok(None);
+        }
+        session.held.insert(key);
         Ok(Some(Box::new(AdvisoryLock {
-            client: Mutex::new(Some(client)),
-            pool: Arc::clone(&self.lock_pool),
+            session: self.locks.clone(),
+            generation: session.generation,
             location: self.location.clone(),
             key,
         })))

@@ -40,11 +40,12 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Bound;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 mod columns;
 mod error;
 mod locks;
+mod pool;
 mod schema;
 mod txn;
 mod write;
@@ -53,6 +54,7 @@ pub(crate) use error::connection_lost;
 use error::*;
 use txn::*;
 
+pub use pool::DEFAULT_CONNECTIONS;
 pub use schema::SCHEMA_VERSION;
 
 use locks::claim_key;
@@ -66,8 +68,12 @@ use super::{
 use crate::backend::BackendError;
 use crate::backend::{ClaimKey, Durability};
 
-/// The advisory lock every write transaction takes (an arbitrary constant:
-/// `'uwfwrite'` in ASCII).
+/// The store barrier (an arbitrary constant: `'uwfwrite'` in ASCII): every
+/// write transaction takes this advisory lock in shared mode, so writers
+/// never wait for each other on it; the few transactions that must not
+/// interleave with any writer (a garbage collection's marker and sweep,
+/// the retention policy, a copy's marker, a migration) take it exclusively
+/// ([`Backend::begin_write_exclusive`]; `docs/design.md` §8f).
 pub const WRITER_LOCK: i64 = 0x7577_6677_7269_7465;
 
 /// The advisory lock of a running garbage collection (`'uwf gc'`).
@@ -78,9 +84,6 @@ type Row = (Vec<u8>, Vec<u8>);
 
 /// Rows fetched per round trip of a range scan.
 const PAGE: i64 = 512;
-
-/// Idle connections kept for reuse.
-const POOL_SIZE: usize = 16;
 
 /// The first pause before asking again a server that has too many
 /// connections.
@@ -119,9 +122,10 @@ pub struct PostgresBackend {
     /// The URL with any password hidden, for messages.
     location: String,
     durability: Durability,
-    idle: Mutex<Vec<Client>>,
-    /// Idle connections for claims and the GC lock (`locks.rs`).
-    lock_pool: locks::LockPool,
+    /// The transactions' connections, at most `--pg-connections`.
+    pool: Arc<pool::Pool>,
+    /// The session that holds this handle's claims and GC lock (`locks.rs`).
+    locks: locks::LockSession,
     /// Round trips of this handle's transactions ([`PostgresBackend::round_trips`]).
     round_trips: std::sync::atomic::AtomicU64,
     /// Connection attempts refused for too many clients and retried.
@@ -173,6 +177,19 @@ impl PostgresBackend {
         durability: Durability,
         create: bool,
     ) -> Result<PostgresBackend, BackendError> {
+        Self::connect_with(url, durability, create, DEFAULT_CONNECTIONS)
+    }
+
+    /// [`PostgresBackend::connect`] with at most `connections` connections
+    /// for transactions (at least one; [`DEFAULT_CONNECTIONS`] when not
+    /// told), plus one that holds this handle's claims: the connections a
+    /// runner opens do not grow with its drivers.
+    pub fn connect_with(
+        url: &str,
+        durability: Durability,
+        create: bool,
+        connections: usize,
+    ) -> Result<PostgresBackend, BackendError> {
         let location = redact(url);
         let config =
             client_config(url).map_err(|e| pg_error(&location, "reading the URL".into(), e))?;
@@ -180,8 +197,8 @@ impl PostgresBackend {
             config,
             location,
             durability,
-            idle: Mutex::new(Vec::new()),
-            lock_pool: Arc::new(Mutex::new(Vec::new())),
+            pool: pool::Pool::new(connections),
+            locks: locks::LockSession::default(),
             round_trips: std::sync::atomic::AtomicU64::new(0),
             connect_waits: std::sync::atomic::AtomicU64::new(0),
         };
@@ -206,18 +223,21 @@ impl PostgresBackend {
     /// while the server refuses new connections, one this process gives
     /// back to its pool (its own idle connections count against the limit)
     /// ends the wait.
-    pub(super) fn connect_or_reuse(
+    pub(super) fn connect_or_reuse<T>(
         &self,
-        reuse: impl Fn() -> Option<Client>,
-    ) -> Result<Client, BackendError> {
+        reuse: impl Fn() -> Option<T>,
+    ) -> Result<Reused<T>, BackendError> {
         let started = std::time::Instant::now();
         let mut pause = CONNECT_BACKOFF_FIRST;
+        let mut first = true;
         loop {
-            if let Some(client) = reuse() {
-                return Ok(client);
+            // The first attempt connects: `reuse` is for the wait.
+            if !first && let Some(reused) = reuse() {
+                return Ok(Reused::Pooled(reused));
             }
+            first = false;
             match self.config.connect(NoTls) {
-                Ok(client) => return Ok(client),
+                Ok(client) => return Ok(Reused::Fresh(client)),
                 Err(e) if too_many_connections(&e) && started.elapsed() < CONNECT_PATIENCE => {
                     self.connect_waits
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -264,34 +284,60 @@ impl PostgresBackend {
             // What cut one connection (an administrator's terminate, a
             // server restart or failover) has most likely cut the idle
             // ones too: new connections, not a retry per dead one.
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            self.pool.clear_idle();
         }
         pg_error(&self.location, op, e)
     }
 
-    /// A connection from the pool, or a new one.
-    pub(super) fn client(&self) -> Result<Client, BackendError> {
-        self.connect_or_reuse(|| {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            while let Some(c) = idle.pop() {
-                if !c.is_closed() {
-                    return Some(c);
+    /// A connection from the pool, or a new one: waits while
+    /// `--pg-connections` are in use (up to [`CONNECT_PATIENCE`]).
+    fn client(&self) -> Result<pool::Conn, BackendError> {
+        match self.pool.take(CONNECT_PATIENCE) {
+            Some(pool::Slot::Idle(conn)) => Ok(conn),
+            Some(pool::Slot::Open) => {
+                // While the server refuses new connections, one this
+                // process gives back ends the wait (it is reused, and the
+                // reserved slot freed).
+                let opened = self.connect_or_reuse(|| {
+                    let conn = self.pool.idle()?;
+                    self.pool.closed();
+                    Some(conn)
+                });
+                match opened {
+                    Ok(Reused::Fresh(client)) => Ok(self.pool.lend(client)),
+                    Ok(Reused::Pooled(conn)) => Ok(conn),
+                    Err(e) => {
+                        self.pool.closed();
+                        Err(e)
+                    }
                 }
             }
-            None
-        })
+            None => Err(BackendError::PoolExhausted {
+                location: self.location.clone(),
+                connections: self.pool.max(),
+                waited_s: CONNECT_PATIENCE.as_secs(),
+            }),
+        }
     }
 
     /// Gives a connection back (only one outside any transaction).
-    pub(super) fn release(&self, client: Client) {
-        if client.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < POOL_SIZE {
-            idle.push(client);
-        }
+    fn release(&self, conn: pool::Conn) {
+        self.pool.give_back(conn);
     }
+
+    /// Connections this handle has open for transactions now (its claims'
+    /// session not counted).
+    pub fn open_connections(&self) -> usize {
+        self.pool.open()
+    }
+}
+
+/// What [`PostgresBackend::connect_or_reuse`] found.
+pub(super) enum Reused<T> {
+    /// A new connection.
+    Fresh(Client),
+    /// One given back meanwhile.
+    Pooled(T),
 }
 
 /// Column `i` of a row, typed; a type that does not match (a schema
@@ -309,15 +355,33 @@ pub(super) fn column<'r, T: postgres::types::FromSql<'r>>(
 
 impl PostgresBackend {
     /// A transaction that sends `begin` with its first statement.
-    fn begin(&self, begin: String) -> Result<Txn<'_>, BackendError> {
+    fn begin(&self, begin: String, write: bool) -> Result<Txn<'_>, BackendError> {
         Ok(Txn {
             backend: self,
             begin,
+            write,
             state: RefCell::new(TxnState {
                 client: Some(self.client()?),
                 ..TxnState::default()
             }),
         })
+    }
+
+    /// A write transaction taking the store barrier in `mode` (`_shared`
+    /// or not).
+    fn begin_writer(&self, mode: &str) -> Result<Box<dyn WriteTables + '_>, BackendError> {
+        // `SET LOCAL`, not a session setting, so nothing leaks to other
+        // clients of a pooled server connection.
+        let relaxed = match self.durability {
+            Durability::None => "SET LOCAL synchronous_commit = off; ",
+            _ => "",
+        };
+        Ok(Box::new(PgWrite(self.begin(
+            format!(
+                "BEGIN ISOLATION LEVEL READ COMMITTED; {relaxed}SELECT pg_advisory_xact_lock{mode}({WRITER_LOCK})"
+            ),
+            true,
+        )?)))
     }
 }
 
@@ -325,19 +389,22 @@ impl Backend for PostgresBackend {
     fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
         Ok(Box::new(PgRead(self.begin(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY".into(),
+            false,
         )?)))
     }
 
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
-        // `SET LOCAL`, not a session setting, so nothing leaks to other
-        // clients of a pooled server connection.
-        let relaxed = match self.durability {
-            Durability::None => "SET LOCAL synchronous_commit = off; ",
-            _ => "",
-        };
-        Ok(Box::new(PgWrite(self.begin(format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED; {relaxed}SELECT pg_advisory_xact_lock({WRITER_LOCK})"
-        ))?)))
+        self.begin_writer("_shared")
+    }
+
+    fn begin_write_exclusive(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
+        self.begin_writer("")
+    }
+
+    fn parallel_writers(&self) -> usize {
+        // Half the connections write groups; the rest serve the drivers'
+        // reads.
+        (self.pool.max() / 2).max(1)
     }
 
     fn location(&self) -> &str {

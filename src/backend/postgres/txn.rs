@@ -31,7 +31,7 @@ impl Held {
 /// What a transaction knows and holds, beside its connection.
 #[derive(Default)]
 pub(super) struct TxnState {
-    pub(super) client: Option<Client>,
+    pub(super) client: Option<pool::Conn>,
     /// Whether `BEGIN` has been sent.
     pub(super) started: bool,
     /// Keys to fetch with `BEGIN` ([`ReadTables::prefetch`]).
@@ -43,6 +43,38 @@ pub(super) struct TxnState {
     pub(super) held: BTreeMap<(Table, Vec<u8>), Held>,
     /// The held writes' SQL, in bytes.
     pub(super) held_sql: usize,
+    /// The order locks ([`order_lock`]) this write transaction holds.
+    pub(super) locked: std::collections::HashSet<(i32, i32)>,
+    /// A statement failed for a serialization failure or a deadlock: the
+    /// transaction is over and may be run again from the start.
+    pub(super) serialization_failed: bool,
+}
+
+/// The transaction-scoped advisory lock (two `int4` keys, a lock space of
+/// its own: claims use the one-`bigint` form) that orders the write
+/// transactions reading the record at `key` of `table`
+/// (`docs/design.md` §8f): a thread's id, whichever of `threads`,
+/// `history_ids` or `history` holds its record, or a workflow's name.
+/// `None` for the tables read without one (blobs, meta, the indexes a
+/// thread's record owns, pins).
+pub(super) fn order_lock(table: Table, key: &[u8]) -> Option<(i32, i32)> {
+    let id: &[u8] = match table {
+        Table::Threads | Table::HistoryIds => key,
+        // A u32 day, then the id.
+        Table::History => key.get(4..)?,
+        Table::Workflows => {
+            let h = blake3::hash(key);
+            let b = h.as_bytes();
+            let word =
+                |i: usize| i32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) ^ 0x5766_0000;
+            return Some((word(0), word(4)));
+        }
+        _ => return None,
+    };
+    let id = <[u8; 16]>::try_from(id).ok()?;
+    let v = u128::from_be_bytes(id);
+    let folded = ((v >> 64) as u64) ^ (v as u64);
+    Some(((folded >> 32) as u32 as i32, folded as u32 as i32))
 }
 
 /// A transaction: its connection, its read cache and its held writes
@@ -50,9 +82,12 @@ pub(super) struct TxnState {
 /// state is in a `RefCell`.
 pub(super) struct Txn<'b> {
     pub(super) backend: &'b PostgresBackend,
-    /// What `BEGIN` is (isolation, the writer lock, `SET LOCAL`s), sent
+    /// What `BEGIN` is (isolation, the store barrier, `SET LOCAL`s), sent
     /// with the first statement.
     pub(super) begin: String,
+    /// A write transaction: its reads of a thread's record or a workflow
+    /// take that record's order lock first.
+    pub(super) write: bool,
     pub(super) state: RefCell<TxnState>,
 }
 
@@ -98,7 +133,7 @@ impl Txn<'_> {
     pub(super) fn connection_lost(&self) -> bool {
         self.state
             .try_borrow()
-            .is_ok_and(|s| s.client.as_ref().is_none_or(Client::is_closed))
+            .is_ok_and(|s| s.client.as_ref().is_none_or(|c| c.is_closed()))
     }
 
     /// Runs `f` on the connection once `BEGIN` (with the prefetch) has
@@ -131,7 +166,24 @@ impl Txn<'_> {
         if connection_lost(&e) {
             state.client = None;
         }
-        self.backend.error(op, e)
+        let error = self.backend.error(op, e);
+        if matches!(error, BackendError::Serialization { .. }) {
+            state.serialization_failed = true;
+        }
+        error
+    }
+
+    /// Whether a statement of this transaction failed for a serialization
+    /// failure or a deadlock (the whole transaction may run again).
+    pub(super) fn serialization_failed(&self) -> bool {
+        self.state
+            .try_borrow()
+            .is_ok_and(|s| s.serialization_failed)
+    }
+
+    /// Whether reading `key` must first take an order lock not yet held.
+    pub(super) fn needs_lock(&self, state: &TxnState, table: Table, key: &[u8]) -> bool {
+        self.write && order_lock(table, key).is_some_and(|l| !state.locked.contains(&l))
     }
 
     /// Sends `BEGIN` unless it was sent, with the prefetched keys and
@@ -148,10 +200,54 @@ impl Txn<'_> {
         if let Some((table, more)) = also {
             keys.extend(more.iter().map(|k| (table, k.to_vec())));
         }
+        self.fetch(state, keys)
+    }
+
+    /// Reads `keys` into the cache in one round trip (with `BEGIN` when it
+    /// was not sent yet): first every order lock they need and this
+    /// transaction does not hold, in one order (so two transactions
+    /// locking the same records cannot deadlock on them), then the values.
+    /// At `READ COMMITTED` each statement of the query takes its own
+    /// snapshot, so a value read after its lock was granted includes every
+    /// write of the lock's previous holder, which committed before
+    /// releasing it.
+    pub(super) fn fetch(
+        &self,
+        state: &mut TxnState,
+        mut keys: Vec<(Table, Vec<u8>)>,
+    ) -> Result<(), BackendError> {
         keys.sort();
         keys.dedup();
-        keys.retain(|key| !state.cache.contains_key(key) && !state.held.contains_key(key));
-        let mut sql = self.begin.clone();
+        let mut locks: Vec<(i32, i32)> = if self.write {
+            keys.iter()
+                .filter_map(|(table, key)| order_lock(*table, key))
+                .filter(|l| !state.locked.contains(l))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        locks.sort_unstable();
+        locks.dedup();
+        // A locked key is read again even if cached: its value may have
+        // changed before the lock was granted.
+        keys.retain(|key| {
+            let relock = order_lock(key.0, &key.1).is_some_and(|l| locks.binary_search(&l).is_ok());
+            !state.held.contains_key(key) && (relock || !state.cache.contains_key(key))
+        });
+        if state.started && keys.is_empty() && locks.is_empty() {
+            return Ok(());
+        }
+        let mut sql = if state.started {
+            String::new()
+        } else {
+            self.begin.clone()
+        };
+        for (a, b) in &locks {
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str(&format!("SELECT pg_advisory_xact_lock({a}, {b})"));
+        }
         if !keys.is_empty() {
             let selects: Vec<String> = keys
                 .iter()
@@ -164,22 +260,30 @@ impl Txn<'_> {
                     )
                 })
                 .collect();
-            sql.push_str("; ");
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
             sql.push_str(&selects.join(" UNION ALL "));
         }
+        let op = if state.started {
+            "reading thread records"
+        } else {
+            "starting a transaction"
+        };
         let Some(client) = state.client.as_mut() else {
-            return Err(self.lost("starting a transaction".into()));
+            return Err(self.lost(op.into()));
         };
         self.backend.round_trip();
         let sent = client.simple_query(&sql);
-        let messages = sent.map_err(|e| self.fail(state, "starting a transaction".into(), e))?;
+        let messages = sent.map_err(|e| self.fail(state, op.into(), e))?;
         state.started = true;
+        state.locked.extend(locks);
         let mut found: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
         for message in &messages {
             let postgres::SimpleQueryMessage::Row(row) = message else {
                 continue;
             };
-            // The writer lock's `SELECT` returns one column; ours two.
+            // A lock's `SELECT` returns one column; ours two.
             if row.len() != 2 {
                 continue;
             }
@@ -289,11 +393,15 @@ impl Txn<'_> {
         {
             let mut state = self.state.borrow_mut();
             self.send_held_for(&mut state, table, Some(key))?;
-            if let Some(known) = Self::known(&state, table, key) {
+            if !self.needs_lock(&state, table, key)
+                && let Some(known) = Self::known(&state, table, key)
+            {
                 return Ok(known.map(Cow::Owned));
             }
-            if !state.started {
-                self.start(&mut state, Some((table, &[key])))?;
+            if !state.started || self.needs_lock(&state, table, key) {
+                let mut keys = std::mem::take(&mut state.prefetch);
+                keys.push((table, key.to_vec()));
+                self.fetch(&mut state, keys)?;
                 if let Some(known) = Self::known(&state, table, key) {
                     return Ok(known.map(Cow::Owned));
                 }
@@ -318,8 +426,10 @@ impl Txn<'_> {
         for key in keys {
             self.send_held_for(&mut state, table, Some(key))?;
         }
-        if !state.started {
-            self.start(&mut state, Some((table, keys)))?;
+        if !state.started || keys.iter().any(|k| self.needs_lock(&state, table, k)) {
+            let mut all = std::mem::take(&mut state.prefetch);
+            all.extend(keys.iter().map(|k| (table, k.to_vec())));
+            self.fetch(&mut state, all)?;
         }
         let missing: Vec<&[u8]> = keys
             .iter()
@@ -488,6 +598,10 @@ macro_rules! pg_reads {
         impl ReadTables for $txn<'_> {
             fn connection_lost(&self) -> bool {
                 self.0.connection_lost()
+            }
+
+            fn serialization_failed(&self) -> bool {
+                self.0.serialization_failed()
             }
 
             fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {

@@ -118,7 +118,9 @@ impl WriteTables for PgWrite<'_> {
     fn insert(&mut self, table: Table, key: &[u8], value: &[u8]) -> Result<bool, BackendError> {
         match self.known(table, key)? {
             Some(Some(_)) => return Ok(false),
-            // Known absent: the writer lock keeps it so until the commit.
+            // Known absent: a thread's record stays so while this
+            // transaction holds its order lock; a blob another writer
+            // puts meanwhile has the same bytes (content addressing).
             Some(None) => return self.hold_put(table, key, value).map(|()| true),
             None => {}
         }
@@ -200,11 +202,16 @@ impl WriteTables for PgWrite<'_> {
         }
         let name = sql_table(table);
         let (from, end) = (refresh.offset + 1, refresh.offset + 8);
+        // Two statements, not `ON CONFLICT DO UPDATE … WHERE`: that locks
+        // the stored row even when its `WHERE` leaves it alone, so every
+        // writer re-putting a popular blob would queue on that row (and
+        // write its lock to the WAL). This `UPDATE` locks the row only
+        // when the refresh is due, about once a second for a hot blob.
+        let k = bytea_literal(key);
         let sql = format!(
-            "INSERT INTO {name} (k, v) VALUES ({}, {}) ON CONFLICT (k) DO UPDATE \
-             SET v = overlay({name}.v PLACING {} FROM {from} FOR 8) \
-             WHERE length({name}.v) >= {end} AND substring({name}.v FROM {from} FOR 8) < {}",
-            bytea_literal(key),
+            "INSERT INTO {name} (k, v) VALUES ({k}, {}) ON CONFLICT (k) DO NOTHING; \
+             UPDATE {name} SET v = overlay(v PLACING {} FROM {from} FOR 8) \
+             WHERE k = {k} AND length(v) >= {end} AND substring(v FROM {from} FOR 8) < {}",
             bytea_literal(value),
             bytea_literal(&refresh.stamp.to_be_bytes()),
             bytea_literal(&refresh.below.to_be_bytes()),

@@ -54,6 +54,9 @@ struct Cli {
     /// Largest size the store's data file may reach (e.g. 512MiB, 4GiB) [default: 1TiB]
     #[arg(long, global = true, env = "UWF_MAX_MAP_SIZE", value_name = "SIZE", value_parser = output::parse_size)]
     max_map_size: Option<u64>,
+    /// PostgreSQL: the most connections this process opens for transactions, whatever --jobs is (its claims take one more) [default: 4]
+    #[arg(long, global = true, env = "UWF_PG_CONNECTIONS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pg_connections: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -350,6 +353,7 @@ impl Cli {
             durability,
             max_map_size: self.max_map_size,
             create,
+            pg_connections: self.pg_connections.map_or(0, usize::from),
         };
         match location.to_str() {
             Some(url) if uwf_db::backend::is_postgres_url(url) => {
