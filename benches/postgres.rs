@@ -7,8 +7,13 @@
 //!   writes the store makes, captured from an in-memory store doing the
 //!   same steps. For context, the same writes sent raw as literal SQL with
 //!   `COMMIT` in one simple query (the floor of how the store sends them);
-//! - group commit from 1, 2 and 4 `uwf-db batch` processes sharing one
-//!   store: total steps/s and the scaling factor against one process;
+//! - group commit from 1, 2, 4 and 8 `uwf-db batch` processes sharing one
+//!   store: total steps/s, the scaling factor against one process, the
+//!   best PostgreSQL fleet against one LMDB process, and the peak of the
+//!   server connections the runners held (goals: 4 processes ≥ 2× one,
+//!   the best fleet ≥ 3,500 steps/s and ≥ 0.5× one LMDB process);
+//! - `connections`: 8 runners × 64 jobs on 2,000 threads: no thread
+//!   failed, and the peak connection count (`pg_stat_activity`);
 //! - the newest 50 steps of a 10,000-step thread and the first page of 50
 //!   of `list_threads` at 100,000 threads, each against the same on a small
 //!   thread or store (goal: O(page), a ratio near 1), and the newest 50
@@ -24,7 +29,7 @@
 //! says so on stderr and measures nothing.
 //!
 //! Run: `cargo bench --bench postgres [-- SECTION…]` (sections: `append`,
-//! `fleet`, `log`, `list`; default all). `UWF_BENCH_SCALE=0.1` shrinks it.
+//! `fleet`, `connections`, `log`, `list`; default all). `UWF_BENCH_SCALE=0.1` shrinks it.
 
 mod common;
 
@@ -1088,11 +1093,58 @@ fn uwf() -> Command {
     c
 }
 
+/// Polls the server connections to `url`'s database (its own left out)
+/// until stopped; returns the peak.
+struct ConnectionWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl ConnectionWatch {
+    fn start(url: &str) -> ConnectionWatch {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut client = Client::connect(url, NoTls).unwrap();
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0usize;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let n: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity \
+                         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                        &[],
+                    )
+                    .unwrap()
+                    .get(0);
+                peak = peak.max(usize::try_from(n).unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        });
+        ConnectionWatch { stop, thread }
+    }
+
+    fn peak(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// What one fleet run did.
+struct FleetRun {
+    wall: Duration,
+    steps: u64,
+    group: f64,
+    /// Threads that ended failed or with an error.
+    failed: u64,
+    /// Peak server connections (PostgreSQL).
+    peak: usize,
+}
+
 /// One fleet run: `procs` processes of `uwf-db batch --jobs JOBS/procs`,
 /// each on its own `threads / procs` prompts of the review scenario (4
-/// steps a thread), on a fresh store. Returns (wall time, steps, average
-/// group).
-fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> (Duration, u64, f64) {
+/// steps a thread), on a fresh store.
+fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> FleetRun {
     let jobs = jobs / procs;
     let store = if pg {
         FleetStore::Pg(Db::create("fleet"))
@@ -1119,6 +1171,7 @@ fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> (Duration, 
             f
         })
         .collect();
+    let watch = pg.then(|| ConnectionWatch::start(&arg));
     let t0 = Instant::now();
     let children: Vec<_> = files
         .iter()
@@ -1140,36 +1193,50 @@ fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> (Duration, 
         .map(|c| c.wait_with_output().unwrap())
         .collect();
     let wall = t0.elapsed();
-    let (mut steps, mut groups) = (0u64, 0u64);
+    let peak = watch.map_or(0, ConnectionWatch::peak);
+    let (mut steps, mut groups, mut failed) = (0u64, 0u64, 0u64);
     for o in &outputs {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let stdout = String::from_utf8_lossy(&o.stdout);
         let last = stdout.lines().last().unwrap();
         let v: serde_json::Value = serde_json::from_str(last).unwrap();
         let s = &v["summary"];
-        assert_eq!(s["completed"].as_u64(), Some(share as u64), "{last}");
+        let completed = s["completed"].as_u64().unwrap_or(0);
+        failed += share as u64 - completed.min(share as u64);
         steps += s["steps"].as_u64().unwrap();
         groups += s["groups"].as_u64().unwrap();
     }
-    (wall, steps, steps as f64 / groups.max(1) as f64)
+    FleetRun {
+        wall,
+        steps,
+        group: steps as f64 / groups.max(1) as f64,
+        failed,
+        peak,
+    }
 }
 
 struct FleetRow {
     procs: usize,
     rate: f64,
     group: f64,
+    peak: usize,
 }
 
-/// Steps/s of 1, 2 and 4 processes: the median of `reps` rounds, each
+/// Steps/s of 1, 2, 4 and 8 processes: the median of `reps` rounds, each
 /// round running every count once (in rotating order).
 fn fleet(pg: bool, threads: usize, jobs: usize, reps: usize) -> Vec<FleetRow> {
-    let counts = [1usize, 2, 4];
-    let mut rates: Vec<Vec<(f64, f64)>> = vec![Vec::new(); counts.len()];
+    let counts = [1usize, 2, 4, 8];
+    let mut rates: Vec<Vec<(f64, f64, usize)>> = vec![Vec::new(); counts.len()];
     for r in 0..reps {
         for k in 0..counts.len() {
             let i = (k + r) % counts.len();
-            let (wall, steps, group) = fleet_run(pg, counts[i], threads, jobs);
-            rates[i].push((steps as f64 / wall.as_secs_f64(), group));
+            let run = fleet_run(pg, counts[i], threads, jobs);
+            assert_eq!(run.failed, 0, "{} threads failed", run.failed);
+            rates[i].push((
+                run.steps as f64 / run.wall.as_secs_f64(),
+                run.group,
+                run.peak,
+            ));
         }
     }
     counts
@@ -1177,8 +1244,13 @@ fn fleet(pg: bool, threads: usize, jobs: usize, reps: usize) -> Vec<FleetRow> {
         .zip(rates)
         .map(|(&procs, mut v)| {
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (rate, group) = v[v.len() / 2];
-            FleetRow { procs, rate, group }
+            let (rate, group, peak) = v[v.len() / 2];
+            FleetRow {
+                procs,
+                rate,
+                group,
+                peak,
+            }
         })
         .collect()
 }
@@ -1190,29 +1262,60 @@ fn fleet_bench(threads_pg: usize, threads_lmdb: usize, jobs: usize) {
     println!("\n## group commit: `uwf-db batch` processes sharing one store (durable)\n");
     println!(
         "each process: `batch review --prompts (its share) --agent script:examples/review.scenario.yaml --jobs {jobs}/N` \
-         (N processes, {jobs} drivers in all, as a store's connections allow: a PostgreSQL runner holds about 2 per job; \
-         4 steps a thread); PostgreSQL {threads_pg} threads in all, LMDB {threads_lmdb}; \
-         wall time from the first spawn to the last exit; median of {reps} rounds\n"
+         (N processes, {jobs} drivers in all; 4 steps a thread; the default --pg-connections); \
+         PostgreSQL {threads_pg} threads in all, LMDB {threads_lmdb}; \
+         wall time from the first spawn to the last exit; median of {reps} rounds; \
+         peak connections: the runners' server connections at most, polled from pg_stat_activity\n"
     );
     println!(
-        "| processes | PostgreSQL steps/s | scaling | avg group | LMDB steps/s | scaling | avg group |"
+        "| processes | PostgreSQL steps/s | scaling | avg group | peak connections | LMDB steps/s | scaling | avg group |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (p, l) in pg.iter().zip(&lmdb) {
         println!(
-            "| {} | {:.0} | {:.2}× | {:.1} | {:.0} | {:.2}× | {:.1} |",
+            "| {} | {:.0} | {:.2}× | {:.1} | {} | {:.0} | {:.2}× | {:.1} |",
             p.procs,
             p.rate,
             p.rate / pg[0].rate,
             p.group,
+            p.peak,
             l.rate,
             l.rate / lmdb[0].rate,
             l.group
         );
     }
+    let four = pg.iter().find(|r| r.procs == 4).map_or(0.0, |r| r.rate);
+    let best = pg.iter().map(|r| r.rate).fold(0.0, f64::max);
+    println!(
+        "\n4 processes / 1: {:.2}× (goal ≥ 2×); best PostgreSQL fleet: {best:.0} steps/s (goal ≥ 3,500); \
+         best fleet / one LMDB process: {:.2}× (goal ≥ 0.5×)",
+        four / pg[0].rate,
+        best / lmdb[0].rate
+    );
     println!(
         "\nmachine: {} cores (the processes, their agents and the server share them)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+}
+
+/// 8 runners × 64 jobs on one database: every thread completes (none
+/// fails for want of a connection), and the peak connection count.
+fn connections_bench(threads: usize) {
+    let (procs, jobs) = (8, 64);
+    let run = fleet_run(true, procs, threads, procs * jobs);
+    let mut admin = Client::connect(&admin_url(), NoTls).unwrap();
+    let max: String = admin.query_one("SHOW max_connections", &[]).unwrap().get(0);
+    println!("\n## connections: {procs} runners × {jobs} jobs, {threads} threads (durable)\n");
+    println!(
+        "| threads failed | steps/s | peak connections | bound (8 × (4 + 1)) | max_connections |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {:.0} | {} | {} | {max} |",
+        run.failed,
+        run.steps as f64 / run.wall.as_secs_f64(),
+        run.peak,
+        procs * (uwf_db::store::DEFAULT_PG_CONNECTIONS + 1)
     );
 }
 
@@ -1494,6 +1597,9 @@ fn main() {
         print_ops(&ops);
     }
     if wants("fleet") {
-        fleet_bench(scale(1000, 8), scale(4000, 8), 32);
+        fleet_bench(scale(2000, 8), scale(4000, 8), 32);
+    }
+    if wants("connections") {
+        connections_bench(scale(2000, 8));
     }
 }

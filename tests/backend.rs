@@ -163,6 +163,7 @@ fn refresh(below: u64, stamp: u64) -> Refresh {
         offset: 2,
         below,
         stamp,
+        required: true,
     }
 }
 

@@ -361,6 +361,12 @@ pub struct Refresh {
     pub below: u64,
     /// What it becomes.
     pub stamp: u64,
+    /// The refresh must be made by this transaction (a garbage
+    /// collection's write barrier, §7). When `false` (a re-put's refresh,
+    /// which only restarts a grace period), a backend with concurrent
+    /// writers may leave it to another transaction refreshing the same
+    /// value at the same time rather than wait for that one.
+    pub required: bool,
 }
 
 impl Refresh {

@@ -22,6 +22,10 @@ use super::extract::Validators;
 /// A thread's task prompt and `max_rounds`, from its (immutable) start node.
 pub(crate) type Task = (Arc<str>, u32);
 
+/// The longest text [`EngineState::texts`] keeps (so the cache holds at
+/// most 4,096 × 16 KiB).
+pub(crate) const TEXT_CACHE_MAX: usize = 16 << 10;
+
 /// The claims this store handle holds, and its claim lock file.
 #[derive(Debug, Default)]
 pub(crate) struct ClaimState {
@@ -39,6 +43,11 @@ pub(crate) struct EngineState {
     pub(crate) tasks: Bounded<Hash, Task>,
     /// Role prompt headers by workflow hash, then role name.
     pub(crate) headers: Bounded<Hash, HashMap<String, Arc<str>>>,
+    /// Texts of content blobs a prompt shows (the replies and
+    /// instructions of recent steps), each at most [`TEXT_CACHE_MAX`]
+    /// bytes: a driver reads back what it wrote a step earlier, and on a
+    /// server backend each read is a transaction.
+    pub(crate) texts: Bounded<Hash, Arc<str>>,
     /// Compiled frontmatter schemas.
     pub(crate) validators: Validators,
     /// Compiled edge-prompt templates.
@@ -52,6 +61,7 @@ impl Default for EngineState {
         EngineState {
             tasks: Bounded::new(65_536),
             headers: Bounded::new(4096),
+            texts: Bounded::new(4096),
             validators: Validators::default(),
             templates: Templates::default(),
             claims: ClaimState::default(),

@@ -102,7 +102,37 @@ impl Engine {
     /// The text of a content blob; a blob that is missing or not content
     /// is an error, never an empty text.
     pub(super) fn text(&self, h: &Hash) -> Result<String, EngineError> {
-        Ok(self.threads().content_text(h)?)
+        let cache = &self.engine_state().texts;
+        if let Some(text) = cache.get(h) {
+            return Ok(text.to_string());
+        }
+        let text = self.threads().content_text(h)?;
+        self.remember_text(*h, &text);
+        Ok(text)
+    }
+
+    /// Keeps a content blob's text for [`Self::text`] (a short one: see
+    /// `TEXT_CACHE_MAX`). Keyed by the blob's hash, so never stale.
+    fn remember_text(&self, h: Hash, text: &str) {
+        if text.len() <= super::state::TEXT_CACHE_MAX {
+            self.engine_state().texts.insert(h, Arc::from(text));
+        }
+    }
+
+    /// Remembers the texts of a step this driver is about to write (its
+    /// reply and instruction), which the next step's prompt shows.
+    fn remember_step_texts(&self, step: &StepWrite) {
+        let blobs = [
+            crate::Blob::content(step.reply.as_str(), step.artifacts.iter().copied()),
+            crate::Blob::content(step.instruction.as_str(), []),
+        ];
+        for (blob, text) in blobs.iter().zip([&step.reply, &step.instruction]) {
+            if text.len() <= super::state::TEXT_CACHE_MAX
+                && let Ok(encoded) = blob.encode()
+            {
+                self.remember_text(encoded.hash(), text);
+            }
+        }
     }
 
     /// Agent-answered role steps on the chain (steps of `workflow:` roles,
@@ -214,6 +244,7 @@ impl Engine {
             instruction: instruction.to_owned(),
             child_thread: None,
         };
+        self.remember_step_texts(&step);
         let written = match mode {
             Mode::ResumeEnded => {
                 self.threads()

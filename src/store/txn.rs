@@ -419,6 +419,7 @@ impl<'s> WriteTxn<'s> {
                 .unwrap_or(0)
                 .max(self.now_ms.saturating_sub(REFRESH_AFTER_MS)),
             stamp,
+            required: epoch.is_some(),
         };
         self.txn
             .insert_or_refresh(Table::Blobs, hash.as_bytes(), &self.buf, refresh)?;

@@ -202,19 +202,33 @@ impl WriteTables for PgWrite<'_> {
         }
         let name = sql_table(table);
         let (from, end) = (refresh.offset + 1, refresh.offset + 8);
-        // Two statements, not `ON CONFLICT DO UPDATE … WHERE`: that locks
-        // the stored row even when its `WHERE` leaves it alone, so every
-        // writer re-putting a popular blob would queue on that row (and
-        // write its lock to the WAL). This `UPDATE` locks the row only
-        // when the refresh is due, about once a second for a hot blob.
+        // Two statements that wait for no other writer in the common
+        // case, a blob stored already and refreshed recently (the same
+        // reply in many threads; §8f):
+        // - the insert is tried only when the key is absent from the
+        //   statement's snapshot, so a stored blob that another
+        //   transaction is refreshing is not waited for (`ON CONFLICT`
+        //   alone waits for that transaction to end);
+        // - the refresh locks the row only when it is due (not `ON
+        //   CONFLICT DO UPDATE … WHERE`, which locks the stored row even
+        //   when it leaves it alone), and a refresh that is not required
+        //   skips a row another writer is refreshing right now.
         let k = bytea_literal(key);
+        let due = format!(
+            "k = {k} AND length(v) >= {end} AND substring(v FROM {from} FOR 8) < {}",
+            bytea_literal(&refresh.below.to_be_bytes())
+        );
+        let target = if refresh.required {
+            due
+        } else {
+            format!("k = (SELECT k FROM {name} WHERE {due} FOR UPDATE SKIP LOCKED)")
+        };
         let sql = format!(
-            "INSERT INTO {name} (k, v) VALUES ({k}, {}) ON CONFLICT (k) DO NOTHING; \
-             UPDATE {name} SET v = overlay(v PLACING {} FROM {from} FOR 8) \
-             WHERE k = {k} AND length(v) >= {end} AND substring(v FROM {from} FOR 8) < {}",
+            "INSERT INTO {name} (k, v) SELECT {k}, {} \
+             WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE k = {k}) ON CONFLICT (k) DO NOTHING; \
+             UPDATE {name} SET v = overlay(v PLACING {} FROM {from} FOR 8) WHERE {target}",
             bytea_literal(value),
             bytea_literal(&refresh.stamp.to_be_bytes()),
-            bytea_literal(&refresh.below.to_be_bytes()),
         );
         self.hold(table, key, Held::Refresh { sql })
     }
