@@ -172,7 +172,7 @@ impl PostgresBackend {
             client
                 .batch_execute(&begin)
                 .map_err(|e| self.error("opening the lock session".into(), e))?;
-            session.client = Some(client);
+            session.client = Some(*client);
             session.generation += 1;
         }
         if session.held.contains(&key) {

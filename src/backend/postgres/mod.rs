@@ -237,7 +237,7 @@ impl PostgresBackend {
             }
             first = false;
             match self.config.connect(NoTls) {
-                Ok(client) => return Ok(Reused::Fresh(client)),
+                Ok(client) => return Ok(Reused::Fresh(Box::new(client))),
                 Err(e) if too_many_connections(&e) && started.elapsed() < CONNECT_PATIENCE => {
                     self.connect_waits
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -293,7 +293,7 @@ impl PostgresBackend {
     /// `--pg-connections` are in use (up to [`CONNECT_PATIENCE`]).
     fn client(&self) -> Result<pool::Conn, BackendError> {
         match self.pool.take(CONNECT_PATIENCE) {
-            Some(pool::Slot::Idle(conn)) => Ok(conn),
+            Some(pool::Slot::Idle(conn)) => Ok(*conn),
             Some(pool::Slot::Open) => {
                 // While the server refuses new connections, one this
                 // process gives back ends the wait (it is reused, and the
@@ -304,7 +304,7 @@ impl PostgresBackend {
                     Some(conn)
                 });
                 match opened {
-                    Ok(Reused::Fresh(client)) => Ok(self.pool.lend(client)),
+                    Ok(Reused::Fresh(client)) => Ok(self.pool.lend(*client)),
                     Ok(Reused::Pooled(conn)) => Ok(conn),
                     Err(e) => {
                         self.pool.closed();
@@ -335,7 +335,7 @@ impl PostgresBackend {
 /// What [`PostgresBackend::connect_or_reuse`] found.
 pub(super) enum Reused<T> {
     /// A new connection.
-    Fresh(Client),
+    Fresh(Box<Client>),
     /// One given back meanwhile.
     Pooled(T),
 }

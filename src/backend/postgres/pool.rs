@@ -79,7 +79,7 @@ impl Conn {
 
 /// What [`Pool::take`] gives: a connection to reuse, or leave to open one.
 pub(super) enum Slot {
-    Idle(Conn),
+    Idle(Box<Conn>),
     /// A slot is reserved: open a connection and [`Pool::lend`] it (or
     /// [`Pool::closed`] if opening fails).
     Open,
@@ -126,7 +126,7 @@ impl Pool {
                     continue;
                 }
                 drop(slots);
-                return Some(Slot::Idle(self.conn(client)));
+                return Some(Slot::Idle(Box::new(self.conn(client))));
             }
             if slots.open < self.max || nested {
                 slots.open += 1;

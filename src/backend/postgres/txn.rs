@@ -64,10 +64,12 @@ pub(super) fn order_lock(table: Table, key: &[u8]) -> Option<(i32, i32)> {
         Table::History => key.get(4..)?,
         Table::Workflows => {
             let h = blake3::hash(key);
-            let b = h.as_bytes();
-            let word =
-                |i: usize| i32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) ^ 0x5766_0000;
-            return Some((word(0), word(4)));
+            let (a, b) = h.as_bytes().split_first_chunk::<4>()?;
+            let b = b.first_chunk::<4>()?;
+            return Some((
+                i32::from_be_bytes(*a) ^ 0x5766_0000,
+                i32::from_be_bytes(*b) ^ 0x5766_0000,
+            ));
         }
         _ => return None,
     };

@@ -202,7 +202,7 @@ impl WriteTables for PgWrite<'_> {
         }
         let name = sql_table(table);
         let (from, end) = (refresh.offset + 1, refresh.offset + 8);
-        // Two statements that wait for no other writer in the common
+        // Statements that wait for no other writer in the common
         // case, a blob stored already and refreshed recently (the same
         // reply in many threads; §8f):
         // - the insert is tried only when the key is absent from the
@@ -223,10 +223,14 @@ impl WriteTables for PgWrite<'_> {
         } else {
             format!("k = (SELECT k FROM {name} WHERE {due} FOR UPDATE SKIP LOCKED)")
         };
+        // One statement: the `UPDATE` leaves alone a row this statement
+        // inserted (a new blob is stamped already).
         let sql = format!(
-            "INSERT INTO {name} (k, v) SELECT {k}, {} \
-             WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE k = {k}) ON CONFLICT (k) DO NOTHING; \
-             UPDATE {name} SET v = overlay(v PLACING {} FROM {from} FOR 8) WHERE {target}",
+            "WITH inserted AS (INSERT INTO {name} (k, v) SELECT {k}, {} \
+             WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE k = {k}) \
+             ON CONFLICT (k) DO NOTHING RETURNING 1) \
+             UPDATE {name} SET v = overlay(v PLACING {} FROM {from} FOR 8) \
+             WHERE {target} AND NOT EXISTS (SELECT 1 FROM inserted)",
             bytea_literal(value),
             bytea_literal(&refresh.stamp.to_be_bytes()),
         );
