@@ -236,6 +236,16 @@ fn data_file_once(dir: &Path) -> Result<(), BackendError> {
         .checked_add(1)
         .and_then(|pages| pages.checked_mul(current.page_size))
         .ok_or_else(|| damaged(format!("its meta page names page {}", current.last_page)))?;
+    // The size was taken before the meta pages were read: a writer in
+    // another process may have committed meanwhile, and LMDB writes a
+    // transaction's pages (growing the file) before its meta page. So look
+    // at the size again, after the meta pages: a live file is never
+    // shorter than what its newest meta names.
+    let size = if size < needed {
+        file.metadata().map_or(size, |m| m.len().max(size))
+    } else {
+        size
+    };
     if size < needed {
         return Err(damaged(format!(
             "it is {size} bytes, but its last committed transaction (id {}) uses pages up to {} of {} bytes, so LMDB expects at least {needed} bytes: it was truncated",
