@@ -51,9 +51,14 @@ pub const TAKEOVER_BOUND_S: u32 = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEP
 /// A claim's advisory lock key: the thread id's 16 bytes folded into 63
 /// bits (the two halves XORed, sign bit cleared).
 pub(crate) fn claim_key(id: ClaimKey) -> i64 {
+    i64::try_from(fold_id(id) >> 1).unwrap_or(0)
+}
+
+/// A thread id's 16 bytes folded into 64 bits (the two halves XORed): the
+/// key of its claim and of its order lock (`txn.rs`).
+pub(super) fn fold_id(id: ClaimKey) -> u64 {
     let v = u128::from_be_bytes(id);
-    let folded = ((v >> 64) as u64) ^ (v as u64);
-    i64::try_from(folded >> 1).unwrap_or(0)
+    ((v >> 64) as u64) ^ (v as u64)
 }
 
 /// The lock session of a backend: one connection, opened when a lock is

@@ -73,9 +73,7 @@ pub(super) fn order_lock(table: Table, key: &[u8]) -> Option<(i32, i32)> {
         }
         _ => return None,
     };
-    let id = <[u8; 16]>::try_from(id).ok()?;
-    let v = u128::from_be_bytes(id);
-    let folded = ((v >> 64) as u64) ^ (v as u64);
+    let folded = super::locks::fold_id(<[u8; 16]>::try_from(id).ok()?);
     Some(((folded >> 32) as u32 as i32, folded as u32 as i32))
 }
 
