@@ -103,6 +103,31 @@ pub fn read_text_capped(path: &Path, cap: u64, what: &'static str) -> Result<Str
     })
 }
 
+/// Every duration's syntax (the CLI's flags, a workflow's `retry:`), one
+/// parser (jiff's): a number and a unit
+/// (`500ms`, `90s`, `10m`, `1.5h`, `7d`, `2w`), jiff's friendly format
+/// (`1h 30m`, `2 days`), ISO 8601 (`PT90S`), or plain seconds (`90`,
+/// `0.5`). Days are 24 hours; months and years are refused (they have no
+/// fixed length).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return std::time::Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"));
+    }
+    let span: jiff::Span = t
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (examples: 90s, 10m, 1h, 7d, 1h 30m)"))?;
+    if span.get_years() != 0 || span.get_months() != 0 {
+        return Err(format!(
+            "'{s}': months and years have no fixed length; use days or weeks (e.g. 60d, 8w)"
+        ));
+    }
+    let signed = span
+        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
+        .map_err(|_| format!("'{s}' is too long"))?;
+    std::time::Duration::try_from(signed).map_err(|_| format!("'{s}' is negative"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,6 +116,18 @@ impl StepUsage {
         }
     }
 
+    /// Adds `other`'s calls (an attempt's, to its step's).
+    pub fn add(&mut self, other: &StepUsage) {
+        self.calls = self.calls.saturating_add(other.calls);
+        self.wall_ms = self.wall_ms.saturating_add(other.wall_ms);
+        self.input_tokens = add_tokens(self.input_tokens, other.input_tokens);
+        self.output_tokens = add_tokens(self.output_tokens, other.output_tokens);
+        self.cost_usd = add_cost(self.cost_usd, other.cost_usd);
+        if other.model.is_some() {
+            self.model.clone_from(&other.model);
+        }
+    }
+
     /// The meta value stored in the step's state node (absent fields left
     /// out).
     pub fn to_value(&self) -> Value {

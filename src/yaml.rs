@@ -28,3 +28,31 @@ pub fn options() -> serde_saphyr::Options {
 pub fn from_str<'de, T: Deserialize<'de>>(yaml: &'de str) -> Result<T, serde_saphyr::Error> {
     serde_saphyr::from_str_with_options(yaml, options())
 }
+
+/// [`from_str`] with other options (see [`options_for_file`]).
+pub fn from_str_with<'de, T: Deserialize<'de>>(
+    yaml: &'de str,
+    options: serde_saphyr::Options,
+) -> Result<T, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(yaml, options)
+}
+
+/// [`options`] for a workflow read from `file`, where `!include PATH`
+/// takes the YAML of another file (SPEC §13): `PATH` is relative to the
+/// including file's folder and must stay inside `file`'s folder (no
+/// absolute path, no `..` out of it, no symlink, no hidden file, a
+/// regular `.yaml`/`.yml` file), an include cycle is refused, and the
+/// files read together are at most [`crate::input::MAX_WORKFLOW`] bytes.
+/// serde-saphyr's `SafeFileResolver` makes these checks.
+pub fn options_for_file(file: &std::path::Path) -> std::io::Result<serde_saphyr::Options> {
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let resolver = serde_saphyr::SafeFileResolver::new(&dir)?.with_root_file(file)?;
+    let mut options = options().with_include_resolver(resolver.into_callback());
+    let mut budget = options.budget.clone().unwrap_or_default();
+    budget.max_reader_input_bytes = usize::try_from(crate::input::MAX_WORKFLOW).ok();
+    options.budget = Some(budget);
+    Ok(options)
+}

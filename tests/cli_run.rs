@@ -176,7 +176,8 @@ fn max_rounds_ends_the_thread_as_failed(b: TestBackend) {
             ("developer", DEV),
         ]),
     );
-    let r = env.json(&[
+    let o = env.uwf(&[
+        "--json",
         "run",
         "examples/review.yaml",
         "-p",
@@ -186,11 +187,34 @@ fn max_rounds_ends_the_thread_as_failed(b: TestBackend) {
         "--agent",
         &format!("script:{sc}"),
     ]);
+    // A thread that ends failed is a failed run (SPEC §13): exit 1, the
+    // reason in a JSON error on stderr, the result still on stdout.
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["status"], "failed");
     let id = r["thread"].as_str().unwrap();
+    let err: serde_json::Value = serde_json::from_str(stderr(&o).trim()).unwrap();
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("thread {id} ended failed")),
+        "{message}"
+    );
+    assert!(
+        message.contains("maxRounds (3) reached after 3 role steps"),
+        "{message}"
+    );
+    assert_eq!(err["error"]["exit_code"], 1);
     let log = env.log(id);
     assert_eq!(log.len(), 4, "three role steps and the end node");
     assert_eq!(log[0]["meta"]["return_code"], 1);
+    // `thread show` says why, with the round count.
+    let shown = env.show(id);
+    assert!(
+        shown["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("maxRounds (3) reached after 3 role steps")),
+        "{shown}"
+    );
 }
 
 fn unknown_status_is_a_step_failure(b: TestBackend) {

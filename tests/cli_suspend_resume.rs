@@ -76,7 +76,17 @@ fn suspend_resume_cycles_record_what_the_human_said(b: TestBackend) {
     let r = env.json(&["thread", "resume", id, "-p", "PostgreSQL"]);
     assert_eq!(r["status"], "suspended");
     assert_eq!(r["suspend_message"], "The planner asks: Which version?");
-    let r = env.json(&["thread", "resume", id, "--count", "5"]);
+    // A suspended thread needs the human's answer (SPEC §13): without -p
+    // it is refused, saying so, or read from stdin.
+    let o = env.uwf(&["thread", "resume", id, "--count", "5"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(
+        stderr(&o).contains("waiting for a human's answer to: The planner asks: Which version?"),
+        "{}",
+        stderr(&o)
+    );
+    let o = env.uwf_stdin(&["--json", "thread", "resume", id, "--count", "5"], b"16\n");
+    let r = json_of(&o);
     assert_eq!(r.as_array().unwrap().last().unwrap()["status"], "completed");
     let log = env.log(id);
     let inputs: Vec<&str> = log
@@ -85,7 +95,7 @@ fn suspend_resume_cycles_record_what_the_human_said(b: TestBackend) {
         .map(|e| e["input"].as_str().unwrap())
         .collect();
     assert_eq!(inputs[1], "The planner asks: Which database?\n\nPostgreSQL");
-    assert_eq!(inputs[2], "The planner asks: Which version?");
+    assert_eq!(inputs[2], "The planner asks: Which version?\n\n16");
 }
 
 fn a_completed_thread_resumes_with_the_first_role(b: TestBackend) {

@@ -146,3 +146,25 @@ fn registry_adds_idempotently_and_moves_names(b: TestBackend) {
 }
 
 conformance!(registry_adds_idempotently_and_moves_names,);
+
+/// `!include` reads a file only for a workflow read from a file: YAML
+/// given as text (the HTTP API's, MCP's) reads nothing, however the tag is
+/// spelled.
+#[test]
+fn include_in_yaml_text_reads_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret.yaml");
+    std::fs::write(&secret, "goal: Leaked\n").unwrap();
+    let yaml = format!(
+        "name: text\nroles:\n  writer: !include {}\ngraph:\n  $START: {{ _: {{ role: writer, prompt: 'W' }} }}\n  writer: {{ _: {{ role: $END, prompt: 'D' }} }}\n",
+        secret.display()
+    );
+    match parse_workflow(&yaml, Some("text"), &|_| false) {
+        Err(problems) => assert!(!problems.is_empty()),
+        Ok(wf) => assert_ne!(
+            wf.roles["writer"].goal.as_deref(),
+            Some("Leaked"),
+            "a text workflow read a file"
+        ),
+    }
+}

@@ -145,6 +145,9 @@ pub struct ThreadDetail {
     pub resume_command: Option<String>,
     /// Role steps since the last end.
     pub rounds: u64,
+    /// The task the thread was started with (its start node's prompt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
 }
 
 /// The command that resumes suspended thread `id` with a human's answer.
@@ -174,7 +177,15 @@ impl ThreadDetail {
             resume_command: (r.underlying_status() == ThreadStatus::Suspended)
                 .then(|| resume_command(tree.parents.first().map_or(r.id, |p| p.id))),
             rounds: r.rounds(),
+            task: None,
         }
+    }
+
+    /// With the task the thread was started with.
+    #[must_use]
+    pub fn with_task(mut self, task: String) -> Self {
+        self.task = Some(task);
+        self
     }
 
     /// With the parent context of a child workflow's thread.
@@ -196,7 +207,8 @@ pub struct LogEntry {
     pub hash: Hash,
     /// The prompt the role was given.
     pub input: String,
-    /// The reply's frontmatter and the engine's keys, less `$usage`.
+    /// The reply's frontmatter and the engine's keys, less `$usage` and
+    /// `$attempts`.
     pub meta: BTreeMap<String, serde_json::Value>,
     /// The role that answered (`$end` for an end node).
     pub role: String,
@@ -206,8 +218,12 @@ pub struct LogEntry {
     pub status: Option<serde_json::Value>,
     /// When the step was written (ms since the epoch).
     pub timestamp: u64,
-    /// What the step's agent calls reported.
+    /// What the step's agent calls reported (every attempt's).
     pub usage: StepUsageEntry,
+    /// The failed attempts before the one that answered, oldest first
+    /// (empty when the first answered; SPEC §13): the step took
+    /// `attempts.len() + 1` attempts.
+    pub attempts: Vec<crate::engine::retry::AttemptEntry>,
 }
 
 impl LogEntry {
@@ -222,7 +238,7 @@ impl LogEntry {
             meta: n
                 .meta
                 .iter()
-                .filter(|(k, _)| *k != USAGE_META)
+                .filter(|(k, _)| *k != USAGE_META && *k != crate::engine::retry::ATTEMPTS_META)
                 .map(|(k, v)| (k.clone(), v.to_json()))
                 .collect(),
             role: n.role.clone(),
@@ -234,6 +250,7 @@ impl LogEntry {
                 .filter(|_| n.role != END_ROLE),
             timestamp: n.timestamp,
             usage: StepUsageEntry::of(n),
+            attempts: crate::engine::retry::attempts_of(&n.meta),
         })
     }
 }

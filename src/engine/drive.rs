@@ -312,6 +312,16 @@ impl Engine {
             r.stop_requested_at = Some(crate::store::now_ms());
             Ok(())
         })?;
+        // A fan-out's children are asked too: each stops after its step
+        // in flight (one not running has no driver to ask).
+        for &child in record.fan_out.iter().flatten() {
+            let _ = self.threads().low_level().update_record(child, |r| {
+                if r.status == ThreadStatus::Running {
+                    r.stop_requested_at = Some(crate::store::now_ms());
+                }
+                Ok(())
+            });
+        }
         Ok(record)
     }
 
@@ -427,6 +437,32 @@ impl Engine {
             None => base.to_owned(),
         };
         match record.underlying_status() {
+            ThreadStatus::Suspended if record.fan_out.is_some() => {
+                // Children of a fan-out wait: the answer goes to each
+                // suspended child, then the fan-out goes on.
+                let role = record.next_role.clone().unwrap_or_default();
+                let instruction = record.next_instruction.clone().unwrap_or_default();
+                let wf = self.store.workflows().load(record.workflow_hash)?;
+                let Some(fan) = wf.roles.get(&role).and_then(|r| r.fan_out.clone()) else {
+                    return Err(self.fail(
+                        id,
+                        super::StepFailure::UnknownRole {
+                            role,
+                            workflow: wf.name.clone(),
+                        },
+                    ));
+                };
+                self.run_fan_out_step(
+                    &record,
+                    &role,
+                    &instruction,
+                    &fan,
+                    &wf,
+                    Mode::Next,
+                    text,
+                    (agent, cancel),
+                )
+            }
             ThreadStatus::Suspended if record.active_child.is_some() => {
                 // Suspended inside a child workflow: resume the innermost
                 // suspended child; the parent's step is written when the
@@ -521,6 +557,19 @@ impl Engine {
                         break;
                     }
                 }
+                Err(EngineError::FanOutStopped { .. }) => {
+                    // Stopped as asked before a fan-out's join: nothing
+                    // was committed, and that is no failure.
+                    if let Err(e) = self.clear_stop_request(id) {
+                        return DriveReport {
+                            results,
+                            error: Some(e),
+                            stopped_by_request: true,
+                        };
+                    }
+                    stopped_by_request = true;
+                    break;
+                }
                 Err(e) => {
                     return DriveReport {
                         results,
@@ -585,6 +634,12 @@ impl Engine {
         for child in self.threads().tree(id)?.children {
             if child.thread.status == ThreadStatus::Suspended {
                 self.cancel_thread(child.thread.id, options)?;
+            }
+        }
+        // A fan-out's children not ended are cancelled with it.
+        for &child in record.fan_out.iter().flatten() {
+            if !self.need_thread(child)?.status.is_done() {
+                self.cancel_thread(child, options)?;
             }
         }
         let end = EndSpec {

@@ -111,6 +111,16 @@ pub enum EngineError {
     /// was killed records nothing.
     #[error("interrupted")]
     Interrupted,
+    /// A fan-out step stopped before its join because it was asked to
+    /// (`thread stop` of the parent, or a graceful stop): its children
+    /// stay as they are and the next drive goes on with them.
+    #[error(
+        "thread {thread}: the fan-out stopped before its join, as asked; its children wait for the next drive"
+    )]
+    FanOutStopped {
+        /// The parent thread.
+        thread: ThreadId,
+    },
     /// Another live driver holds the thread.
     #[error(
         "thread {thread} is being driven by another process; wait for it, or stop that driver (a driver that died is taken over automatically)"
@@ -231,6 +241,46 @@ pub enum StepFailure {
         /// Its error.
         source: Box<EngineError>,
     },
+    /// A fan-out role's list of items is missing, not a list, or longer
+    /// than its `max_items`.
+    #[error("fan-out role '{role}': {detail}")]
+    FanOutItems {
+        /// The role.
+        role: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// More children of a fan-out role failed than its join tolerates, and
+    /// some failed with an error a retry may mend: the join is not written
+    /// and the next drive goes on with the same children.
+    #[error(
+        "fan-out role '{role}': {failed} children failed, more than the {tolerate} its join tolerates; child {child}: {error}"
+    )]
+    FanOut {
+        /// The role.
+        role: String,
+        /// Children that failed.
+        failed: usize,
+        /// Failures the join tolerates.
+        tolerate: u32,
+        /// A child that failed with an error (or is held by another driver).
+        child: ThreadId,
+        /// Its error.
+        error: String,
+    },
+    /// Every attempt the step's retry policy allowed failed (SPEC §13):
+    /// the last failure, with how many attempts were made and why each
+    /// earlier one failed.
+    #[error("after {attempts} attempts ({}): {last}", causes_text(.causes))]
+    Retried {
+        /// Attempts made, the last one included.
+        attempts: u32,
+        /// Why each earlier attempt failed, in order.
+        causes: Vec<crate::workflow::RetryOn>,
+        /// The last attempt's failure.
+        #[source]
+        last: Box<StepFailure>,
+    },
     /// The child thread stopped in a status its parent cannot go on from.
     #[error("child workflow thread {child} stopped while {status}")]
     ChildStopped {
@@ -261,6 +311,12 @@ impl EngineError {
             _ => false,
         }
     }
+}
+
+/// `Retried`'s causes: `earlier: exit, timeout`.
+fn causes_text(causes: &[crate::workflow::RetryOn]) -> String {
+    let words: Vec<&str> = causes.iter().map(|c| c.as_str()).collect();
+    format!("earlier: {}", words.join(", "))
 }
 
 /// `NoSuchStep`'s list of the roles a thread did run.

@@ -2,6 +2,7 @@
 //! against the role's JSON Schema), the body text, and artifact refs
 //! (schema properties with `format: uwf-hash`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -48,6 +49,76 @@ pub enum ExtractError {
         /// What is wrong.
         detail: String,
     },
+}
+
+/// The info strings of a code fence a reply may be wrapped in.
+const REPLY_FENCES: [&str; 5] = ["", "markdown", "md", "yaml", "yml"];
+
+/// A reply as models write it, made into the shape the extractor reads
+/// (SPEC §13; `docs/design.md` §5f), exactly:
+///
+/// 1. every `\r\n` becomes `\n` (a lone `\r` stays);
+/// 2. when what follows the leading whitespace (blank lines, spaces, tabs)
+///    starts with `---` or a code fence, that whitespace is removed;
+/// 3. when the reply is then one code fence — a first line of three
+///    backticks with no info string or `markdown`, `md`, `yaml` or `yml`,
+///    and a last non-blank line of three backticks — whose inside starts
+///    with a `---` line, the reply is that inside (one fence only: a fence
+///    inside it stays).
+///
+/// Anything else is left as it is, so a reply that is still not
+/// frontmatter is re-asked with the extractor's error.
+///
+/// ```
+/// use uwf_db::engine::extract::normalize_reply;
+///
+/// let wrapped = "\r\n```markdown\r\n---\r\n$status: done\r\n---\r\nAll done.\r\n```\r\n";
+/// assert_eq!(normalize_reply(wrapped), "---\n$status: done\n---\nAll done.\n");
+/// // A code block that holds no frontmatter is content, kept as it is.
+/// assert_eq!(normalize_reply("```rust\nfn main() {}\n```"), "```rust\nfn main() {}\n```");
+/// ```
+pub fn normalize_reply(text: &str) -> Cow<'_, str> {
+    let mut out: Cow<'_, str> = if text.contains("\r\n") {
+        Cow::Owned(text.replace("\r\n", "\n"))
+    } else {
+        Cow::Borrowed(text)
+    };
+    let start = out.trim_start();
+    if !(start.starts_with("---") || start.starts_with("```")) {
+        return out;
+    }
+    let skip = out.len() - start.len();
+    if let Some(inside) = unfence(start) {
+        return Cow::Owned(inside.to_owned());
+    }
+    if skip > 0 {
+        out = match out {
+            Cow::Borrowed(b) => Cow::Borrowed(&b[skip..]),
+            Cow::Owned(mut o) => {
+                o.drain(..skip);
+                Cow::Owned(o)
+            }
+        };
+    }
+    out
+}
+
+/// The inside of a reply that is one fence around frontmatter (see
+/// [`normalize_reply`]), with its last line's newline; `None` otherwise.
+fn unfence(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix("```")?;
+    let (info, inside) = rest.split_once('\n')?;
+    if !REPLY_FENCES.contains(&info.trim()) {
+        return None;
+    }
+    let inside = inside.trim_end();
+    let inside = inside.strip_suffix("```")?;
+    // The closing fence is a line of its own.
+    if !(inside.is_empty() || inside.ends_with('\n')) {
+        return None;
+    }
+    let first = inside.split('\n').next().unwrap_or_default();
+    (first.trim_end() == "---").then_some(inside)
 }
 
 /// Splits `---\nYAML\n---\nbody`; `None` when there is no frontmatter.
@@ -133,6 +204,7 @@ pub(crate) fn extract_with(
     role: &Role,
     text: &str,
 ) -> Result<Extracted, ExtractError> {
+    let text = &*normalize_reply(text);
     let Some((yaml, body)) = split(text) else {
         if role.frontmatter.is_some() {
             return Err(ExtractError::Missing);
@@ -161,6 +233,20 @@ pub(crate) fn extract_with(
             "it is not a map of keys to values".into(),
         ));
     };
+    if map.get("$status").and_then(|v| v.as_str()) == Some(crate::workflow::model::SUSPEND) {
+        // A suspend request (SPEC §13): not one of the role's variants, so
+        // its schema does not apply; its reason is kept for the message.
+        let meta = ["$status", "reason", "message"]
+            .into_iter()
+            .filter_map(|k| map.get(k).map(|v| (k.to_owned(), Value::from_json(v))))
+            .collect();
+        return Ok(Extracted {
+            meta,
+            body: body.to_owned(),
+            artifacts: Vec::new(),
+            usage,
+        });
+    }
     let mut meta = BTreeMap::new();
     let mut artifacts = Vec::new();
     match &role.frontmatter {
@@ -232,6 +318,7 @@ pub(crate) fn extract_with(
 /// The `$usage` an agent's reply reports in its frontmatter, read on its
 /// own: for a reply that [`extract`] refused (a re-ask still costs).
 pub(crate) fn reported_usage(text: &str) -> Option<crate::usage::Usage> {
+    let text = &*normalize_reply(text);
     let (yaml, _) = split(text)?;
     if !yaml.contains(crate::usage::USAGE_META) {
         return None;
@@ -473,6 +560,46 @@ mod tests {
             flat_frontmatter("a: b\n  c\n").is_none(),
             "continuation line"
         );
+    }
+
+    #[test]
+    fn replies_as_models_write_them_are_accepted() {
+        let want = extract(&reviewer(), "---\n$status: approved\n---\nLooks good.\n").unwrap();
+        for reply in [
+            "\n\n  ---\n$status: approved\n---\nLooks good.\n",
+            "---\r\n$status: approved\r\n---\r\nLooks good.\r\n",
+            "```markdown\n---\n$status: approved\n---\nLooks good.\n```",
+            "```md\n---\n$status: approved\n---\nLooks good.\n```\n\n",
+            "\n```yaml\r\n---\r\n$status: approved\r\n---\r\nLooks good.\r\n```\r\n",
+            "```\n---\n$status: approved\n---\nLooks good.\n```",
+        ] {
+            assert_eq!(extract(&reviewer(), reply).as_ref(), Ok(&want), "{reply:?}");
+        }
+        // A fence inside the body stays; only the enclosing one goes.
+        let x = extract(
+            &reviewer(),
+            "```markdown\n---\n$status: approved\n---\n```sh\nls\n```\n```",
+        )
+        .unwrap();
+        assert_eq!(x.body, "```sh\nls\n```\n");
+        // Not one enclosing fence of a known kind: still no frontmatter.
+        for reply in [
+            "```python\n---\n$status: approved\n---\n```",
+            "```markdown\n---\n$status: approved\n---\n",
+            "Here it is:\n```markdown\n---\n$status: approved\n---\n```",
+            "```markdown\n---\n$status: approved\n---\nbody```",
+        ] {
+            assert_eq!(
+                extract(&reviewer(), reply),
+                Err(ExtractError::Missing),
+                "{reply:?}"
+            );
+        }
+        // A schemaless role's body keeps its code blocks and indentation.
+        let x = extract(&Role::default(), "```sh\nls\n```").unwrap();
+        assert_eq!(x.body, "```sh\nls\n```");
+        let x = extract(&Role::default(), "    indented code").unwrap();
+        assert_eq!(x.body, "    indented code");
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub fn output_format(role: &Role) -> String {
     }
     let _ = write!(
         s,
-        "The frontmatter must satisfy this JSON Schema:\n{}",
+        "The frontmatter must satisfy this JSON Schema:\n{}\nIf you cannot go on without a human's answer, set $status to $SUSPEND instead and ask your question in `reason`.",
         serde_json::to_string_pretty(schema).unwrap_or_default()
     );
     s

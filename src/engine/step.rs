@@ -11,11 +11,13 @@ use super::cancel::Cancel;
 use super::drive::StepResult;
 use super::extract::{extract_with, reported_usage};
 use super::prompt::{RECENT_STEPS, assemble_with_header, output_format, role_header};
+use super::retry::FailedAttempt;
 use super::{Engine, EngineError, StepFailure};
 use crate::hash::Hash;
 use crate::node::Blob;
 use crate::thread::{END_ROLE, EndSpec, Next, StepWrite, ThreadError, ThreadId, ThreadRecord};
 use crate::usage::{StepUsage, USAGE_META};
+use crate::workflow::{RetryOn, RetryPolicy};
 
 /// The directory a step's agent works in: the rendered `location` of the
 /// edge into the role (an absolute path as it is; a relative one joined to
@@ -70,6 +72,12 @@ impl Engine {
             Ok(_) => EngineError::StepFailed { thread: id, cause },
             Err(e) => e.into(),
         }
+    }
+
+    /// The task thread `record` was started with: its start node's
+    /// prompt (what `thread show` prints).
+    pub fn task(&self, record: &ThreadRecord) -> Result<String, EngineError> {
+        Ok(self.task_of(record.start)?.0.to_string())
     }
 
     /// A thread's task prompt and `max_rounds`, from its start node. Start
@@ -144,7 +152,11 @@ impl Engine {
             let page = self.threads().log(id, 1024, before)?;
             n += page
                 .iter()
-                .filter(|e| e.node.role != END_ROLE && e.node.child_thread.is_none())
+                .filter(|e| {
+                    e.node.role != END_ROLE
+                        && e.node.child_thread.is_none()
+                        && !e.node.meta.contains_key(crate::thread::JOIN_META)
+                })
                 .count();
             match page.last() {
                 Some(last) if page.len() == 1024 => before = Some(last.hash),
@@ -173,6 +185,18 @@ impl Engine {
                 },
             ));
         };
+        if let Some(fan) = &role_def.fan_out {
+            return self.run_fan_out_step(
+                record,
+                role,
+                instruction,
+                fan,
+                &wf,
+                mode,
+                None,
+                (agent, cancel),
+            );
+        }
         if let Some(child_workflow) = &role_def.workflow {
             return self.run_child_step(
                 record,
@@ -204,9 +228,10 @@ impl Engine {
             instruction,
         )?;
 
-        let (extracted, usage) = self.ask(
+        let policy = agent.retry().apply(wf.retry_of(role));
+        let (extracted, usage, attempts) = self.ask(
             record,
-            (role, role_def, &wf.name),
+            (role, role_def, &wf.name, &policy),
             instruction,
             &prompt,
             dir.as_deref(),
@@ -229,6 +254,13 @@ impl Engine {
         let mut meta = extracted.meta;
         // What the step's calls cost, kept with the step (crate::usage).
         meta.insert(USAGE_META.to_owned(), usage.to_value());
+        if !attempts.is_empty() {
+            // The failed attempts before the one that answered (SPEC §13).
+            meta.insert(
+                super::retry::ATTEMPTS_META.to_owned(),
+                crate::node::Value::Array(attempts.iter().map(|a| a.to_value()).collect()),
+            );
+        }
         if let (Some(dir), Some(_)) = (&dir, &location) {
             // Where the agent worked, kept with the step (SPEC §4).
             meta.insert(
@@ -315,30 +347,87 @@ impl Engine {
     }
 
     /// Calls the agent, and again with the problem when its reply is
-    /// invalid (up to [`Agent::reasks`] times): the reply's parts and what
-    /// every call cost. A failed call or a reply still invalid fails the
-    /// step (recorded with its cost); a call killed by the token is
-    /// [`EngineError::Interrupted`], nothing recorded.
+    /// invalid (up to [`Agent::reasks`] times): the reply's parts, what
+    /// every call cost, and the failed attempts before the one that
+    /// answered. A failed attempt the retry `policy` covers is made again
+    /// after its backoff; a failed call or a reply still invalid otherwise
+    /// fails the step (recorded with its cost); a call killed by the token
+    /// is [`EngineError::Interrupted`], nothing recorded.
     fn ask(
         &self,
         record: &ThreadRecord,
-        (role, role_def, workflow): (&str, &crate::workflow::Role, &str),
+        (role, role_def, workflow, policy): (&str, &crate::workflow::Role, &str, &RetryPolicy),
         instruction: &str,
         prompt: &str,
         dir: Option<&std::path::Path>,
         (agent, cancel): Driver<'_>,
-    ) -> Result<(super::extract::Extracted, StepUsage), EngineError> {
+    ) -> Result<(super::extract::Extracted, StepUsage, Vec<FailedAttempt>), EngineError> {
         let id = record.id;
         let answered = match (agent.needs_step_count(), record.agent_steps) {
             (false, _) => 0,
             (true, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
             (true, None) => self.answered_steps(id)?,
         };
-        let mut ask = prompt.to_owned();
-        let mut attempts = 0;
-        // Every call of this step: the answer and its re-asks.
+        // Every call of this step: each attempt's answer and re-asks.
         let mut usage = StepUsage::default();
-        let extracted = loop {
+        let mut failed: Vec<FailedAttempt> = Vec::new();
+        let mut attempt: u32 = 1;
+        loop {
+            let started = crate::store::now_ms();
+            let mut this = StepUsage::default();
+            let outcome = self.attempt(
+                record,
+                (role, role_def, workflow),
+                (instruction, prompt, dir, answered),
+                (&mut *agent, cancel),
+                &mut this,
+            );
+            usage.add(&this);
+            let (cause, failure) = match outcome {
+                Ok(extracted) => return Ok((extracted, usage, failed)),
+                Err(AttemptError::Interrupted) => return Err(EngineError::Interrupted),
+                Err(AttemptError::Failed(cause, failure)) => (cause, failure),
+            };
+            let retried = cause.is_some_and(|c| policy.retries(c, attempt));
+            let (Some(cause), true) = (cause, retried) else {
+                let failure = super::retry::after_attempts(failure, &failed);
+                return Err(self.fail_counted(id, failure, Some(usage)));
+            };
+            let delay = policy.delay(attempt, super::retry::jitter(id, attempt));
+            failed.push(FailedAttempt {
+                at_ms: started,
+                cause,
+                error: super::retry::short_error(&failure.to_string()),
+                usage: this,
+                delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            });
+            if !super::retry::wait(cancel, delay) {
+                if cancel.is_cancelled() {
+                    return Err(EngineError::Interrupted);
+                }
+                // Asked to stop after the step in flight: no more tries.
+                let earlier = failed.split_last().map_or(&[][..], |(_, rest)| rest);
+                let failure = super::retry::after_attempts(failure, earlier);
+                return Err(self.fail_counted(id, failure, Some(usage)));
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One attempt of a step: the call, and its re-asks while the reply is
+    /// invalid. The calls made are added to `usage`.
+    fn attempt(
+        &self,
+        record: &ThreadRecord,
+        (role, role_def, workflow): (&str, &crate::workflow::Role, &str),
+        (instruction, prompt, dir, answered): (&str, &str, Option<&std::path::Path>, usize),
+        (agent, cancel): Driver<'_>,
+        usage: &mut StepUsage,
+    ) -> Result<super::extract::Extracted, AttemptError> {
+        let id = record.id;
+        let mut ask = prompt.to_owned();
+        let mut reasked = 0;
+        loop {
             let request = AgentRequest {
                 thread: id,
                 workflow,
@@ -358,7 +447,7 @@ impl Engine {
                 Ok(r) => r,
                 // Killed by Ctrl-C: not the agent's failure; nothing is
                 // recorded and the thread stays retryable.
-                Err(_) if cancel.is_cancelled() => return Err(EngineError::Interrupted),
+                Err(_) if cancel.is_cancelled() => return Err(AttemptError::Interrupted),
                 Err(e) => {
                     // An agent CLI that reports an error may say what the
                     // failed call cost: it is counted all the same.
@@ -367,11 +456,12 @@ impl Engine {
                         _ => None,
                     };
                     usage.add_call(wall_ms, reported);
-                    let cause = StepFailure::Agent {
+                    let cause = super::retry::cause_of(&e);
+                    let failure = StepFailure::Agent {
                         role: role.to_owned(),
                         source: e,
                     };
-                    return Err(self.fail_counted(id, cause, Some(usage)));
+                    return Err(AttemptError::Failed(cause, failure));
                 }
             };
             let extracted = extract_with(
@@ -387,24 +477,31 @@ impl Engine {
             };
             usage.add_call(wall_ms, reported.as_ref());
             match extracted {
-                Ok(x) => break x,
-                Err(e) if attempts < agent.reasks() => {
-                    attempts += 1;
+                Ok(x) => return Ok(x),
+                Err(e) if reasked < agent.reasks() => {
+                    reasked += 1;
                     ask = format!(
                         "{prompt}\n## Your previous reply was invalid\n{e}\nAnswer again, following the output format.\n"
                     );
                 }
                 Err(e) => {
-                    let cause = StepFailure::InvalidReply {
+                    let failure = StepFailure::InvalidReply {
                         role: role.to_owned(),
                         source: e,
                     };
-                    return Err(self.fail_counted(id, cause, Some(usage)));
+                    return Err(AttemptError::Failed(Some(RetryOn::InvalidReply), failure));
                 }
             }
-        };
-        Ok((extracted, usage))
+        }
     }
+}
+
+/// Why an attempt gave no reply.
+enum AttemptError {
+    /// The token was cancelled: nothing is recorded.
+    Interrupted,
+    /// The attempt failed; the cause says whether a policy may retry it.
+    Failed(Option<RetryOn>, StepFailure),
 }
 
 /// The agent and the token a drive runs with.

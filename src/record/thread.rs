@@ -143,6 +143,10 @@ pub struct ThreadRecord {
     /// (a thread made through the library without one): the driver's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// A fan-out role's children, in item order, from the transaction that
+    /// creates them until the join is written (`docs/design.md` §5f).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<Vec<ThreadId>>,
     /// The thread and node this thread was forked from.
     pub forked_from: Option<ForkOrigin>,
     /// The newest node of the chain.

@@ -124,6 +124,7 @@ impl LowLevel<'_> {
                 completed_at: None,
                 created_at: now,
                 cwd: src.cwd.clone(),
+                fan_out: None,
                 forked_from: Some(super::ForkOrigin {
                     node: at,
                     thread: source,

@@ -29,7 +29,7 @@ pub use prune::{PruneReport, RetentionPolicy};
 pub use read::{ActivityCursor, HistoryPage, ParseCursorError, ThreadQuery, ThreadTree};
 pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
 pub use write::{LowLevel, MAX_LAST_ERROR};
-pub use writes::{EndSpec, NewThread, Next, StepWrite, Written};
+pub use writes::{EndSpec, JOIN_META, NewThread, Next, StepWrite, Written};
 
 use crate::codec::CodecError;
 use crate::hash::Hash;

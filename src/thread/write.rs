@@ -172,7 +172,17 @@ fn write_end(
         ("summary".to_owned(), Value::Str(end.summary.clone())),
     ]);
     let blobs = StepBlobs::new(&end.summary, &[], &end.prompt)?;
+    // Role steps since the last end (the end node is not one).
+    let rounds = record.rounds();
     let hash = write_state(w, record, END_ROLE, meta, &blobs, None)?;
+    if end.return_code == 1 {
+        // Ended by `maxRounds` (SPEC §4): why the thread failed is where
+        // `thread show` and `thread list --failed` look for it.
+        record.last_error = Some(cap_error(&format!(
+            "the thread failed: {} after {rounds} role steps since its start or last resume (raise maxRounds, or resume the thread for a fresh budget)",
+            end.summary
+        )));
+    }
     record.last_end_seq = record.seq;
     // An ended thread is in history: any claim on it is over.
     record.claimed_status = None;
@@ -296,53 +306,34 @@ impl LowLevel<'_> {
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
         check_labels(&new.labels)?;
+        self.0.write_op(move |w| start_in(w, &new, id, claimed))
+    }
+
+    /// Starts `children` of thread `parent` (a fan-out role's) and names
+    /// them, in order, in its record's `fan_out`, all in one transaction:
+    /// a compare-and-swap on the parent's `expected_head`, so either every
+    /// child exists and the parent names them, or none does
+    /// (`docs/design.md` §5f).
+    pub fn start_children(
+        &self,
+        parent: ThreadId,
+        expected_head: Hash,
+        children: Vec<NewThread>,
+    ) -> Result<Vec<ThreadRecord>, ThreadError> {
+        for c in &children {
+            check_labels(&c.labels)?;
+        }
         self.0.write_op(move |w| {
-            let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
-            let start = w.put_blob(&Blob::Start(StartNode {
-                depth: new.depth,
-                max_rounds: new.max_rounds,
-                name: new.workflow.clone(),
-                parent_state: new.parent_state,
-                prompt,
-                workflow: new.workflow_hash,
-            }))?;
-            let now = w.now_ms();
-            let record = ThreadRecord {
-                active_child: None,
-                agent: new.agent.clone(),
-                agent_steps: Some(0),
-                claimed_status: claimed.then_some(ThreadStatus::Idle),
-                stop_requested_at: None,
-                completed_at: None,
-                created_at: now,
-                cwd: new.cwd.clone(),
-                forked_from: None,
-                head: start,
-                id,
-                labels: new.labels.clone(),
-                last_end_seq: 0,
-                last_error: None,
-                next_instruction: Some(new.next_instruction.clone()),
-                next_location: new.next_location.clone(),
-                next_role: Some(new.next_role.clone()),
-                parent_thread: new.parent_thread,
-                seq: 0,
-                staged_compact: None,
-                start,
-                status: if claimed {
-                    ThreadStatus::Running
-                } else {
-                    ThreadStatus::Idle
-                },
-                suspend_message: None,
-                suspended_role: None,
-                updated_at: now,
-                usage: None,
-                workflow: new.workflow.clone(),
-                workflow_hash: new.workflow_hash,
-            };
-            index::put(w, None, &record)?;
-            Ok(record)
+            let (mut record, location) = load_checked(w, parent, expected_head)?;
+            let old = record.clone();
+            let mut made = Vec::with_capacity(children.len());
+            for new in &children {
+                made.push(start_in(w, new, ThreadId::generate(), false)?);
+            }
+            record.fan_out = Some(made.iter().map(|r| r.id).collect());
+            record.updated_at = w.now_ms().max(old.updated_at);
+            index::put(w, Some((&old, location)), &record)?;
+            Ok(made)
         })
     }
 
@@ -587,6 +578,62 @@ impl LowLevel<'_> {
     }
 }
 
+/// Writes a new thread's start node and record (`start_thread_as`).
+fn start_in(
+    w: &mut WriteTxn<'_>,
+    new: &NewThread,
+    id: ThreadId,
+    claimed: bool,
+) -> Result<ThreadRecord, ThreadError> {
+    let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
+    let start = w.put_blob(&Blob::Start(StartNode {
+        depth: new.depth,
+        max_rounds: new.max_rounds,
+        name: new.workflow.clone(),
+        parent_state: new.parent_state,
+        prompt,
+        workflow: new.workflow_hash,
+    }))?;
+    let now = w.now_ms();
+    let record = ThreadRecord {
+        active_child: None,
+        agent: new.agent.clone(),
+        agent_steps: Some(0),
+        claimed_status: claimed.then_some(ThreadStatus::Idle),
+        stop_requested_at: None,
+        completed_at: None,
+        created_at: now,
+        cwd: new.cwd.clone(),
+        fan_out: None,
+        forked_from: None,
+        head: start,
+        id,
+        labels: new.labels.clone(),
+        last_end_seq: 0,
+        last_error: None,
+        next_instruction: Some(new.next_instruction.clone()),
+        next_location: new.next_location.clone(),
+        next_role: Some(new.next_role.clone()),
+        parent_thread: new.parent_thread,
+        seq: 0,
+        staged_compact: None,
+        start,
+        status: if claimed {
+            ThreadStatus::Running
+        } else {
+            ThreadStatus::Idle
+        },
+        suspend_message: None,
+        suspended_role: None,
+        updated_at: now,
+        usage: None,
+        workflow: new.workflow.clone(),
+        workflow_hash: new.workflow_hash,
+    };
+    index::put(w, None, &record)?;
+    Ok(record)
+}
+
 /// Appends a step to `record`; `old` is the record as stored (its index
 /// entries are the ones to replace).
 fn append_in(
@@ -608,7 +655,8 @@ fn append_in(
     )?;
     record.last_error = None;
     record.active_child = None;
-    if step.child_thread.is_none() {
+    record.fan_out = None;
+    if step.child_thread.is_none() && !step.meta.contains_key(super::JOIN_META) {
         record.agent_steps = record.agent_steps.map(|n| n + 1);
     }
     if let Some(usage) = StepUsage::of_meta(&step.meta) {

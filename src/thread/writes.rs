@@ -40,6 +40,10 @@ pub struct NewThread {
     pub labels: Labels,
 }
 
+/// The state node meta key of a fan-out role's join step: its children's
+/// end nodes, in item order (a join is not an agent's answer).
+pub const JOIN_META: &str = "$children";
+
 /// One role step to append.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepWrite {

@@ -3,13 +3,18 @@
 
 pub mod model;
 mod parse;
+mod retry;
 pub mod template;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use model::{Compact, Edge, Role, Workflow};
-pub use parse::{Problem, parse_workflow};
+pub use model::{Branch, Compact, Edge, FanOut, Foreach, Role, Workflow};
+pub use parse::{Problem, parse_workflow, parse_workflow_file, workflow_name_of};
+pub use retry::{
+    DEFAULT_BACKOFF, DEFAULT_MAX_DELAY, DEFAULT_ON, MAX_ATTEMPTS, RetryOn, RetryOverride,
+    RetryPolicy,
+};
 
 use crate::backend::{Direction, KeyRange, Table};
 use crate::hash::Hash;
@@ -133,6 +138,31 @@ pub fn status_of(meta: &BTreeMap<String, Value>) -> String {
     }
 }
 
+/// Longest suspend message taken from a reply's body: 4 KiB.
+const MAX_SUSPEND_REASON: usize = 4 << 10;
+
+/// What a reply of `$status: $SUSPEND` tells the human: its `reason` (or
+/// `message`) when that is text, else its body (cut to 4 KiB), else a
+/// sentence naming the role.
+fn suspend_reason(role: &str, meta: &BTreeMap<String, Value>, body: &str) -> String {
+    for key in ["reason", "message"] {
+        if let Some(Value::Str(s)) = meta.get(key)
+            && !s.trim().is_empty()
+        {
+            return s.clone();
+        }
+    }
+    let body = body.trim();
+    if body.is_empty() {
+        return format!("role '{role}' suspended the thread and waits for an answer");
+    }
+    let mut end = body.len().min(MAX_SUSPEND_REASON);
+    while !body.is_char_boundary(end) {
+        end -= 1;
+    }
+    body.get(..end).unwrap_or_default().to_owned()
+}
+
 impl Workflow {
     /// Where a step of `role` with frontmatter `meta` leads, with the edge
     /// prompt rendered from `meta`: a role, a suspend (the answering role
@@ -167,6 +197,14 @@ impl Workflow {
             .get(role)
             .ok_or_else(|| WorkflowError::UnknownRole(role.to_owned()))?;
         let status = status_of(meta);
+        if status == model::SUSPEND && !edges.contains_key(&status) {
+            // The reference's suspend without a graph edge (SPEC §13):
+            // the answering role runs again on resume.
+            return Ok(Next::Suspend {
+                role: role.to_owned(),
+                message: suspend_reason(role, meta, body),
+            });
+        }
         let edge = edges
             .get(&status)
             .ok_or_else(|| WorkflowError::UnknownStatus {

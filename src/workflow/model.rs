@@ -38,6 +38,11 @@ pub struct Workflow {
     pub name: String,
     /// The roles.
     pub roles: BTreeMap<String, Role>,
+    /// The retry policy of every role that sets none (`retry:` at the
+    /// top). Left out of the stored form when absent, so workflows without
+    /// it keep their hashes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<super::RetryPolicy>,
 }
 
 /// `compact: {every: N, prompt: TEXT}`.
@@ -62,6 +67,11 @@ pub struct Role {
     pub capabilities: Vec<String>,
     /// What the role does.
     pub description: Option<String>,
+    /// A fan-out role (`foreach:` or `parallel:`, with `join:`): it runs
+    /// many child workflows and joins them (SPEC §13). Left out of the
+    /// stored form when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fan_out: Option<FanOut>,
     /// JSON Schema of the agent's frontmatter.
     pub frontmatter: Option<serde_json::Value>,
     /// The role's goal.
@@ -75,9 +85,69 @@ pub struct Role {
     pub output: Option<String>,
     /// How to work.
     pub procedure: Option<String>,
+    /// When a failed agent call of this role is made again (`retry:`;
+    /// replaces the workflow's). Left out of the stored form when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<super::RetryPolicy>,
     /// For a role that runs a child workflow: its name.
     pub workflow: Option<String>,
 }
+
+/// A fan-out role's children and their join (`docs/design.md` §5f).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct FanOut {
+    /// `foreach:`: one child per item of a list; `None` for `parallel:`.
+    pub foreach: Option<Foreach>,
+    /// `parallel:`: named branches, in name order (empty for `foreach:`).
+    pub branches: Vec<Branch>,
+    /// Children driven at once.
+    pub max_concurrency: u32,
+    /// Failed children the join allows (`u32::MAX`: `on_failure:
+    /// continue`).
+    pub tolerate: u32,
+    /// No new child starts once failures pass `tolerate`.
+    pub fail_fast: bool,
+}
+
+/// `foreach:`: the list, the child workflow and its task template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Foreach {
+    /// A dotted path into the previous reply's frontmatter: the list.
+    pub items: String,
+    /// The item's name in `prompt`.
+    #[serde(rename = "as")]
+    pub as_name: String,
+    /// The child workflow's name.
+    pub workflow: String,
+    /// The child's task: a template of the previous frontmatter, the item
+    /// (as `as_name`) and `index` (1-based).
+    pub prompt: String,
+    /// More items than this fail the step.
+    pub max_items: u32,
+}
+
+/// A `parallel:` branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Branch {
+    /// Its name.
+    pub key: String,
+    /// The child workflow's name.
+    pub workflow: String,
+    /// The child's task: a template of the previous frontmatter.
+    pub prompt: String,
+}
+
+impl Role {
+    /// Whether the role runs child workflows (`workflow:`, `foreach:`,
+    /// `parallel:`) instead of calling an agent: its statuses are `done`
+    /// and `failed`.
+    pub fn runs_children(&self) -> bool {
+        self.workflow.is_some() || self.fan_out.is_some()
+    }
+}
+
+/// The variables a fan-out role's edge prompts may use (beside `_body`).
+pub const JOIN_VARIABLES: [&str; 5] = ["$status", "results", "completed", "failed", "total"];
 
 /// An edge: the next role (or `$END`/`$SUSPEND`) and its prompt template.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -94,6 +164,15 @@ pub struct Edge {
 }
 
 impl Workflow {
+    /// The retry policy `role` runs under, before the command line's
+    /// override: its own `retry:`, else the workflow's.
+    pub fn retry_of(&self, role: &str) -> Option<&super::RetryPolicy> {
+        self.roles
+            .get(role)
+            .and_then(|r| r.retry.as_ref())
+            .or(self.retry.as_ref())
+    }
+
     /// The `$START` edge.
     pub fn start_edge(&self) -> Option<&Edge> {
         self.graph.get(START).and_then(|e| e.get(DEFAULT_STATUS))

@@ -11,6 +11,7 @@ use super::model::{
     BODY_VARIABLE, Compact, DEFAULT_MAX_ROUNDS, DEFAULT_STATUS, END, Edge, FORMAT_VERSION, RESUME,
     Role, START, START_NEW, SUSPEND, Workflow,
 };
+use super::retry::RetrySrc;
 use super::template;
 use crate::thread::END_ROLE;
 
@@ -52,6 +53,7 @@ struct WorkflowSrc {
     compact: Option<Spanned<CompactSrc>>,
     roles: Option<BTreeMap<String, Spanned<RoleSrc>>>,
     graph: Option<GraphSrc>,
+    retry: Option<Spanned<RetrySrc>>,
     #[serde(flatten)]
     extra: Extra,
 }
@@ -77,8 +79,254 @@ struct RoleSrc {
     model: Option<String>,
     #[serde(rename = "allowedTools", default)]
     allowed_tools: Vec<String>,
+    retry: Option<Spanned<RetrySrc>>,
+    foreach: Option<Spanned<ForeachSrc>>,
+    parallel: Option<Spanned<BTreeMap<String, BranchSrc>>>,
+    join: Option<Spanned<JoinSrc>>,
     #[serde(flatten)]
     extra: Extra,
+}
+
+#[derive(Deserialize)]
+struct ForeachSrc {
+    items: Option<String>,
+    #[serde(rename = "as")]
+    as_name: Option<String>,
+    workflow: Option<String>,
+    prompt: Option<String>,
+    max_items: Option<i64>,
+    max_concurrency: Option<i64>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+#[derive(Deserialize)]
+struct BranchSrc {
+    workflow: Option<String>,
+    prompt: Option<String>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+#[derive(Deserialize)]
+struct JoinSrc {
+    on_failure: Option<String>,
+    tolerate: Option<i64>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+/// Default and largest `max_items` of a `foreach:`.
+const DEFAULT_MAX_ITEMS: u32 = 1000;
+const LARGEST_MAX_ITEMS: u32 = 10_000;
+/// Default and largest `max_concurrency` (and most `parallel:` branches).
+const DEFAULT_CONCURRENCY: u32 = 4;
+const LARGEST_CONCURRENCY: u32 = 64;
+
+/// A role's `foreach:` or `parallel:` with its `join:` (at `path`); every
+/// problem recorded. `None` for a role with neither.
+fn check_fan_out(
+    path: &str,
+    r: &Spanned<RoleSrc>,
+    is_registered: &dyn Fn(&str) -> bool,
+    p: &mut Problems,
+) -> Option<super::model::FanOut> {
+    use super::model::{Branch, FanOut, Foreach};
+    let v = &r.value;
+    if v.foreach.is_none() && v.parallel.is_none() {
+        if v.join.is_some() {
+            p.at(
+                format!("{path}.join"),
+                Some(r),
+                "join: closes a foreach: or parallel:, and this role has neither",
+            );
+        }
+        return None;
+    }
+    if v.foreach.is_some() && v.parallel.is_some() {
+        p.at(path, Some(r), "a role has foreach: or parallel:, not both");
+    }
+    for (key, set) in [
+        ("workflow", v.workflow.is_some()),
+        ("frontmatter", v.frontmatter.is_some()),
+        ("retry", v.retry.is_some()),
+    ] {
+        if set {
+            p.at(
+                format!("{path}.{key}"),
+                Some(r),
+                format!("a fan-out role calls no agent itself and has no {key}: (its children's workflows do)"),
+            );
+        }
+    }
+    let mut foreach = None;
+    let mut branches = Vec::new();
+    let mut concurrency = DEFAULT_CONCURRENCY;
+    if let Some(f) = &v.foreach {
+        let fp = format!("{path}.foreach");
+        let workflow = child_workflow(
+            format!("{fp}.workflow"),
+            &f.value.workflow,
+            is_registered,
+            p,
+        );
+        p.unknown_keys(
+            &fp,
+            Some(f),
+            &f.value.extra,
+            "items, as, workflow, prompt, max_items, max_concurrency",
+        );
+        let items = f.value.items.clone().unwrap_or_else(|| {
+            p.at(
+                format!("{fp}.items"),
+                Some(f),
+                "missing: the frontmatter key of the previous reply that holds the list",
+            );
+            String::new()
+        });
+        let as_name = f.value.as_name.clone().unwrap_or_else(|| "item".to_owned());
+        if as_name.is_empty() || as_name.contains(['.', ' ', '{', '}']) || as_name == "index" {
+            p.at(
+                format!("{fp}.as"),
+                Some(f),
+                format!("'{as_name}' cannot name the item (a plain name other than 'index')"),
+            );
+        }
+        let prompt = f.value.prompt.clone().unwrap_or_default();
+        check_child_prompt(&format!("{fp}.prompt"), &prompt, f, p);
+        let mut bounded = |key: &str, value: Option<i64>, default: u32, largest: u32| -> u32 {
+            match value.map(u32::try_from) {
+                None => default,
+                Some(Ok(n)) if (1..=largest).contains(&n) => n,
+                Some(_) => {
+                    p.at(
+                        format!("{fp}.{key}"),
+                        Some(f),
+                        format!("must be a whole number from 1 to {largest}"),
+                    );
+                    default
+                }
+            }
+        };
+        let max_items = bounded(
+            "max_items",
+            f.value.max_items,
+            DEFAULT_MAX_ITEMS,
+            LARGEST_MAX_ITEMS,
+        );
+        concurrency = bounded(
+            "max_concurrency",
+            f.value.max_concurrency,
+            DEFAULT_CONCURRENCY,
+            LARGEST_CONCURRENCY,
+        );
+        foreach = Some(Foreach {
+            items,
+            as_name,
+            workflow,
+            prompt,
+            max_items,
+        });
+    }
+    if let Some(par) = &v.parallel {
+        let pp = format!("{path}.parallel");
+        if par.value.is_empty() || par.value.len() > LARGEST_CONCURRENCY as usize {
+            p.at(
+                &pp,
+                Some(par),
+                format!("needs 1 to {LARGEST_CONCURRENCY} named branches"),
+            );
+        }
+        for (key, b) in &par.value {
+            let bp = format!("{pp}.{key}");
+            p.unknown_keys(&bp, Some(par), &b.extra, "workflow, prompt");
+            let workflow = child_workflow(format!("{bp}.workflow"), &b.workflow, is_registered, p);
+            let prompt = b.prompt.clone().unwrap_or_default();
+            check_child_prompt(&format!("{bp}.prompt"), &prompt, par, p);
+            branches.push(Branch {
+                key: key.clone(),
+                workflow,
+                prompt,
+            });
+        }
+        concurrency = u32::try_from(branches.len().max(1)).unwrap_or(LARGEST_CONCURRENCY);
+    }
+    let (mut tolerate, mut fail_fast) = (0, true);
+    if let Some(j) = &v.join {
+        let jp = format!("{path}.join");
+        p.unknown_keys(&jp, Some(j), &j.value.extra, "on_failure, tolerate");
+        match j.value.on_failure.as_deref() {
+            None | Some("fail_fast") => {}
+            Some("continue") => {
+                fail_fast = false;
+                tolerate = u32::MAX;
+            }
+            Some(other) => p.at(
+                format!("{jp}.on_failure"),
+                Some(j),
+                format!("'{other}' is not a failure policy (fail_fast or continue)"),
+            ),
+        }
+        if let Some(n) = j.value.tolerate {
+            match u32::try_from(n) {
+                Ok(n) if fail_fast => tolerate = n,
+                Ok(_) => p.at(
+                    format!("{jp}.tolerate"),
+                    Some(j),
+                    "on_failure: continue already tolerates every failure",
+                ),
+                Err(_) => p.at(
+                    format!("{jp}.tolerate"),
+                    Some(j),
+                    format!("must be a whole number, got {n}"),
+                ),
+            }
+        }
+    }
+    Some(FanOut {
+        foreach,
+        branches,
+        max_concurrency: concurrency,
+        tolerate,
+        fail_fast,
+    })
+}
+
+/// A fan-out child's workflow name: given and registered.
+fn child_workflow(
+    at: String,
+    name: &Option<String>,
+    is_registered: &dyn Fn(&str) -> bool,
+    p: &mut Problems,
+) -> String {
+    match name {
+        Some(n) if is_registered(n) => n.clone(),
+        Some(n) => {
+            p.at::<()>(
+                at,
+                None,
+                format!("child workflow '{n}' is not registered (uwf-db workflow add it first)"),
+            );
+            n.clone()
+        }
+        None => {
+            p.at::<()>(at, None, "missing: the child workflow's name");
+            String::new()
+        }
+    }
+}
+
+/// A child's task template: present and parseable.
+fn check_child_prompt<T>(path: &str, prompt: &str, span: &Spanned<T>, p: &mut Problems) {
+    if prompt.trim().is_empty() {
+        p.at(
+            path,
+            Some(span),
+            "missing or empty: the child's task template",
+        );
+    } else if let Err(e) = template::variables(prompt) {
+        p.at(path, Some(span), e.to_string());
+    }
 }
 
 #[derive(Deserialize)]
@@ -134,7 +382,76 @@ pub fn parse_workflow(
     expected_name: Option<&str>,
     is_registered: &dyn Fn(&str) -> bool,
 ) -> Result<Workflow, Vec<Problem>> {
-    let src: WorkflowSrc = crate::yaml::from_str(yaml).map_err(|e| {
+    parse_with(
+        yaml,
+        expected_name,
+        is_registered,
+        crate::yaml::options(),
+        false,
+    )
+}
+
+/// The name a workflow file must have: its stem, or for `NAME/index.yaml`
+/// (or `.yml`) its folder's name.
+///
+/// ```
+/// use std::path::Path;
+/// use uwf_db::workflow::workflow_name_of;
+///
+/// assert_eq!(workflow_name_of(Path::new("flows/review.yaml")).as_deref(), Some("review"));
+/// assert_eq!(workflow_name_of(Path::new("flows/triage/index.yaml")).as_deref(), Some("triage"));
+/// ```
+pub fn workflow_name_of(file: &std::path::Path) -> Option<String> {
+    let stem = file.file_stem()?.to_str()?;
+    if stem == "index"
+        && let Some(folder) = file
+            .canonicalize()
+            .ok()
+            .as_deref()
+            .unwrap_or(file)
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str())
+    {
+        return Some(folder.to_owned());
+    }
+    Some(stem.to_owned())
+}
+
+/// Parses and validates the workflow YAML `yaml` read from `file`:
+/// `!include PATH` takes another file's YAML (resolved against the
+/// including file's folder, never outside `file`'s folder; see
+/// [`crate::yaml::options_for_file`]), the name must be
+/// [`workflow_name_of`] the file, and a workflow at `NAME/index.yaml` may
+/// leave `name:` out and take its folder's name.
+pub fn parse_workflow_file(
+    yaml: &str,
+    file: &std::path::Path,
+    is_registered: &dyn Fn(&str) -> bool,
+) -> Result<Workflow, Vec<Problem>> {
+    let options = crate::yaml::options_for_file(file).map_err(|e| {
+        vec![Problem {
+            path: "(document)".into(),
+            line: None,
+            column: None,
+            message: format!("cannot read the workflow's folder for !include: {e}"),
+        }]
+    })?;
+    let name = workflow_name_of(file);
+    let is_index = file.file_stem().is_some_and(|s| s == "index");
+    parse_with(yaml, name.as_deref(), is_registered, options, is_index)
+}
+
+/// [`parse_workflow`] with YAML `options`; `name_from_file`: a missing
+/// `name:` is `expected_name`.
+fn parse_with(
+    yaml: &str,
+    expected_name: Option<&str>,
+    is_registered: &dyn Fn(&str) -> bool,
+    options: serde_saphyr::Options,
+    name_from_file: bool,
+) -> Result<Workflow, Vec<Problem>> {
+    let src: WorkflowSrc = crate::yaml::from_str_with(yaml, options).map_err(|e| {
         let loc = e.location();
         vec![Problem {
             path: "(document)".into(),
@@ -146,6 +463,14 @@ pub fn parse_workflow(
             ),
         }]
     })?;
+    let mut src = src;
+    if name_from_file && src.name.is_none() {
+        src.name = expected_name.map(|n| Spanned {
+            value: n.to_owned(),
+            referenced: serde_saphyr::Location::UNKNOWN,
+            defined: serde_saphyr::Location::UNKNOWN,
+        });
+    }
     let mut p = Problems(Vec::new());
     let (name, max_rounds, compact) = check_header(&src, expected_name, &mut p);
     let roles_src = src.roles.unwrap_or_default();
@@ -159,6 +484,7 @@ pub fn parse_workflow(
         }
     }
     check_reachable(&graph, &roles, &roles_src, &mut p);
+    let retry = check_retry("retry", src.retry.as_ref(), &mut p);
     if p.0.is_empty() {
         Ok(Workflow {
             compact,
@@ -167,6 +493,7 @@ pub fn parse_workflow(
             max_rounds,
             name,
             roles,
+            retry,
         })
     } else {
         p.0.sort_by_key(|x| (x.line.unwrap_or(u32::MAX), x.column.unwrap_or(0)));
@@ -185,7 +512,7 @@ fn check_header(
         "",
         None,
         &src.extra,
-        "version, name, description, maxRounds, compact, roles, graph",
+        "version, name, description, maxRounds, compact, retry, roles, graph",
     );
     if let Some(v) = &src.version
         && v.value != serde_json::json!(FORMAT_VERSION)
@@ -279,10 +606,17 @@ fn check_roles(
             &path,
             Some(r),
             &r.value.extra,
-            "description, goal, capabilities, procedure, output, frontmatter, workflow, model, allowedTools",
+            "description, goal, capabilities, procedure, output, frontmatter, workflow, model, allowedTools, retry, foreach, parallel, join",
         );
         let v = &r.value;
         if let Some(child) = &v.workflow {
+            if v.retry.is_some() {
+                p.at(
+                    format!("{path}.retry"),
+                    Some(r),
+                    format!("a workflow: role calls no agent itself: set retry: in '{child}'"),
+                );
+            }
             if v.frontmatter.is_some() {
                 p.at(
                     &path,
@@ -326,16 +660,36 @@ fn check_roles(
                 allowed_tools: v.allowed_tools.clone(),
                 capabilities: v.capabilities.clone(),
                 description: v.description.clone(),
+                fan_out: check_fan_out(&path, r, is_registered, p),
                 frontmatter: v.frontmatter.clone(),
                 goal: v.goal.clone(),
                 model: v.model.clone(),
                 output: v.output.clone(),
                 procedure: v.procedure.clone(),
+                retry: check_retry(&format!("{path}.retry"), v.retry.as_ref(), p),
                 workflow: v.workflow.clone(),
             },
         );
     }
     roles
+}
+
+/// A `retry:` block (at `path`): its policy, or its problems recorded.
+fn check_retry(
+    path: &str,
+    src: Option<&Spanned<RetrySrc>>,
+    p: &mut Problems,
+) -> Option<super::RetryPolicy> {
+    let src = src?;
+    match src.value.check() {
+        Ok(policy) => Some(policy),
+        Err(problems) => {
+            for (key, message) in problems {
+                p.at(format!("{path}.{key}"), Some(src), message);
+            }
+            None
+        }
+    }
 }
 
 /// `$START`: one entry edge (`_` or `new`), maybe a `resume` edge into a
@@ -401,7 +755,7 @@ fn check_node(
     }
     // The status keys must equal what the role's schema allows.
     if let Some(role) = from_role {
-        let allowed: BTreeSet<String> = if role.workflow.is_some() {
+        let allowed: BTreeSet<String> = if role.runs_children() {
             ["done", "failed"].map(String::from).into()
         } else {
             let s = role.statuses();
@@ -412,12 +766,17 @@ fn check_node(
             }
         };
         let keys: BTreeSet<String> = edges.value.keys().cloned().collect();
-        if role.workflow.is_some() {
+        if role.runs_children() {
+            let what = if role.workflow.is_some() {
+                "a workflow: role"
+            } else {
+                "a fan-out role"
+            };
             for k in keys.difference(&allowed) {
                 p.at(
                     format!("{node_path}.{k}"),
                     edges.value.get(k),
-                    format!("a workflow: role's statuses are done and failed, not '{k}'"),
+                    format!("{what}'s statuses are done and failed, not '{k}'"),
                 );
             }
         } else {
@@ -478,6 +837,10 @@ fn check_node(
                     let mut allowed: Vec<String> = match from_role {
                         _ if from == START => Vec::new(),
                         Some(r) if r.workflow.is_some() => vec!["$status".into()],
+                        Some(r) if r.fan_out.is_some() => super::model::JOIN_VARIABLES
+                            .iter()
+                            .map(|v| (*v).to_owned())
+                            .collect(),
                         Some(r) => r.properties_for(status),
                         None => Vec::new(),
                     };

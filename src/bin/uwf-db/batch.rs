@@ -80,7 +80,14 @@ pub fn run(
     let (store, hash, wf, work) = if source.continue_ {
         let store = cli.open(false)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
-        let ids = store.engine().continuable_threads(&wf.name)?;
+        let labels: Vec<(String, String)> = source
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let ids = store
+            .engine()
+            .continuable_threads_labelled(&wf.name, &labels)?;
         (store, hash, wf, Work::Continue(ids.len()))
     } else {
         let work = prompts(source.file, source.count, source.prompt)?;
@@ -246,8 +253,8 @@ fn print_summary(
     Ok(())
 }
 
-/// Exit 1 when the store filled up or a thread stopped with an error,
-/// saying how many and what to do.
+/// Exit 1 when the store filled up, or a thread ended failed or stopped
+/// with an error (SPEC §13), saying how many and what to do.
 fn check_outcome(report: &BatchReport, work: &Work, workflow: &str) -> Result<(), CliError> {
     if report.store_full {
         let not_started = match work {
@@ -262,10 +269,19 @@ fn check_outcome(report: &BatchReport, work: &Work, workflow: &str) -> Result<()
             report.errors, workflow
         )));
     }
+    let mut problems = Vec::new();
+    if report.failed > 0 {
+        problems.push(format!("{} ended failed", report.failed));
+    }
     if report.errors > 0 {
+        problems.push(format!("{} stopped with an error", report.errors));
+    }
+    if !problems.is_empty() {
         return Err(CliError::Failed(format!(
-            "{} of {} threads stopped with an error (recorded on each thread; `uwf-db thread list --failed` finds them)",
-            report.errors, report.threads
+            "{} of {} threads did not complete: {} (the reason is recorded on each thread: `uwf-db thread list --failed` finds them, `uwf-db thread show ID` says why)",
+            report.failed + report.errors,
+            report.threads,
+            problems.join(", "),
         )));
     }
     Ok(())

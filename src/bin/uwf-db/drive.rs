@@ -29,6 +29,23 @@ pub struct AgentArgs {
     /// and the step fails
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_reply_size)]
     pub max_reply_size: usize,
+    /// Make a failed agent call again up to N times (timeouts and failed calls, or what the
+    /// workflow's retry: names), waiting --retry-backoff, doubled each time, with jitter; 0 turns
+    /// the workflow's retries off
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=99))]
+    pub retries: Option<u32>,
+    /// The wait before the first retry (e.g. 500ms, 2s); replaces the workflow's backoff
+    #[arg(long, value_name = "DURATION", value_parser = parse_backoff)]
+    pub retry_backoff: Option<Duration>,
+}
+
+/// `--retry-backoff`: a duration of at most an hour.
+fn parse_backoff(s: &str) -> Result<Duration, String> {
+    let d = crate::output::parse_duration(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("'{s}' is longer than the longest backoff (1h)"));
+    }
+    Ok(d)
 }
 
 /// `--max-reply-size`: a size of at least one byte.
@@ -79,6 +96,10 @@ impl AgentArgs {
             timeout: self.agent_timeout,
             reasks: self.reasks,
             max_reply_bytes: self.max_reply_size,
+            retry: uwf_db::workflow::RetryOverride {
+                retries: self.retries,
+                backoff: self.retry_backoff,
+            },
             ..AgentOptions::default()
         }
     }
@@ -162,10 +183,15 @@ pub fn drive(
         store.engine().check_resumable(id)?;
     }
     let (mut a, spec) = agent.agent_for(store, id)?;
+    let resume_text = match resume {
+        Some(None) => human_answer(store, id)?,
+        Some(Some(text)) => Some(text.to_owned()),
+        None => None,
+    };
     let options = DriveOptions {
         max_steps: Some(count),
         resume: resume.is_some(),
-        resume_text: resume.flatten().map(str::to_owned),
+        resume_text,
         agent_spec: Some(spec),
         cancel: cancel.clone(),
     };
@@ -174,6 +200,48 @@ pub fn drive(
         say_stopped(out, id)?;
     }
     crate::drive::report(out, &report.results, count > 1, report.error)
+}
+
+/// The answer a suspended thread waits for, when `thread resume` was given
+/// no `-p`: read from stdin when it is not a terminal; refused, with the
+/// question, when there is none. `None` for a thread that is not
+/// suspended (a completed or failed one resumes without an answer).
+fn human_answer(store: &Store, id: ThreadId) -> Result<Option<String>, CliError> {
+    use std::io::{IsTerminal, Read};
+    let Some(r) = store.threads().get(id)? else {
+        return Ok(None);
+    };
+    if r.underlying_status() != uwf_db::thread::ThreadStatus::Suspended {
+        return Ok(None);
+    }
+    let needs = || {
+        CliError::Failed(format!(
+            "thread {id} is suspended waiting for a human's answer to: {}\n  answer with -p: {} (or pipe the answer on stdin)",
+            r.suspend_message.as_deref().unwrap_or("(no message)"),
+            uwf_db::api::resume_command(id)
+        ))
+    };
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(needs());
+    }
+    let limit = uwf_db::input::MAX_PROMPT;
+    let mut text = String::new();
+    stdin
+        .lock()
+        .take(limit as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| CliError::Failed(format!("cannot read the answer from stdin: {e}")))?;
+    if text.len() > limit {
+        return Err(CliError::Failed(format!(
+            "the answer on stdin is longer than the longest prompt ({limit} bytes)"
+        )));
+    }
+    let text = text.trim_end();
+    if text.trim().is_empty() {
+        return Err(needs());
+    }
+    Ok(Some(text.to_owned()))
 }
 
 /// The drive of `id` stopped because `thread stop` asked it to: said on
@@ -265,6 +333,20 @@ pub fn run(
     }
     match failure {
         Some(e) => Err(e.into()),
-        None => Ok(()),
+        None => ended_failed(&store, record.id, &results),
     }
+}
+
+/// Exit 1 when the drive ended the thread `failed` (SPEC §13: `maxRounds`,
+/// or a child workflow that failed), saying why.
+fn ended_failed(store: &Store, id: ThreadId, results: &[StepResult]) -> Result<(), CliError> {
+    if results.last().map(|r| r.status) != Some(uwf_db::thread::ThreadStatus::Failed) {
+        return Ok(());
+    }
+    let why = store
+        .threads()
+        .get(id)?
+        .and_then(|r| r.last_error)
+        .unwrap_or_else(|| "its last step routed to a failed end".to_owned());
+    Err(CliError::Failed(format!("thread {id} ended failed: {why}")))
 }

@@ -134,9 +134,9 @@ enum Command {
         #[arg(long, value_name = "DIR", value_parser = drive::parse_dir)]
         cwd: Option<PathBuf>,
         /// A label for every new thread (repeatable): KEY=VALUE; a .jsonl
-        /// prompt's own "labels" object is added over them
-        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = thread::parse_label_arg,
-              conflicts_with = "continue_")]
+        /// prompt's own "labels" object is added over them. With --continue: take only the
+        /// threads that carry every one of these labels
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = thread::parse_label_arg)]
         labels: Vec<(String, String)>,
     },
     /// Register, list, show and validate workflows

@@ -161,28 +161,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is too large"))
 }
 
-/// Every duration flag's syntax, one parser (jiff's): a number and a unit
-/// (`500ms`, `90s`, `10m`, `1.5h`, `7d`, `2w`), jiff's friendly format
-/// (`1h 30m`, `2 days`), ISO 8601 (`PT90S`), or plain seconds (`90`,
-/// `0.5`). Days are 24 hours; months and years are refused (they have no
-/// fixed length).
+/// Every duration flag's syntax, one parser: [`uwf_db::input::parse_duration`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if let Ok(secs) = t.parse::<f64>() {
-        return Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"));
-    }
-    let span: jiff::Span = t
-        .parse()
-        .map_err(|_| format!("'{s}' is not a duration (examples: 90s, 10m, 1h, 7d, 1h 30m)"))?;
-    if span.get_years() != 0 || span.get_months() != 0 {
-        return Err(format!(
-            "'{s}': months and years have no fixed length; use days or weeks (e.g. 60d, 8w)"
-        ));
-    }
-    let signed = span
-        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
-        .map_err(|_| format!("'{s}' is too long"))?;
-    Duration::try_from(signed).map_err(|_| format!("'{s}' is negative"))
+    uwf_db::input::parse_duration(s)
 }
 
 /// Parses `--since`/`--until`: RFC 3339, or a duration ago

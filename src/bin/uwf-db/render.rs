@@ -62,8 +62,21 @@ pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
     };
     let content = text_of(store, &n.content)?;
     let first = content.lines().next().unwrap_or("");
+    // A step that took more than one attempt says how many, and why the
+    // earlier ones failed (SPEC §13).
+    let attempts = uwf_db::engine::retry::attempts_of(&n.meta);
+    let tries = if attempts.is_empty() {
+        String::new()
+    } else {
+        let causes: Vec<&str> = attempts.iter().map(|a| a.cause.as_str()).collect();
+        format!(
+            "[{} attempts; failed: {}]  ",
+            attempts.len() + 1,
+            causes.join(", ")
+        )
+    };
     Ok(format!(
-        "{}  #{:<5} {:<14} {:<16} {}  {}",
+        "{}  #{:<5} {:<14} {:<16} {}  {tries}{}",
         e.hash.short(10),
         n.seq,
         n.role,

@@ -79,7 +79,8 @@ pub enum ThreadCommand {
         /// Thread id or unique prefix
         #[arg(value_parser = parse_id)]
         id: IdPrefix,
-        /// What the human says (appended to the suspend message)
+        /// What the human says (appended to the suspend message); a suspended thread needs it
+        /// (without -p it is read from stdin)
         #[arg(short = 'p', long = "prompt")]
         prompt: Option<String>,
         #[command(flatten)]
@@ -192,7 +193,8 @@ pub enum ThreadCommand {
         id: IdPrefix,
     },
     /// Ask the live driver of a thread to stop after the step in flight (the step is kept, the
-    /// thread left idle, the driver exits 0)
+    /// thread left idle, the driver exits 0); `pause` is the same command
+    #[command(visible_alias = "pause")]
     Stop {
         /// Thread id or unique prefix
         #[arg(value_parser = parse_id)]
@@ -316,7 +318,8 @@ pub fn run(
             let tree = store.threads().tree(id)?;
             let driver_alive = uwf_db::engine::claim::is_held(&store, id)?;
             let parent = store.engine().parent_context(&tree.thread)?;
-            show(&tree, driver_alive, parent, out)
+            let task = store.engine().task(&tree.thread)?;
+            show(&tree, driver_alive, parent, task, out)
         }
         ThreadCommand::Log { id, limit, before } => {
             let store = cli.open(false)?;
@@ -568,18 +571,33 @@ fn list(records: &[ThreadRecord], out: &mut Output) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A task for `thread show`'s table: on one line, its first 300
+/// characters (a longer one says how long it is; `--json` has it whole).
+fn task_text(task: &str) -> String {
+    let one_line = task.split_whitespace().collect::<Vec<_>>().join(" ");
+    let chars = one_line.chars().count();
+    if chars <= 300 {
+        return one_line;
+    }
+    let head: String = one_line.chars().take(300).collect();
+    format!("{head}… ({} bytes; --json shows it whole)", task.len())
+}
+
 fn show(
     tree: &ThreadTree,
     driver_alive: bool,
     parent: Option<uwf_db::engine::ParentContext>,
+    task: String,
     out: &mut Output,
 ) -> Result<(), CliError> {
     let r = &tree.thread;
     let children: Vec<ThreadId> = tree.children.iter().map(|c| c.thread.id).collect();
     if out.json {
-        return Ok(
-            out.json_value(&api::ThreadDetail::of(tree, driver_alive).with_parent_context(parent))?
-        );
+        return Ok(out.json_value(
+            &api::ThreadDetail::of(tree, driver_alive)
+                .with_parent_context(parent)
+                .with_task(task),
+        )?);
     }
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let mut rows = vec![
@@ -602,6 +620,7 @@ fn show(
         ),
         ("head", format!("{} (seq {})", r.head, r.seq)),
         ("start", r.start.to_string()),
+        ("task", task_text(&task)),
     ];
     if !r.labels.is_empty() {
         rows.push(("labels", labels_text(&r.labels)));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Subcommand;
 use uwf_db::api;
-use uwf_db::workflow::{Workflow, WorkflowError, parse_workflow};
+use uwf_db::workflow::{Workflow, WorkflowError, parse_workflow_file};
 use uwf_db::{Hash, Store};
 
 use crate::output::Output;
@@ -32,14 +32,21 @@ pub enum WorkflowCommand {
     },
 }
 
-/// Reads and validates a workflow file; child workflows must be registered.
+/// Reads and validates a workflow file (a folder: its `index.yaml`);
+/// child workflows must be registered.
 pub fn load_file(store: Option<&Store>, file: &Path) -> Result<Workflow, CliError> {
+    let index;
+    let file = if file.is_dir() {
+        index = folder_index(file)?;
+        index.as_path()
+    } else {
+        file
+    };
     let text = uwf_db::input::read_text_capped(file, uwf_db::input::MAX_WORKFLOW, "workflow file")
         .map_err(|e| CliError::Failed(e.to_string()))?;
-    let stem = file.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
     let registered =
         |name: &str| store.is_some_and(|s| matches!(s.workflows().by_name(name), Ok(Some(_))));
-    parse_workflow(&text, stem.as_deref(), &registered).map_err(|problems| {
+    parse_workflow_file(&text, file, &registered).map_err(|problems| {
         WorkflowError::Invalid {
             source_name: file.display().to_string(),
             problems,
@@ -48,10 +55,29 @@ pub fn load_file(store: Option<&Store>, file: &Path) -> Result<Workflow, CliErro
     })
 }
 
-/// A WORKFLOW argument: a YAML file (registered first) or a registered name.
+/// A workflow folder's file: `DIR/index.yaml` (or `index.yml`).
+fn folder_index(dir: &Path) -> Result<PathBuf, CliError> {
+    ["index.yaml", "index.yml"]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|f| f.is_file())
+        .ok_or_else(|| {
+            CliError::Failed(format!(
+                "{} is a folder without an index.yaml: a workflow folder holds its workflow in index.yaml",
+                dir.display()
+            ))
+        })
+}
+
+/// A WORKFLOW argument: a YAML file or a folder with an `index.yaml`
+/// (registered first), or a registered name.
 pub fn resolve(store: &Store, arg: &str) -> Result<(Hash, Arc<Workflow>), CliError> {
     let path = Path::new(arg);
-    if arg.ends_with(".yaml") || arg.ends_with(".yml") || path.is_file() {
+    if arg.ends_with(".yaml")
+        || arg.ends_with(".yml")
+        || path.is_file()
+        || (path.is_dir() && folder_index(path).is_ok())
+    {
         let wf = load_file(Some(store), path)?;
         let (hash, _) = store.workflows().add(&wf)?;
         return Ok((hash, Arc::new(wf)));

@@ -233,6 +233,10 @@ impl Agent for ClaudeAgent {
         self.command.reasks()
     }
 
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
         // The role's model and tools, where the spec leaves them open.
         let extra = self.spec.role_args(req.role);

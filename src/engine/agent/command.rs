@@ -63,6 +63,10 @@ impl Agent for CmdAgent {
         self.reasks
     }
 
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
         let run = self.run(req)?;
         if !run.status.success() {

@@ -324,6 +324,45 @@ pub trait Agent: Send {
     fn needs_step_count(&self) -> bool {
         false
     }
+    /// What the run changes in the workflow's retry policies (`--retries`,
+    /// `--retry-backoff`): nothing, unless the agent was built with
+    /// [`AgentOptions::retry`] or overrides this.
+    fn retry(&self) -> crate::workflow::RetryOverride {
+        crate::workflow::RetryOverride::default()
+    }
+    /// Another agent like this one, for a fan-out role's children driven
+    /// at the same time (SPEC §13): `None` (the default) drives them one at
+    /// a time with this agent. The built-in agents fork.
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        None
+    }
+}
+
+/// A built-in agent with the run's retry override (see [`Agent::retry`]).
+struct WithRetry {
+    inner: Box<dyn Agent>,
+    retry: crate::workflow::RetryOverride,
+}
+
+impl Agent for WithRetry {
+    fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        self.inner.call(request)
+    }
+    fn reasks(&self) -> usize {
+        self.inner.reasks()
+    }
+    fn needs_step_count(&self) -> bool {
+        self.inner.needs_step_count()
+    }
+    fn retry(&self) -> crate::workflow::RetryOverride {
+        self.retry
+    }
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(WithRetry {
+            inner: self.inner.fork()?,
+            retry: self.retry,
+        }))
+    }
 }
 
 /// A parsed `--agent` spec.
@@ -409,6 +448,10 @@ pub struct AgentOptions {
     /// killed and the call fails with [`AgentError::ReplyTooLarge`], so an
     /// endless reply costs bounded memory. Default [`DEFAULT_MAX_REPLY`].
     pub max_reply_bytes: usize,
+    /// What the run changes in the workflow's retry policies
+    /// (`--retries`, `--retry-backoff`; SPEC §13): the agent's
+    /// [`Agent::retry`].
+    pub retry: crate::workflow::RetryOverride,
 }
 
 impl Default for AgentOptions {
@@ -418,6 +461,7 @@ impl Default for AgentOptions {
             timeout: DEFAULT_TIMEOUT,
             reasks: DEFAULT_REASKS,
             max_reply_bytes: DEFAULT_MAX_REPLY,
+            retry: crate::workflow::RetryOverride::default(),
         }
     }
 }
@@ -449,10 +493,17 @@ impl AgentSpec {
     /// # Ok::<(), AgentError>(())
     /// ```
     pub fn build(&self, options: &AgentOptions) -> Result<Box<dyn Agent>, AgentError> {
-        Ok(match self {
+        let agent: Box<dyn Agent> = match self {
             AgentSpec::Script(file) => Box::new(ScriptAgent::load(file)?),
             AgentSpec::Cmd(argv) => Box::new(CmdAgent::new(argv.clone(), options)?),
             AgentSpec::Claude(spec) => Box::new(ClaudeAgent::new(spec, options)?),
-        })
+        };
+        if options.retry == crate::workflow::RetryOverride::default() {
+            return Ok(agent);
+        }
+        Ok(Box::new(WithRetry {
+            inner: agent,
+            retry: options.retry,
+        }))
     }
 }

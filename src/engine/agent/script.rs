@@ -116,6 +116,10 @@ impl Agent for ScriptAgent {
         true
     }
 
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
         if let Some(i) = req.summary_index {
             return self

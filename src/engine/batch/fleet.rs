@@ -110,15 +110,21 @@ impl Engine {
         // Threads driven by this run (whatever the outcome).
         let mut driven: HashSet<ThreadId> = HashSet::new();
         let mut stopped = false;
+        // Only threads with these labels (`batch --continue --label`).
+        let labels: Vec<(String, String)> = options
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         while !stopped && !options.cancel.is_stopping() {
             let mut ids: Vec<ThreadId> = self
-                .continuable_threads(name)?
+                .continuable_threads_labelled(name, &labels)?
                 .into_iter()
                 .filter(|id| !driven.contains(id))
                 .collect();
             if ids.is_empty() {
                 match wait {
-                    Some(poll) if self.live_drives(name)? => {
+                    Some(poll) if self.live_drives(name, &labels)? => {
                         options.cancel.sleep(poll);
                         continue;
                     }
@@ -141,7 +147,7 @@ impl Engine {
                     ControlFlow::Continue(())
                 }
             };
-            let orphans = Orphans::new(name);
+            let orphans = Orphans::new(name, &labels);
             let pass = self.continue_ids(
                 &ids,
                 options,
@@ -160,16 +166,24 @@ impl Engine {
 
     /// Whether a live runner (another process, or a claim of this store
     /// handle) is driving a thread of workflow `name`.
-    fn live_drives(&self, name: &str) -> Result<bool, EngineError> {
-        Ok(self.running_threads(name)?.iter().any(|(_, held)| *held))
+    fn live_drives(&self, name: &str, labels: &[(String, String)]) -> Result<bool, EngineError> {
+        Ok(self
+            .running_threads(name, labels)?
+            .iter()
+            .any(|(_, held)| *held))
     }
 
     /// The `running` threads of workflow `name`, each with whether a live
     /// driver holds its claim.
-    fn running_threads(&self, name: &str) -> Result<Vec<(ThreadId, bool)>, EngineError> {
+    fn running_threads(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+    ) -> Result<Vec<(ThreadId, bool)>, EngineError> {
         let query = ThreadQuery {
             statuses: vec![ThreadStatus::Running],
             workflow: Some(name.to_owned()),
+            labels: labels.to_vec(),
             limit: usize::MAX,
             ..ThreadQuery::default()
         };
@@ -227,9 +241,13 @@ impl Engine {
 
     /// The threads of workflow `name` that a driver left `running` and no
     /// longer holds (it died): what another runner takes over first.
-    pub(crate) fn orphaned_threads(&self, name: &str) -> Result<Vec<ThreadId>, EngineError> {
+    pub(crate) fn orphaned_threads(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+    ) -> Result<Vec<ThreadId>, EngineError> {
         Ok(self
-            .running_threads(name)?
+            .running_threads(name, labels)?
             .into_iter()
             .filter_map(|(id, held)| (!held).then_some(id))
             .collect())
@@ -264,9 +282,20 @@ impl Engine {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn continuable_threads(&self, name: &str) -> Result<Vec<ThreadId>, EngineError> {
+        self.continuable_threads_labelled(name, &[])
+    }
+
+    /// [`Engine::continuable_threads`] that carry every one of `labels`
+    /// (`batch --continue --label K=V`).
+    pub fn continuable_threads_labelled(
+        &self,
+        name: &str,
+        labels: &[(String, String)],
+    ) -> Result<Vec<ThreadId>, EngineError> {
         let query = ThreadQuery {
             statuses: vec![ThreadStatus::Idle, ThreadStatus::Running],
             workflow: Some(name.to_owned()),
+            labels: labels.to_vec(),
             limit: usize::MAX,
             ..ThreadQuery::default()
         };
@@ -306,6 +335,7 @@ pub const ORPHAN_CHECK: Duration = Duration::from_secs(5);
 /// thousand queued calls).
 pub(crate) struct Orphans {
     workflow: String,
+    labels: Vec<(String, String)>,
     state: std::sync::Mutex<OrphanState>,
 }
 
@@ -315,9 +345,10 @@ struct OrphanState {
     seen: HashSet<ThreadId>,
 }
 impl Orphans {
-    pub(crate) fn new(workflow: &str) -> Orphans {
+    pub(crate) fn new(workflow: &str, labels: &[(String, String)]) -> Orphans {
         Orphans {
             workflow: workflow.to_owned(),
+            labels: labels.to_vec(),
             state: std::sync::Mutex::new(OrphanState {
                 looked: Instant::now(),
                 queue: std::collections::VecDeque::new(),
@@ -336,7 +367,7 @@ impl Orphans {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if state.looked.elapsed() >= ORPHAN_CHECK {
             state.looked = Instant::now();
-            if let Ok(found) = engine.orphaned_threads(&self.workflow) {
+            if let Ok(found) = engine.orphaned_threads(&self.workflow, &self.labels) {
                 for id in found {
                     if state.seen.insert(id) {
                         state.queue.push_back(id);

@@ -38,7 +38,9 @@ pub struct BatchOptions {
     /// kills the agents running and leaves their threads retryable.
     pub cancel: Cancel,
     /// Labels for every thread the batch starts (a prompt's own labels,
-    /// [`BatchPrompt::labels`], are added over them).
+    /// [`BatchPrompt::labels`], are added over them); for
+    /// [`Engine::continue_workflow`], the labels a thread must carry to be
+    /// taken (`batch --continue --label K=V`).
     pub labels: Labels,
 }
 
@@ -331,7 +333,7 @@ impl Engine {
         // Set when a drive found the store full.
         let full = AtomicBool::new(false);
         let mut report = BatchReport::default();
-        let usage = std::sync::Mutex::new(UsageTotals::default());
+        let usage = Arc::new(std::sync::Mutex::new(UsageTotals::default()));
         let ((), stats) = self.store.group_commit(options.max_group, |store| {
             let engine = &store.engine();
             let (tx, rx) = crossbeam_channel::unbounded::<BatchItem>();
@@ -344,6 +346,7 @@ impl Engine {
                         let mut agent = Metered {
                             inner: &mut **agent,
                             totals: UsageTotals::default(),
+                            sink: Arc::clone(usage),
                         };
                         loop {
                             if options.cancel.is_stopping() || stop.load(Ordering::SeqCst) {
@@ -388,8 +391,9 @@ impl Engine {
             });
         });
         report.usage = usage
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         report.skipped = skipped.load(Ordering::Relaxed) as u64;
         report.store_full = full.load(Ordering::SeqCst);
         report.groups = stats.groups;
@@ -428,22 +432,34 @@ fn drive_one(
 struct Metered<'a> {
     inner: &'a mut dyn Agent,
     totals: UsageTotals,
+    /// The batch's totals, which a fork (a fan-out's child driver) adds
+    /// its calls to as it makes them.
+    sink: Arc<std::sync::Mutex<UsageTotals>>,
+}
+
+/// One call of `inner`, and what it cost.
+fn metered_call(
+    inner: &mut dyn Agent,
+    request: &AgentRequest<'_>,
+) -> (Result<AgentReply, AgentError>, StepUsage) {
+    let called = std::time::Instant::now();
+    let reply = inner.call(request);
+    let mut step = StepUsage::default();
+    let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let reported = match &reply {
+        Ok(r) => r
+            .usage
+            .clone()
+            .or_else(|| super::extract::reported_usage(&r.output)),
+        Err(_) => None,
+    };
+    step.add_call(wall_ms, reported.as_ref());
+    (reply, step)
 }
 
 impl Agent for Metered<'_> {
     fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
-        let called = std::time::Instant::now();
-        let reply = self.inner.call(request);
-        let mut step = StepUsage::default();
-        let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let reported = match &reply {
-            Ok(r) => r
-                .usage
-                .clone()
-                .or_else(|| super::extract::reported_usage(&r.output)),
-            Err(_) => None,
-        };
-        step.add_call(wall_ms, reported.as_ref());
+        let (reply, step) = metered_call(self.inner, request);
         self.totals.add_step(&step);
         reply
     }
@@ -454,6 +470,53 @@ impl Agent for Metered<'_> {
 
     fn needs_step_count(&self) -> bool {
         self.inner.needs_step_count()
+    }
+
+    fn retry(&self) -> crate::workflow::RetryOverride {
+        self.inner.retry()
+    }
+
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(MeteredFork {
+            inner: self.inner.fork()?,
+            sink: Arc::clone(&self.sink),
+        }))
+    }
+}
+
+/// A fork of a [`Metered`] agent: its calls go into the batch's totals.
+struct MeteredFork {
+    inner: Box<dyn Agent>,
+    sink: Arc<std::sync::Mutex<UsageTotals>>,
+}
+
+impl Agent for MeteredFork {
+    fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        let (reply, step) = metered_call(self.inner.as_mut(), request);
+        self.sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add_step(&step);
+        reply
+    }
+
+    fn reasks(&self) -> usize {
+        self.inner.reasks()
+    }
+
+    fn needs_step_count(&self) -> bool {
+        self.inner.needs_step_count()
+    }
+
+    fn retry(&self) -> crate::workflow::RetryOverride {
+        self.inner.retry()
+    }
+
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(MeteredFork {
+            inner: self.inner.fork()?,
+            sink: Arc::clone(&self.sink),
+        }))
     }
 }
 

@@ -122,8 +122,11 @@ pub async fn get_thread(
         let tree = store.threads().tree(id)?;
         let alive = uwf_db::engine::claim::is_held(store, id)?;
         let parent = store.engine().parent_context(&tree.thread)?;
+        let task = store.engine().task(&tree.thread)?;
         Ok(Json(
-            ThreadDetail::of(&tree, alive).with_parent_context(parent),
+            ThreadDetail::of(&tree, alive)
+                .with_parent_context(parent)
+                .with_task(task),
         ))
     })
     .await

@@ -1,0 +1,574 @@
+//! Fan-out roles (SPEC §13; `docs/design.md` §5f): a `foreach:` or
+//! `parallel:` role starts its children in one transaction, drives them
+//! concurrently (each driver with its own agent, from [`Agent::fork`]), and
+//! joins them into the role's step: its content refers to every child's
+//! end node and its `results` list them in item order.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::agent::Agent;
+use super::cancel::Cancel;
+use super::drive::StepResult;
+use super::step::{Driver, Mode, with_max_rounds};
+use super::{Engine, EngineError, StepFailure};
+use crate::hash::Hash;
+use crate::node::{Blob, Value};
+use crate::thread::{JOIN_META, NewThread, StepWrite, ThreadId, ThreadRecord, ThreadStatus};
+use crate::workflow::{FanOut, Workflow};
+
+/// Longest child summary kept in a join's `results` (the body has them
+/// whole): 1 KiB.
+const RESULT_SUMMARY: usize = 1 << 10;
+
+/// How many waiting children a suspended parent's message names.
+const NAMED_WAITING: usize = 5;
+
+/// Where a child stands at the join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// It ended `completed`.
+    Done,
+    /// It ended `failed` or `cancelled`.
+    Ended,
+    /// Its drive stopped with an error (recorded on it): a retry may mend it.
+    Errored,
+    /// It waits for a human.
+    Waiting,
+    /// Not started, or stopped between steps.
+    Pending,
+}
+
+fn standing(r: &ThreadRecord) -> Standing {
+    match r.underlying_status() {
+        ThreadStatus::Completed => Standing::Done,
+        ThreadStatus::Failed | ThreadStatus::Cancelled => Standing::Ended,
+        ThreadStatus::Suspended => Standing::Waiting,
+        _ if r.last_error.is_some() => Standing::Errored,
+        _ => Standing::Pending,
+    }
+}
+
+/// `s` cut to `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.get(..end).unwrap_or_default()
+}
+
+impl Engine {
+    /// A step of a fan-out role: start the children (once), drive those not
+    /// ended, join. `resume`: a suspended parent's answer, given to every
+    /// suspended child first.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_fan_out_step(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        fan: &FanOut,
+        wf: &Workflow,
+        mode: Mode,
+        resume: Option<&str>,
+        (agent, cancel): Driver<'_>,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        if matches!(mode, Mode::ResumeEnded) {
+            return Err(self.fail(
+                id,
+                StepFailure::ChildOnResumedEnd {
+                    role: role.to_owned(),
+                },
+            ));
+        }
+        let children = match &record.fan_out {
+            Some(ids) => ids.clone(),
+            None => self.start_fan_out(record, role, fan)?,
+        };
+        if let Some(text) = resume {
+            for &child in &children {
+                // A failed resume is recorded on the child; the join counts
+                // it. Only an interrupt stops here.
+                if self.need_thread(child)?.underlying_status() == ThreadStatus::Suspended
+                    && let Err(EngineError::Interrupted) =
+                        self.resume_inner(child, Some(text), agent, cancel)
+                {
+                    return Err(EngineError::Interrupted);
+                }
+            }
+        }
+        self.drive_children(id, &children, fan, agent, cancel)?;
+        self.join(id, role, instruction, fan, wf, &children, (agent, cancel))
+    }
+
+    /// Creates the children of a fan-out step from the previous reply, in
+    /// one transaction with the parent's `fan_out`.
+    fn start_fan_out(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        fan: &FanOut,
+    ) -> Result<Vec<ThreadId>, EngineError> {
+        let id = record.id;
+        let depth = self.start_node(record.start)?.depth + 1;
+        // The previous reply: its frontmatter and body (none when the role
+        // is the first of the thread).
+        let (meta, body) = match self.store.get(&record.head)? {
+            Some(Blob::State(s)) => {
+                let body = self.text(&s.content)?;
+                (s.meta, body)
+            }
+            _ => (BTreeMap::new(), String::new()),
+        };
+        let mut data = serde_json::Map::new();
+        for (k, v) in &meta {
+            data.insert(k.clone(), v.to_json());
+        }
+        data.insert(
+            crate::workflow::model::BODY_VARIABLE.to_owned(),
+            serde_json::Value::String(body),
+        );
+        let templates = &self.engine_state().templates;
+        let render = |template: &str, target: &str, data: &serde_json::Value| {
+            templates.render(template, data).map_err(|source| {
+                self.fail(
+                    id,
+                    StepFailure::Route(crate::workflow::WorkflowError::Template {
+                        role: role.to_owned(),
+                        target: target.to_owned(),
+                        source,
+                    }),
+                )
+            })
+        };
+        // (child workflow, its task) per item, in item order.
+        let mut jobs: Vec<(String, String)> = Vec::new();
+        if let Some(each) = &fan.foreach {
+            let mut at = serde_json::Value::Object(data.clone());
+            for part in each.items.split('.') {
+                at = at.get(part).cloned().unwrap_or(serde_json::Value::Null);
+            }
+            let Some(items) = at.as_array() else {
+                return Err(self.fail(
+                    id,
+                    StepFailure::FanOutItems {
+                        role: role.to_owned(),
+                        detail: format!(
+                            "the previous reply's '{}' is not a list (it is {})",
+                            each.items,
+                            if at.is_null() {
+                                "missing".to_owned()
+                            } else {
+                                at.to_string().chars().take(80).collect()
+                            }
+                        ),
+                    },
+                ));
+            };
+            if items.len() > each.max_items as usize {
+                return Err(self.fail(
+                    id,
+                    StepFailure::FanOutItems {
+                        role: role.to_owned(),
+                        detail: format!(
+                            "the previous reply's '{}' has {} items, more than max_items ({})",
+                            each.items,
+                            items.len(),
+                            each.max_items
+                        ),
+                    },
+                ));
+            }
+            for (i, item) in items.iter().enumerate() {
+                let mut d = data.clone();
+                d.insert(each.as_name.clone(), item.clone());
+                d.insert("index".to_owned(), serde_json::json!(i + 1));
+                let task = render(&each.prompt, &each.workflow, &serde_json::Value::Object(d))?;
+                jobs.push((each.workflow.clone(), task));
+            }
+        }
+        let data = serde_json::Value::Object(data);
+        for b in &fan.branches {
+            jobs.push((b.workflow.clone(), render(&b.prompt, &b.workflow, &data)?));
+        }
+        if depth > super::child::MAX_DEPTH {
+            return Err(self.fail(
+                id,
+                StepFailure::TooDeep {
+                    role: role.to_owned(),
+                    workflow: jobs.first().map(|j| j.0.clone()).unwrap_or_default(),
+                    depth,
+                    limit: super::child::MAX_DEPTH,
+                },
+            ));
+        }
+        // The children work where this step would have.
+        let cwd = super::step::step_dir(record.cwd.as_deref(), record.next_location.as_deref())
+            .map(|d| d.to_string_lossy().into_owned());
+        let mut workflows: BTreeMap<String, (Hash, std::sync::Arc<Workflow>)> = BTreeMap::new();
+        let mut news = Vec::with_capacity(jobs.len());
+        for (name, task) in jobs {
+            let (hash, child_wf) = match workflows.entry(name) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    let Some(found) = self.store.workflows().by_name(e.key())? else {
+                        return Err(self.fail(
+                            id,
+                            StepFailure::ChildNotRegistered {
+                                workflow: e.key().clone(),
+                                role: role.to_owned(),
+                            },
+                        ));
+                    };
+                    e.insert(found)
+                }
+            };
+            let t = Some(templates);
+            let (first_role, first_instruction) = child_wf.first_in(t)?;
+            news.push(NewThread {
+                workflow: child_wf.name.clone(),
+                workflow_hash: *hash,
+                prompt: task,
+                max_rounds: child_wf.max_rounds,
+                depth,
+                parent_state: Some(record.head),
+                parent_thread: Some(id),
+                next_role: first_role,
+                next_instruction: first_instruction,
+                agent: record.agent.clone(),
+                cwd: cwd.clone(),
+                next_location: child_wf.start_location_in(t, false)?,
+                labels: record.labels.clone(),
+            });
+        }
+        let made = self
+            .threads()
+            .low_level()
+            .start_children(id, record.head, news)?;
+        Ok(made.into_iter().map(|r| r.id).collect())
+    }
+
+    /// Drives the children not ended, up to `max_concurrency` at once, each
+    /// driver with its own agent (`agent` and its forks). Under
+    /// `fail_fast`, no child starts once more than `tolerate` failed.
+    /// Stops taking children when the token asks or the parent is asked
+    /// to stop. Only an interrupt is an error.
+    fn drive_children(
+        &self,
+        parent: ThreadId,
+        children: &[ThreadId],
+        fan: &FanOut,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> Result<(), EngineError> {
+        let mut queue = VecDeque::new();
+        let mut failed = 0usize;
+        for &c in children {
+            match standing(&self.need_thread(c)?) {
+                Standing::Ended => failed += 1,
+                Standing::Pending | Standing::Errored => queue.push_back(c),
+                Standing::Done | Standing::Waiting => {}
+            }
+        }
+        if queue.is_empty() {
+            return Ok(());
+        }
+        let workers = (fan.max_concurrency as usize).min(queue.len()).max(1);
+        let mut forks: Vec<Box<dyn Agent>> = Vec::new();
+        while forks.len() + 1 < workers {
+            match agent.fork() {
+                Some(a) => forks.push(a),
+                None => break,
+            }
+        }
+        let queue = Mutex::new(queue);
+        let failed = AtomicUsize::new(failed);
+        let interrupted = AtomicBool::new(false);
+        let stopped = AtomicBool::new(false);
+        let tolerate = fan.tolerate as usize;
+        let work = |agent: &mut dyn Agent| loop {
+            if cancel.is_stopping()
+                || interrupted.load(Ordering::SeqCst)
+                || stopped.load(Ordering::SeqCst)
+                || (fan.fail_fast && failed.load(Ordering::SeqCst) > tolerate)
+            {
+                return;
+            }
+            // `thread stop` of the parent: take no new child.
+            if self
+                .threads()
+                .get(parent)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.stop_requested_at.is_some())
+            {
+                stopped.store(true, Ordering::SeqCst);
+                return;
+            }
+            let next = queue
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop_front();
+            let Some(child) = next else { return };
+            let report = self.run_thread(child, usize::MAX, agent, cancel);
+            match &report.error {
+                Some(EngineError::Interrupted) => {
+                    interrupted.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Some(_) => {
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+                None => {
+                    let ended_badly = report.results.last().is_some_and(|r| {
+                        matches!(r.status, ThreadStatus::Failed | ThreadStatus::Cancelled)
+                    });
+                    if ended_badly {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            if report.stopped_by_request {
+                stopped.store(true, Ordering::SeqCst);
+            }
+        };
+        std::thread::scope(|s| {
+            let work = &work;
+            for a in forks.iter_mut() {
+                let a: &mut dyn Agent = a.as_mut();
+                s.spawn(move || work(a));
+            }
+            work(agent);
+        });
+        if interrupted.load(Ordering::SeqCst) {
+            return Err(EngineError::Interrupted);
+        }
+        Ok(())
+    }
+
+    /// The join: the role's step from the children's ends, or a suspend of
+    /// the parent while children wait, or a step failure a retry may mend.
+    #[allow(clippy::too_many_arguments)]
+    fn join(
+        &self,
+        id: ThreadId,
+        role: &str,
+        instruction: &str,
+        fan: &FanOut,
+        wf: &Workflow,
+        children: &[ThreadId],
+        (agent, cancel): Driver<'_>,
+    ) -> Result<StepResult, EngineError> {
+        let parent = self.need_thread(id)?;
+        let mut records = Vec::with_capacity(children.len());
+        for &c in children {
+            records.push(self.need_thread(c)?);
+        }
+        let count = |s: Standing| records.iter().filter(|r| standing(r) == s).count();
+        let (ended, errored, waiting, pending) = (
+            count(Standing::Ended),
+            count(Standing::Errored),
+            count(Standing::Waiting),
+            count(Standing::Pending),
+        );
+        let failures = ended + errored;
+        let tolerate = fan.tolerate as usize;
+        let stopped = cancel.is_stopping() || parent.stop_requested_at.is_some();
+        if failures > tolerate && errored > 0 {
+            // A retry may mend the errored children: nothing is committed,
+            // and the next drive goes on with the same children.
+            let first = records
+                .iter()
+                .find(|r| standing(r) == Standing::Errored)
+                .map(|r| (r.id, r.last_error.clone().unwrap_or_default()));
+            let (child, error) = first.unwrap_or((id, String::new()));
+            return Err(self.fail(
+                id,
+                StepFailure::FanOut {
+                    role: role.to_owned(),
+                    failed: failures,
+                    tolerate: fan.tolerate,
+                    child,
+                    error,
+                },
+            ));
+        }
+        if failures <= tolerate && pending > 0 {
+            if stopped {
+                return Err(EngineError::FanOutStopped { thread: id });
+            }
+            let child = records
+                .iter()
+                .find(|r| standing(r) == Standing::Pending)
+                .map_or(id, |r| r.id);
+            return Err(self.fail(
+                id,
+                StepFailure::FanOut {
+                    role: role.to_owned(),
+                    failed: failures,
+                    tolerate: fan.tolerate,
+                    child,
+                    error:
+                        "another driver holds this child; drive the parent again when it is done"
+                            .to_owned(),
+                },
+            ));
+        }
+        if failures <= tolerate && waiting > 0 {
+            return self.suspend_for_children(id, role, &records);
+        }
+        // The join commits: no child is left to be driven later.
+        for r in &records {
+            if matches!(
+                standing(r),
+                Standing::Errored | Standing::Pending | Standing::Waiting
+            ) {
+                let force = super::CancelOptions { force: true };
+                self.cancel_thread(r.id, &force)?;
+            }
+        }
+        let status = if failures <= tolerate {
+            "done"
+        } else {
+            "failed"
+        };
+        self.write_join(
+            &parent,
+            role,
+            instruction,
+            fan,
+            wf,
+            children,
+            status,
+            (agent, cancel),
+        )
+    }
+
+    /// Suspends the parent while children wait for a human: its message
+    /// names them (each may be resumed directly, or the parent's resume
+    /// answers them all).
+    fn suspend_for_children(
+        &self,
+        id: ThreadId,
+        role: &str,
+        records: &[ThreadRecord],
+    ) -> Result<StepResult, EngineError> {
+        let waiting: Vec<&ThreadRecord> = records
+            .iter()
+            .filter(|r| standing(r) == Standing::Waiting)
+            .collect();
+        let mut message = format!(
+            "{} of {} children wait for a human's answer (resume each with `uwf-db thread resume CHILD -p …`, or this thread to answer them all):",
+            waiting.len(),
+            records.len()
+        );
+        for r in waiting.iter().take(NAMED_WAITING) {
+            message.push_str(&format!(
+                "\n- {}: {}",
+                r.id,
+                cut(r.suspend_message.as_deref().unwrap_or_default(), 500)
+            ));
+        }
+        if waiting.len() > NAMED_WAITING {
+            message.push_str(&format!("\n- and {} more", waiting.len() - NAMED_WAITING));
+        }
+        let role = role.to_owned();
+        let r = self.threads().low_level().update_record(id, move |r| {
+            // A suspend ends the drive: the claim goes in this commit.
+            r.status = ThreadStatus::Suspended;
+            r.claimed_status = None;
+            r.suspended_role = Some(role.clone());
+            r.suspend_message = Some(message.clone());
+            Ok(())
+        })?;
+        Ok(StepResult::of(&r))
+    }
+
+    /// Writes the join step: `$status`, `results`, the counts, the
+    /// children's ends (`$children`, and the content's refs), the summaries
+    /// as the body; routed like any reply.
+    #[allow(clippy::too_many_arguments)]
+    fn write_join(
+        &self,
+        parent: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        fan: &FanOut,
+        wf: &Workflow,
+        children: &[ThreadId],
+        status: &str,
+        (agent, cancel): Driver<'_>,
+    ) -> Result<StepResult, EngineError> {
+        let id = parent.id;
+        let mut results = Vec::with_capacity(children.len());
+        let mut ends = Vec::with_capacity(children.len());
+        let mut body = String::new();
+        let (mut completed, mut failed) = (0u64, 0u64);
+        for (i, &c) in children.iter().enumerate() {
+            let r = self.need_thread(c)?;
+            let summary = match self.store.get(&r.head)? {
+                Some(Blob::State(s)) => self.text(&s.content)?,
+                _ => String::new(),
+            };
+            if r.status == ThreadStatus::Completed {
+                completed += 1;
+            } else {
+                failed += 1;
+            }
+            let key = fan.branches.get(i).map(|b| b.key.clone());
+            let title = key.clone().unwrap_or_else(|| format!("item {}", i + 1));
+            body.push_str(&format!(
+                "## {}. {title} ({})\n{}\n\n",
+                i + 1,
+                r.status,
+                summary.trim_end()
+            ));
+            results.push(Value::Map(BTreeMap::from([
+                ("index".to_owned(), Value::UInt(i as u64 + 1)),
+                ("key".to_owned(), key.map_or(Value::Null, Value::Str)),
+                ("status".to_owned(), Value::Str(r.status.to_string())),
+                (
+                    "summary".to_owned(),
+                    Value::Str(cut(&summary, RESULT_SUMMARY).to_owned()),
+                ),
+                ("thread".to_owned(), Value::Str(c.to_string())),
+            ])));
+            ends.push(r.head);
+        }
+        let meta = BTreeMap::from([
+            ("$status".to_owned(), Value::Str(status.to_owned())),
+            ("results".to_owned(), Value::Array(results)),
+            ("completed".to_owned(), Value::UInt(completed)),
+            ("failed".to_owned(), Value::UInt(failed)),
+            ("total".to_owned(), Value::UInt(children.len() as u64)),
+            (
+                JOIN_META.to_owned(),
+                Value::Array(ends.iter().map(|h| Value::Str(h.to_string())).collect()),
+            ),
+        ]);
+        let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta, &body) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
+        };
+        let (_, max_rounds) = self.task_of(parent.start)?;
+        let after = with_max_rounds(route, parent.rounds() + 1, max_rounds);
+        let step = StepWrite {
+            role: role.to_owned(),
+            meta,
+            reply: body,
+            artifacts: ends,
+            instruction: instruction.to_owned(),
+            child_thread: None,
+        };
+        let latest = self.need_thread(id)?;
+        let w = self
+            .threads()
+            .low_level()
+            .append_step(id, latest.head, step, after)?;
+        self.maybe_compact(wf, &w.record, agent, cancel)?;
+        Ok(StepResult::of(&self.threads().get(id)?.unwrap_or(w.record)))
+    }
+}
