@@ -385,7 +385,98 @@ graph:
     }
 }
 
+/// `examples/survey.yaml`, as the README runs it.
+fn the_survey_example_runs(b: TestBackend) {
+    let cli = Cli::new(b);
+    cli.json(&["workflow", "add", "examples/review.yaml"]);
+    let r = cli.json(&[
+        "run",
+        "examples/survey.yaml",
+        "-p",
+        "Add a --json flag",
+        "--agent",
+        "script:examples/survey.scenario.yaml",
+    ]);
+    assert_eq!(r["status"], "completed", "{r}");
+    let log = cli.log(r["thread"].as_str().unwrap());
+    assert_eq!(log[0]["content"], "3 of 3 parts built and approved");
+    let results = log[1]["meta"]["results"].as_array().unwrap();
+    let tasks: Vec<String> = results
+        .iter()
+        .map(|r| {
+            cli.show(r["thread"].as_str().unwrap())["task"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            "Implement this part of the change: the parser",
+            "Implement this part of the change: the printer",
+            "Implement this part of the change: the tests"
+        ]
+    );
+    cli.verify_clean();
+}
+
+/// A child that asks a human leaves the parent suspended until it is
+/// answered: directly (then the parent goes on without an answer of its
+/// own), or through the parent's resume.
+fn a_waiting_child_suspends_the_parent(b: TestBackend) {
+    let cli = Cli::new(b);
+    setup(&cli, 3, 0, 2, "0", &[]);
+    let script = cli.file(
+        "asker.sh",
+        r#"prompt=$(cat)
+if [ "$UWF_ROLE" = planner ]; then printf -- '---\n$status: planned\ntasks: [task-1, task-2, task-3]\n---\nplan\n'; exit 0; fi
+task=$(printf '%s\n' "$prompt" | sed -n 's/^Solve: \(task-[0-9]*\) .*/\1/p' | head -1)
+if [ "$task" != task-1 ] && ! printf '%s' "$prompt" | grep -q 'ANSWER'; then
+  printf -- '---\n$status: $SUSPEND\nreason: Which version for %s?\n---\n' "$task"; exit 0
+fi
+printf 'solved %s\n' "$task"
+"#,
+    );
+    let agent = format!("cmd:sh {script}");
+    let r = cli.json(&["run", "plan", "-p", "t", "--agent", &agent]);
+    assert_eq!(r["status"], "suspended", "{r}");
+    assert_eq!(r["suspended_role"], "solve_all");
+    let message = r["suspend_message"].as_str().unwrap();
+    assert!(
+        message.starts_with("2 of 3 children wait for a human's answer"),
+        "{message}"
+    );
+    assert!(message.contains("Which version for task-2?"), "{message}");
+    let id = r["thread"].as_str().unwrap().to_owned();
+    let children: Vec<String> = cli.show(&id)["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    let waiting: Vec<&String> = children
+        .iter()
+        .filter(|c| cli.show(c)["status"] == "suspended")
+        .collect();
+    assert_eq!(waiting.len(), 2);
+    // One child answered directly; the other through the parent.
+    let o = cli.uwf(&["thread", "resume", waiting[0], "-p", "ANSWER: 2.0"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(cli.show(waiting[0])["status"], "completed");
+    let r = cli.json(&["thread", "resume", &id, "-p", "ANSWER: 3.0", "-c", "3"]);
+    let last = r.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["status"], "completed", "{r}");
+    assert_eq!(cli.log(&id)[0]["content"], "3 of 3 solved");
+    for c in &children {
+        assert_eq!(cli.show(c)["status"], "completed");
+    }
+    cli.verify_clean();
+}
+
 process_conformance!(
+    a_waiting_child_suspends_the_parent,
+    the_survey_example_runs,
     fifty_items_fan_out_eight_at_a_time_and_join_in_item_order,
     failures_within_tolerate_join_done_and_more_fail_the_join,
     a_killed_driver_is_continued_with_no_child_driven_twice,

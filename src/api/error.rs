@@ -178,7 +178,7 @@ impl From<&EngineError> for ErrorKind {
             | EngineError::Claimed { .. }
             | EngineError::RemoveDriven { .. } => ErrorKind::Conflict,
             EngineError::TooManyThreads { .. } => ErrorKind::TooLarge,
-            EngineError::Interrupted => ErrorKind::Interrupted,
+            EngineError::Interrupted | EngineError::FanOutStopped { .. } => ErrorKind::Interrupted,
             EngineError::NoSuchStep { .. } => ErrorKind::NotFound,
             _ => ErrorKind::Invalid,
         }

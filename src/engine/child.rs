@@ -163,17 +163,6 @@ impl Engine {
                     "$status".to_owned(),
                     crate::node::Value::Str(status.into()),
                 )]);
-                let route = match wf.route_in(
-                    Some(&self.engine_state().templates),
-                    role,
-                    &meta,
-                    &summary,
-                ) {
-                    Ok(r) => r,
-                    Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
-                };
-                let (_, max_rounds) = self.task_of(record.start)?;
-                let after = with_max_rounds(route, record.rounds() + 1, max_rounds);
                 let step = StepWrite {
                     role: role.to_owned(),
                     meta,
@@ -182,13 +171,7 @@ impl Engine {
                     instruction: instruction.to_owned(),
                     child_thread: Some(c.head),
                 };
-                let latest = self.need_thread(id)?;
-                let w = self
-                    .threads()
-                    .low_level()
-                    .append_step(id, latest.head, step, after)?;
-                self.maybe_compact(wf, &w.record, agent, cancel)?;
-                Ok(StepResult::of(&self.threads().get(id)?.unwrap_or(w.record)))
+                self.write_children_step(record, wf, step, (agent, cancel))
             }
             other => Err(self.fail(
                 id,
@@ -198,5 +181,38 @@ impl Engine {
                 },
             )),
         }
+    }
+}
+
+impl Engine {
+    /// Writes the step of a role that ran children (`workflow:`, fan-out):
+    /// routed on its `meta` and `reply`, `maxRounds` applied, appended at
+    /// the thread's latest head, compacted when due.
+    pub(super) fn write_children_step(
+        &self,
+        record: &ThreadRecord,
+        wf: &Workflow,
+        step: StepWrite,
+        (agent, cancel): Driver<'_>,
+    ) -> Result<StepResult, EngineError> {
+        let id = record.id;
+        let route = match wf.route_in(
+            Some(&self.engine_state().templates),
+            &step.role,
+            &step.meta,
+            &step.reply,
+        ) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
+        };
+        let (_, max_rounds) = self.task_of(record.start)?;
+        let after = with_max_rounds(route, record.rounds() + 1, max_rounds);
+        let latest = self.need_thread(id)?;
+        let w = self
+            .threads()
+            .low_level()
+            .append_step(id, latest.head, step, after)?;
+        self.maybe_compact(wf, &w.record, agent, cancel)?;
+        Ok(StepResult::of(&self.threads().get(id)?.unwrap_or(w.record)))
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use super::agent::Agent;
 use super::cancel::Cancel;
 use super::drive::StepResult;
-use super::step::{Driver, Mode, with_max_rounds};
+use super::step::{Driver, Mode};
 use super::{Engine, EngineError, StepFailure};
 use crate::hash::Hash;
 use crate::node::{Blob, Value};
@@ -502,7 +502,6 @@ impl Engine {
         status: &str,
         (agent, cancel): Driver<'_>,
     ) -> Result<StepResult, EngineError> {
-        let id = parent.id;
         let mut results = Vec::with_capacity(children.len());
         let mut ends = Vec::with_capacity(children.len());
         let mut body = String::new();
@@ -549,12 +548,6 @@ impl Engine {
                 Value::Array(ends.iter().map(|h| Value::Str(h.to_string())).collect()),
             ),
         ]);
-        let route = match wf.route_in(Some(&self.engine_state().templates), role, &meta, &body) {
-            Ok(r) => r,
-            Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
-        };
-        let (_, max_rounds) = self.task_of(parent.start)?;
-        let after = with_max_rounds(route, parent.rounds() + 1, max_rounds);
         let step = StepWrite {
             role: role.to_owned(),
             meta,
@@ -563,12 +556,6 @@ impl Engine {
             instruction: instruction.to_owned(),
             child_thread: None,
         };
-        let latest = self.need_thread(id)?;
-        let w = self
-            .threads()
-            .low_level()
-            .append_step(id, latest.head, step, after)?;
-        self.maybe_compact(wf, &w.record, agent, cancel)?;
-        Ok(StepResult::of(&self.threads().get(id)?.unwrap_or(w.record)))
+        self.write_children_step(parent, wf, step, (agent, cancel))
     }
 }

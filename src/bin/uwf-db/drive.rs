@@ -214,6 +214,20 @@ fn human_answer(store: &Store, id: ThreadId) -> Result<Option<String>, CliError>
     if r.underlying_status() != uwf_db::thread::ThreadStatus::Suspended {
         return Ok(None);
     }
+    // A fan-out parent waits for its children: with none of them still
+    // suspended (each was answered directly), it goes on without an answer.
+    if let Some(children) = &r.fan_out {
+        let mut waiting = false;
+        for &c in children {
+            waiting |= store
+                .threads()
+                .get(c)?
+                .is_some_and(|c| c.underlying_status() == uwf_db::thread::ThreadStatus::Suspended);
+        }
+        if !waiting {
+            return Ok(None);
+        }
+    }
     let needs = || {
         CliError::Failed(format!(
             "thread {id} is suspended waiting for a human's answer to: {}\n  answer with -p: {} (or pipe the answer on stdin)",

@@ -63,7 +63,7 @@ fn folder_index(dir: &Path) -> Result<PathBuf, CliError> {
         .find(|f| f.is_file())
         .ok_or_else(|| {
             CliError::Failed(format!(
-                "{} is a folder without an index.yaml: a workflow folder holds its workflow in index.yaml",
+                "cannot read {} as a workflow: it is a folder without an index.yaml (a workflow folder holds its workflow in index.yaml)",
                 dir.display()
             ))
         })

@@ -344,7 +344,7 @@ impl Engine {
                     let usage = &usage;
                     scope.spawn(move || {
                         let mut agent = Metered {
-                            inner: &mut **agent,
+                            inner: AgentHold::Borrowed(&mut **agent),
                             totals: UsageTotals::default(),
                             sink: Arc::clone(usage),
                         };
@@ -375,10 +375,8 @@ impl Engine {
                                 break;
                             }
                         }
-                        match usage.lock() {
-                            Ok(mut u) => u.add(&agent.totals),
-                            Err(poisoned) => poisoned.into_inner().add(&agent.totals),
-                        }
+                        // Its totals go into the batch's as it drops.
+                        drop(agent);
                     });
                 }
                 drop(tx);
@@ -428,93 +426,77 @@ fn drive_one(
 
 /// An agent that counts its calls: their wall time and what they reported
 /// (a reply's own `usage`, else its frontmatter's `$usage`). A batch wraps
-/// each driver's agent in one, so its report counts every call made.
+/// each driver's agent in one, so its report counts every call made; the
+/// totals go into the batch's when it is dropped. Its forks (a fan-out's
+/// child drivers) are metered into the same totals.
 struct Metered<'a> {
-    inner: &'a mut dyn Agent,
+    inner: AgentHold<'a>,
     totals: UsageTotals,
-    /// The batch's totals, which a fork (a fan-out's child driver) adds
-    /// its calls to as it makes them.
+    /// The batch's totals.
     sink: Arc<std::sync::Mutex<UsageTotals>>,
 }
 
-/// One call of `inner`, and what it cost.
-fn metered_call(
-    inner: &mut dyn Agent,
-    request: &AgentRequest<'_>,
-) -> (Result<AgentReply, AgentError>, StepUsage) {
-    let called = std::time::Instant::now();
-    let reply = inner.call(request);
-    let mut step = StepUsage::default();
-    let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let reported = match &reply {
-        Ok(r) => r
-            .usage
-            .clone()
-            .or_else(|| super::extract::reported_usage(&r.output)),
-        Err(_) => None,
-    };
-    step.add_call(wall_ms, reported.as_ref());
-    (reply, step)
+/// A metered agent: a driver's own, or a fork of it.
+enum AgentHold<'a> {
+    Borrowed(&'a mut dyn Agent),
+    Owned(Box<dyn Agent>),
+}
+
+impl AgentHold<'_> {
+    fn get(&self) -> &dyn Agent {
+        match self {
+            AgentHold::Borrowed(a) => &**a,
+            AgentHold::Owned(a) => a.as_ref(),
+        }
+    }
+}
+
+impl Drop for Metered<'_> {
+    fn drop(&mut self) {
+        self.sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add(&self.totals);
+    }
 }
 
 impl Agent for Metered<'_> {
     fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
-        let (reply, step) = metered_call(self.inner, request);
+        let called = std::time::Instant::now();
+        let reply = match &mut self.inner {
+            AgentHold::Borrowed(a) => a.call(request),
+            AgentHold::Owned(a) => a.call(request),
+        };
+        let mut step = StepUsage::default();
+        let wall_ms = u64::try_from(called.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let reported = match &reply {
+            Ok(r) => r
+                .usage
+                .clone()
+                .or_else(|| super::extract::reported_usage(&r.output)),
+            Err(_) => None,
+        };
+        step.add_call(wall_ms, reported.as_ref());
         self.totals.add_step(&step);
         reply
     }
 
     fn reasks(&self) -> usize {
-        self.inner.reasks()
+        self.inner.get().reasks()
     }
 
     fn needs_step_count(&self) -> bool {
-        self.inner.needs_step_count()
+        self.inner.get().needs_step_count()
     }
 
     fn retry(&self) -> crate::workflow::RetryOverride {
-        self.inner.retry()
+        self.inner.get().retry()
     }
 
     fn fork(&self) -> Option<Box<dyn Agent>> {
-        Some(Box::new(MeteredFork {
-            inner: self.inner.fork()?,
-            sink: Arc::clone(&self.sink),
-        }))
-    }
-}
-
-/// A fork of a [`Metered`] agent: its calls go into the batch's totals.
-struct MeteredFork {
-    inner: Box<dyn Agent>,
-    sink: Arc<std::sync::Mutex<UsageTotals>>,
-}
-
-impl Agent for MeteredFork {
-    fn call(&mut self, request: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
-        let (reply, step) = metered_call(self.inner.as_mut(), request);
-        self.sink
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .add_step(&step);
-        reply
-    }
-
-    fn reasks(&self) -> usize {
-        self.inner.reasks()
-    }
-
-    fn needs_step_count(&self) -> bool {
-        self.inner.needs_step_count()
-    }
-
-    fn retry(&self) -> crate::workflow::RetryOverride {
-        self.inner.retry()
-    }
-
-    fn fork(&self) -> Option<Box<dyn Agent>> {
-        Some(Box::new(MeteredFork {
-            inner: self.inner.fork()?,
+        Some(Box::new(Metered {
+            inner: AgentHold::Owned(self.inner.get().fork()?),
+            totals: UsageTotals::default(),
             sink: Arc::clone(&self.sink),
         }))
     }
