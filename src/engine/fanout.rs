@@ -22,6 +22,10 @@ use crate::workflow::{FanOut, Workflow};
 /// whole): 1 KiB.
 const RESULT_SUMMARY: usize = 1 << 10;
 
+/// How often the drivers of a fan-out read the parent's record for a stop
+/// request.
+const STOP_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// How many waiting children a suspended parent's message names.
 const NAMED_WAITING: usize = 5;
 
@@ -147,9 +151,13 @@ impl Engine {
         // (child workflow, its task) per item, in item order.
         let mut jobs: Vec<(String, String)> = Vec::new();
         if let Some(each) = &fan.foreach {
-            let mut at = serde_json::Value::Object(data.clone());
-            for part in each.items.split('.') {
-                at = at.get(part).cloned().unwrap_or(serde_json::Value::Null);
+            let mut parts = each.items.split('.');
+            let mut at = parts
+                .next()
+                .and_then(|first| data.get(first))
+                .unwrap_or(&serde_json::Value::Null);
+            for part in parts {
+                at = at.get(part).unwrap_or(&serde_json::Value::Null);
             }
             let Some(items) = at.as_array() else {
                 return Err(self.fail(
@@ -182,8 +190,17 @@ impl Engine {
                     },
                 ));
             }
+            // Each item's task sees only the variables its template uses:
+            // copying the whole previous frontmatter (the list itself
+            // among it) for every item would cost the square of the items.
+            let used = crate::workflow::template::variables(&each.prompt).unwrap_or_default();
+            let base: serde_json::Map<String, serde_json::Value> = data
+                .iter()
+                .filter(|(k, _)| used.contains(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             for (i, item) in items.iter().enumerate() {
-                let mut d = data.clone();
+                let mut d = base.clone();
                 d.insert(each.as_name.clone(), item.clone());
                 d.insert("index".to_owned(), serde_json::json!(i + 1));
                 let task = render(&each.prompt, &each.workflow, &serde_json::Value::Object(d))?;
@@ -289,6 +306,18 @@ impl Engine {
         let interrupted = AtomicBool::new(false);
         let stopped = AtomicBool::new(false);
         let tolerate = fan.tolerate as usize;
+        // When a driver last read the parent's record for a stop request.
+        let looked: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+        let time_to_look = || {
+            let mut last = looked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let due = last.is_none_or(|t| t.elapsed() >= STOP_CHECK);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
         let work = |agent: &mut dyn Agent| loop {
             if cancel.is_stopping()
                 || interrupted.load(Ordering::SeqCst)
@@ -297,13 +326,17 @@ impl Engine {
             {
                 return;
             }
-            // `thread stop` of the parent: take no new child.
-            if self
-                .threads()
-                .get(parent)
-                .ok()
-                .flatten()
-                .is_some_and(|r| r.stop_requested_at.is_some())
+            // `thread stop` of the parent: take no new child. (It reaches
+            // the running children too, whose drives then stop; the
+            // parent's record, which names every child, is read at most
+            // every `STOP_CHECK`, not before each child.)
+            if time_to_look()
+                && self
+                    .threads()
+                    .get(parent)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.stop_requested_at.is_some())
             {
                 stopped.store(true, Ordering::SeqCst);
                 return;
@@ -421,13 +454,14 @@ impl Engine {
             return self.suspend_for_children(id, role, &records);
         }
         // The join commits: no child is left to be driven later.
-        for r in &records {
+        for r in &mut records {
             if matches!(
                 standing(r),
                 Standing::Errored | Standing::Pending | Standing::Waiting
             ) {
                 let force = super::CancelOptions { force: true };
                 self.cancel_thread(r.id, &force)?;
+                *r = self.need_thread(r.id)?;
             }
         }
         let status = if failures <= tolerate {
@@ -441,7 +475,7 @@ impl Engine {
             instruction,
             fan,
             wf,
-            children,
+            &records,
             status,
             (agent, cancel),
         )
@@ -498,7 +532,7 @@ impl Engine {
         instruction: &str,
         fan: &FanOut,
         wf: &Workflow,
-        children: &[ThreadId],
+        children: &[ThreadRecord],
         status: &str,
         (agent, cancel): Driver<'_>,
     ) -> Result<StepResult, EngineError> {
@@ -506,8 +540,8 @@ impl Engine {
         let mut ends = Vec::with_capacity(children.len());
         let mut body = String::new();
         let (mut completed, mut failed) = (0u64, 0u64);
-        for (i, &c) in children.iter().enumerate() {
-            let r = self.need_thread(c)?;
+        for (i, r) in children.iter().enumerate() {
+            let c = r.id;
             let summary = match self.store.get(&r.head)? {
                 Some(Blob::State(s)) => self.text(&s.content)?,
                 _ => String::new(),

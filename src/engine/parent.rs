@@ -7,6 +7,7 @@
 //! `docs/design.md` §8e.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -138,43 +139,35 @@ impl Engine {
             return Ok(None);
         };
         let threads = self.threads();
-        let frames = threads.call_stack(state)?;
-        let Some(parent_frame) = frames.first() else {
+        let base = self.parent_base(state)?;
+        let Some(parent_frame) = base.frames.first() else {
             return Ok(None);
         };
-        let parent = threads.get(parent_id)?;
+        let frames = &base.frames;
         let parent_wf = self
             .store
             .workflows()
             .load(parent_frame.start_node.workflow)?;
-        let role = calling_role(parent.as_ref(), record, &parent_wf);
+        // The parent's record is read only when its workflow alone does not
+        // say which role called (two roles run this child's workflow) or
+        // for the ids of ancestors above it: a fan-out parent's record
+        // names all its children, and each of their steps asks.
+        let only_caller = sole_caller(record, &parent_wf);
+        let parent = if only_caller.is_none() || frames.len() > 1 {
+            threads.get(parent_id)?
+        } else {
+            None
+        };
+        let role = match only_caller {
+            Some(role) => Some(role),
+            None => calling_role(parent.as_ref(), record, &parent_wf),
+        };
         let role_goal = role
             .as_ref()
             .and_then(|r| parent_wf.roles.get(r))
             .and_then(|r| r.goal.clone().or_else(|| r.description.clone()))
             .map(|g| cut(&g, GOAL_BYTES).0);
-        let task = self.excerpt(parent_frame.start_node.prompt)?;
-        let context = threads.context_at(state, PARENT_STEPS)?;
-        let summary = match &context.summary {
-            Some((hash, _)) => Some(self.excerpt(*hash)?),
-            None => None,
-        };
-        let steps = context
-            .steps
-            .iter()
-            .map(|e| {
-                let text = self.text(&e.node.content)?;
-                let (reply, was_cut) = cut(&one_line(&text), REPLY_BYTES);
-                Ok(ParentStep {
-                    cut: was_cut,
-                    hash: e.hash,
-                    reply,
-                    role: e.node.role.clone(),
-                    seq: e.node.seq,
-                    status: e.node.meta.get("$status").map(status_text),
-                })
-            })
-            .collect::<Result<Vec<_>, EngineError>>()?;
+        let (task, summary, steps) = (base.task.clone(), base.summary.clone(), base.steps.clone());
         // Ancestors above the parent: their ids from the records' links.
         let mut ancestors = Vec::new();
         let mut up = parent.as_ref().and_then(|p| p.parent_thread);
@@ -208,6 +201,64 @@ impl Engine {
         Ok(Some(pc))
     }
 
+    /// What a parent context shows of the parent's state `state` that the
+    /// nodes alone decide (the call stack, the task, the summary, the steps
+    /// before the call), cached by `state`: every step of every child of
+    /// one call (a fan-out's thousand) reads the same nodes.
+    fn parent_base(&self, state: Hash) -> Result<Arc<ParentBase>, EngineError> {
+        let cache = &self.engine_state().parents;
+        if let Some(hit) = cache.get(&state) {
+            return Ok(hit);
+        }
+        let threads = self.threads();
+        let frames = threads.call_stack(state)?;
+        let task = match frames.first() {
+            Some(f) => self.excerpt(f.start_node.prompt)?,
+            None => {
+                return Ok(Arc::new(ParentBase {
+                    frames,
+                    task: Excerpt {
+                        bytes: 0,
+                        cut: false,
+                        hash: state,
+                        text: String::new(),
+                    },
+                    summary: None,
+                    steps: Vec::new(),
+                }));
+            }
+        };
+        let context = threads.context_at(state, PARENT_STEPS)?;
+        let summary = match &context.summary {
+            Some((hash, _)) => Some(self.excerpt(*hash)?),
+            None => None,
+        };
+        let steps = context
+            .steps
+            .iter()
+            .map(|e| {
+                let text = self.text(&e.node.content)?;
+                let (reply, was_cut) = cut(&one_line(&text), REPLY_BYTES);
+                Ok(ParentStep {
+                    cut: was_cut,
+                    hash: e.hash,
+                    reply,
+                    role: e.node.role.clone(),
+                    seq: e.node.seq,
+                    status: e.node.meta.get("$status").map(status_text),
+                })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        let base = Arc::new(ParentBase {
+            frames,
+            task,
+            summary,
+            steps,
+        });
+        cache.insert(state, Arc::clone(&base));
+        Ok(base)
+    }
+
     /// A text blob, its first [`TEXT_BYTES`] inlined.
     fn excerpt(&self, hash: Hash) -> Result<Excerpt, EngineError> {
         let text = self.text(&hash)?;
@@ -221,6 +272,20 @@ impl Engine {
     }
 }
 
+/// The part of a parent context the parent's state node decides
+/// ([`Engine::parent_base`]).
+#[derive(Debug)]
+pub(crate) struct ParentBase {
+    /// The call stack from the parent's state up.
+    frames: Vec<crate::thread::Frame>,
+    /// The parent's task.
+    task: Excerpt,
+    /// Its compact summary, if any.
+    summary: Option<Excerpt>,
+    /// Its steps before the call.
+    steps: Vec<ParentStep>,
+}
+
 /// The parent's role that called `child`: its record's next (or suspended)
 /// role while its open call is this child, else the one role of its
 /// workflow that runs `child`'s workflow.
@@ -230,7 +295,8 @@ fn calling_role(
     parent_wf: &crate::workflow::Workflow,
 ) -> Option<String> {
     if let Some(p) = parent
-        && p.active_child == Some(child.id)
+        && (p.active_child == Some(child.id)
+            || p.fan_out.as_ref().is_some_and(|c| c.contains(&child.id)))
     {
         let role = match p.underlying_status() {
             ThreadStatus::Suspended => p.suspended_role.clone(),
@@ -240,10 +306,22 @@ fn calling_role(
             return role;
         }
     }
-    let mut callers = parent_wf
-        .roles
-        .iter()
-        .filter(|(_, r)| r.workflow.as_deref() == Some(child.workflow.as_str()));
+    sole_caller(child, parent_wf)
+}
+
+/// The one role of `parent_wf` that runs `child`'s workflow (`workflow:`,
+/// `foreach:` or a `parallel:` branch); `None` when none or several do.
+fn sole_caller(child: &ThreadRecord, parent_wf: &crate::workflow::Workflow) -> Option<String> {
+    let calls = |r: &crate::workflow::Role| {
+        r.workflow.as_deref() == Some(child.workflow.as_str())
+            || r.fan_out.as_ref().is_some_and(|f| {
+                f.foreach
+                    .as_ref()
+                    .is_some_and(|e| e.workflow == child.workflow)
+                    || f.branches.iter().any(|b| b.workflow == child.workflow)
+            })
+    };
+    let mut callers = parent_wf.roles.iter().filter(|(_, r)| calls(r));
     match (callers.next(), callers.next()) {
         (Some((name, _)), None) => Some(name.clone()),
         _ => None,

@@ -48,6 +48,9 @@ pub(crate) struct EngineState {
     /// bytes: a driver reads back what it wrote a step earlier, and on a
     /// server backend each read is a transaction.
     pub(crate) texts: Bounded<Hash, Arc<str>>,
+    /// What parent contexts show of a parent's state node, by its hash
+    /// (every child of one call shares it).
+    pub(crate) parents: Bounded<Hash, Arc<super::parent::ParentBase>>,
     /// Compiled frontmatter schemas.
     pub(crate) validators: Validators,
     /// Compiled edge-prompt templates.
@@ -62,6 +65,7 @@ impl Default for EngineState {
             tasks: Bounded::new(65_536),
             headers: Bounded::new(4096),
             texts: Bounded::new(4096),
+            parents: Bounded::new(1024),
             validators: Validators::default(),
             templates: Templates::default(),
             claims: ClaimState::default(),
