@@ -24,10 +24,10 @@ use common::{
 };
 use heed::types::Bytes;
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest, ScriptAgent};
-use uwf_db::engine::batch::BatchOptions;
+use uwf_db::engine::batch::{BatchOptions, BatchReport};
 use uwf_db::store::GroupStats;
 use uwf_db::thread::{Next, StepWrite};
-use uwf_db::workflow::parse_workflow;
+use uwf_db::workflow::{Workflow, parse_workflow};
 use uwf_db::{Durability, Hash, Store, StoreOptions, Value};
 
 const WRITERS: usize = 32;
@@ -42,6 +42,31 @@ fn open(dir: &Path) -> Store {
         },
     )
     .unwrap()
+}
+
+/// A durable store in a scratch directory with `workflows` registered in
+/// order; the last one's hash.
+fn store_with(name: &str, workflows: &[&Workflow]) -> (tempfile::TempDir, Store, Hash) {
+    let dir = scratch_dir(name);
+    let store = open(dir.path());
+    let mut last = None;
+    for wf in workflows {
+        last = Some(store.workflows().add(wf).unwrap().0);
+    }
+    (dir, store, last.expect("a workflow to run"))
+}
+
+/// `prompts` run as a batch of `hash` with one job per agent.
+fn batch(
+    store: &Store,
+    hash: Hash,
+    prompts: &[String],
+    agents: Vec<Box<dyn Agent>>,
+) -> BatchReport {
+    store
+        .engine()
+        .run_batch(hash, prompts, &BatchOptions::default(), agents, &mut |_| {})
+        .unwrap()
 }
 
 fn step(w: usize, i: usize) -> StepWrite {
@@ -170,29 +195,16 @@ fn engine_bench(threads: usize) -> Comparison {
         (threads * 4) as u64,
         3,
         || {
-            let dir = scratch_dir("batch-engine");
-            let store = open(dir.path());
-            let (hash, _) = store.workflows().add(&wf).unwrap();
+            let (_dir, store, hash) = store_with("batch-engine", &[&wf]);
             let prompts: Vec<String> = (0..threads).map(|i| format!("change {i}")).collect();
             let agents = (0..JOBS).map(|_| agent()).collect();
             time(|| {
-                let r = store
-                    .engine()
-                    .run_batch(
-                        hash,
-                        &prompts,
-                        &BatchOptions::default(),
-                        agents,
-                        &mut |_| {},
-                    )
-                    .unwrap();
+                let r = batch(&store, hash, &prompts, agents);
                 assert_eq!(r.completed as usize, threads);
             })
         },
         || {
-            let dir = scratch_dir("batch-engine-seq");
-            let store = open(dir.path());
-            let (hash, _) = store.workflows().add(&wf).unwrap();
+            let (_dir, store, hash) = store_with("batch-engine-seq", &[&wf]);
             let mut a = agent();
             let d = time(|| {
                 for i in 0..sequential {
@@ -276,41 +288,18 @@ fn fan_out_bench(children: usize) -> Comparison {
         children as u64,
         3,
         || {
-            let dir = scratch_dir("batch-fan-out");
-            let store = open(dir.path());
-            store.workflows().add(&solve).unwrap();
-            let (hash, _) = store.workflows().add(&plan).unwrap();
+            let (_dir, store, hash) = store_with("batch-fan-out", &[&solve, &plan]);
             time(|| {
-                let r = store
-                    .engine()
-                    .run_batch(
-                        hash,
-                        &["the work".to_owned()],
-                        &BatchOptions::default(),
-                        vec![agent()],
-                        &mut |_| {},
-                    )
-                    .unwrap();
+                let r = batch(&store, hash, &["the work".to_owned()], vec![agent()]);
                 assert_eq!(r.completed, 1, "{r:?}");
             })
         },
         || {
-            let dir = scratch_dir("batch-fan-out-base");
-            let store = open(dir.path());
-            let (hash, _) = store.workflows().add(&solve).unwrap();
+            let (_dir, store, hash) = store_with("batch-fan-out-base", &[&solve]);
             let prompts: Vec<String> = (0..children).map(|i| format!("Solve t{i}")).collect();
             let agents = (0..FAN_JOBS).map(|_| agent()).collect();
             time(|| {
-                let r = store
-                    .engine()
-                    .run_batch(
-                        hash,
-                        &prompts,
-                        &BatchOptions::default(),
-                        agents,
-                        &mut |_| {},
-                    )
-                    .unwrap();
+                let r = batch(&store, hash, &prompts, agents);
                 assert_eq!(r.completed as usize, children);
             })
         },

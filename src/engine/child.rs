@@ -4,7 +4,7 @@
 //! its parent (`docs/design.md` §5c).
 
 use super::drive::StepResult;
-use super::step::{Driver, Mode, with_max_rounds};
+use super::step::{Driver, with_max_rounds};
 use super::{Engine, EngineError, StepFailure};
 use crate::node::Blob;
 use crate::thread::{NewThread, StepWrite, ThreadId, ThreadRecord, ThreadStatus};
@@ -24,18 +24,9 @@ impl Engine {
         instruction: &str,
         child_workflow: &str,
         wf: &Workflow,
-        mode: Mode,
         driver: Driver<'_>,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
-        if matches!(mode, Mode::ResumeEnded) {
-            return Err(self.fail(
-                id,
-                StepFailure::ChildOnResumedEnd {
-                    role: role.to_owned(),
-                },
-            ));
-        }
         let child = match record.active_child {
             Some(c) => c,
             None => {

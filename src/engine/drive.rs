@@ -458,7 +458,6 @@ impl Engine {
                     &instruction,
                     &fan,
                     &wf,
-                    Mode::Next,
                     text,
                     (agent, cancel),
                 )

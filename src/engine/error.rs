@@ -205,7 +205,7 @@ pub enum StepFailure {
     /// A child-workflow role cannot be the first step of a resumed
     /// ended thread.
     #[error(
-        "role '{role}' runs a child workflow and cannot be the first step of a resumed ended thread"
+        "role '{role}' runs child workflows and cannot be the first step of a resumed ended thread"
     )]
     ChildOnResumedEnd {
         /// The role.

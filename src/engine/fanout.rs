@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use super::agent::Agent;
 use super::cancel::Cancel;
 use super::drive::StepResult;
-use super::step::{Driver, Mode};
+use super::step::Driver;
 use super::{Engine, EngineError, StepFailure};
 use crate::hash::Hash;
 use crate::node::{Blob, Value};
@@ -75,19 +75,10 @@ impl Engine {
         instruction: &str,
         fan: &FanOut,
         wf: &Workflow,
-        mode: Mode,
         resume: Option<&str>,
         (agent, cancel): Driver<'_>,
     ) -> Result<StepResult, EngineError> {
         let id = record.id;
-        if matches!(mode, Mode::ResumeEnded) {
-            return Err(self.fail(
-                id,
-                StepFailure::ChildOnResumedEnd {
-                    role: role.to_owned(),
-                },
-            ));
-        }
         let children = match &record.fan_out {
             Some(ids) => ids.clone(),
             None => self.start_fan_out(record, role, fan)?,
@@ -410,15 +401,9 @@ impl Engine {
         let failures = ended + errored;
         let tolerate = fan.tolerate as usize;
         let stopped = cancel.is_stopping() || parent.stop_requested_at.is_some();
-        if failures > tolerate && errored > 0 {
-            // A retry may mend the errored children: nothing is committed,
-            // and the next drive goes on with the same children.
-            let first = records
-                .iter()
-                .find(|r| standing(r) == Standing::Errored)
-                .map(|r| (r.id, r.last_error.clone().unwrap_or_default()));
-            let (child, error) = first.unwrap_or((id, String::new()));
-            return Err(self.fail(
+        // The join cannot be written yet: record why on the parent.
+        let not_yet = |child: ThreadId, error: String| {
+            self.fail(
                 id,
                 StepFailure::FanOut {
                     role: role.to_owned(),
@@ -427,7 +412,17 @@ impl Engine {
                     child,
                     error,
                 },
-            ));
+            )
+        };
+        if failures > tolerate && errored > 0 {
+            // A retry may mend the errored children: nothing is committed,
+            // and the next drive goes on with the same children.
+            let first = records
+                .iter()
+                .find(|r| standing(r) == Standing::Errored)
+                .map(|r| (r.id, r.last_error.clone().unwrap_or_default()));
+            let (child, error) = first.unwrap_or((id, String::new()));
+            return Err(not_yet(child, error));
         }
         if failures <= tolerate && pending > 0 {
             if stopped {
@@ -437,17 +432,10 @@ impl Engine {
                 .iter()
                 .find(|r| standing(r) == Standing::Pending)
                 .map_or(id, |r| r.id);
-            return Err(self.fail(
-                id,
-                StepFailure::FanOut {
-                    role: role.to_owned(),
-                    failed: failures,
-                    tolerate: fan.tolerate,
-                    child,
-                    error:
-                        "another driver holds this child; drive the parent again when it is done"
-                            .to_owned(),
-                },
+            return Err(not_yet(
+                child,
+                "another driver holds this child; drive the parent again when it is done"
+                    .to_owned(),
             ));
         }
         if failures <= tolerate && waiting > 0 {

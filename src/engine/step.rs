@@ -185,6 +185,16 @@ impl Engine {
                 },
             ));
         };
+        if role_def.runs_children() && matches!(mode, Mode::ResumeEnded) {
+            // A role that runs children cannot be re-run on an ended thread:
+            // its children belong to the run that ended.
+            return Err(self.fail(
+                id,
+                StepFailure::ChildOnResumedEnd {
+                    role: role.to_owned(),
+                },
+            ));
+        }
         if let Some(fan) = &role_def.fan_out {
             return self.run_fan_out_step(
                 record,
@@ -192,7 +202,6 @@ impl Engine {
                 instruction,
                 fan,
                 &wf,
-                mode,
                 None,
                 (agent, cancel),
             );
@@ -204,7 +213,6 @@ impl Engine {
                 instruction,
                 child_workflow,
                 &wf,
-                mode,
                 (agent, cancel),
             );
         }
@@ -231,7 +239,7 @@ impl Engine {
         let policy = agent.retry().apply(wf.retry_of(role));
         let (extracted, usage, attempts) = self.ask(
             record,
-            (role, role_def, &wf.name, &policy),
+            (role, role_def, &wf.name, &*policy),
             instruction,
             &prompt,
             dir.as_deref(),

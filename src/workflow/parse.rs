@@ -167,6 +167,7 @@ fn check_fan_out(
         let workflow = child_workflow(
             format!("{fp}.workflow"),
             &f.value.workflow,
+            f,
             is_registered,
             p,
         );
@@ -240,7 +241,8 @@ fn check_fan_out(
         for (key, b) in &par.value {
             let bp = format!("{pp}.{key}");
             p.unknown_keys(&bp, Some(par), &b.extra, "workflow, prompt");
-            let workflow = child_workflow(format!("{bp}.workflow"), &b.workflow, is_registered, p);
+            let workflow =
+                child_workflow(format!("{bp}.workflow"), &b.workflow, par, is_registered, p);
             let prompt = b.prompt.clone().unwrap_or_default();
             check_child_prompt(&format!("{bp}.prompt"), &prompt, par, p);
             branches.push(Branch {
@@ -293,24 +295,25 @@ fn check_fan_out(
 }
 
 /// A fan-out child's workflow name: given and registered.
-fn child_workflow(
+fn child_workflow<T>(
     at: String,
     name: &Option<String>,
+    span: &Spanned<T>,
     is_registered: &dyn Fn(&str) -> bool,
     p: &mut Problems,
 ) -> String {
     match name {
         Some(n) if is_registered(n) => n.clone(),
         Some(n) => {
-            p.at::<()>(
+            p.at(
                 at,
-                None,
+                Some(span),
                 format!("child workflow '{n}' is not registered (uwf-db workflow add it first)"),
             );
             n.clone()
         }
         None => {
-            p.at::<()>(at, None, "missing: the child workflow's name");
+            p.at(at, Some(span), "missing: the child workflow's name");
             String::new()
         }
     }

@@ -5,6 +5,8 @@
 //! role, replacing the workflow's); `--retries N --retry-backoff D` on
 //! `run`, `thread step` and `batch` override both ([`RetryOverride`]).
 
+use std::borrow::Cow;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -93,6 +95,9 @@ pub const MAX_DELAY: Duration = Duration::from_secs(3600);
 /// agent (what a model under load does).
 pub const DEFAULT_ON: [RetryOn; 2] = [RetryOn::Timeout, RetryOn::Exit];
 
+/// The policy of a step no one set one for: no retry.
+static NO_RETRY: LazyLock<RetryPolicy> = LazyLock::new(RetryPolicy::default);
+
 impl Default for RetryPolicy {
     /// No retry.
     fn default() -> Self {
@@ -180,7 +185,16 @@ impl RetryOverride {
     /// assert_eq!((p.attempts, p.backoff_ms), (4, 10));
     /// assert_eq!(RetryOverride::default().apply(None).attempts, 1, "no retry unless asked");
     /// ```
-    pub fn apply(&self, set: Option<&RetryPolicy>) -> RetryPolicy {
+    ///
+    /// Borrowed when the override changes nothing (a step's usual case: no
+    /// allocation).
+    pub fn apply<'a>(&self, set: Option<&'a RetryPolicy>) -> Cow<'a, RetryPolicy> {
+        if *self == RetryOverride::default() {
+            return match set {
+                Some(p) => Cow::Borrowed(p),
+                None => Cow::Borrowed(&NO_RETRY),
+            };
+        }
         let mut p = set.cloned().unwrap_or_default();
         if let Some(n) = self.retries {
             p.attempts = n.saturating_add(1).min(MAX_ATTEMPTS);
@@ -189,7 +203,7 @@ impl RetryOverride {
             p.backoff_ms = millis(b.min(MAX_DELAY));
             p.max_delay_ms = p.max_delay_ms.max(p.backoff_ms);
         }
-        p
+        Cow::Owned(p)
     }
 }
 
