@@ -467,7 +467,167 @@ fn step_failures_are_typed_and_recorded_in_their_words(b: TestBackend) {
     assert_eq!(source.as_deref(), Some("HTTP 429"));
 }
 
+const SOLVE: &str = "name: solve
+roles:
+  solver: { goal: Solve one task }
+graph:
+  $START: { _: { role: solver, prompt: 'Solve it' } }
+  solver: { _: { role: $END, prompt: '{{{_body}}}' } }
+";
+
+const PLAN: &str = "name: plan
+roles:
+  planner:
+    goal: Split the work
+    frontmatter:
+      properties: { $status: { const: planned }, tasks: { type: array } }
+      required: [$status, tasks]
+  solve_all:
+    foreach: { items: tasks, as: task, workflow: solve, prompt: 'Solve {{task}}', max_items: 1000, max_concurrency: 4 }
+    join: {}
+graph:
+  $START: { _: { role: planner, prompt: 'Plan' } }
+  planner: { planned: { role: solve_all, prompt: 'Solve them all' } }
+  solve_all: { done: { role: $END, prompt: '{{completed}} solved' } }
+";
+
+/// The planner lists `items` tasks `t0`…; a solver answers at once; every
+/// fork counts into the same call counter.
+#[derive(Clone)]
+struct Planner {
+    items: usize,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Agent for Planner {
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if req.role_name == "planner" {
+            let tasks: Vec<String> = (0..self.items).map(|i| format!("t{i}")).collect();
+            return Ok(format!(
+                "---\n$status: planned\ntasks: [{}]\n---\nThe plan\n",
+                tasks.join(", ")
+            )
+            .into());
+        }
+        Ok("solved".to_owned().into())
+    }
+
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(self.clone()))
+    }
+}
+
+/// A fan-out makes its children in chunks, each in one transaction that
+/// appends to the parent's `fan_out` (`docs/design.md` §5f). A driver that
+/// died after the first chunks left a prefix: the next drive makes exactly
+/// the items past it, one child each, and a chunk that expects another
+/// prefix is refused with nothing written.
+fn a_fan_out_cut_off_while_making_children_makes_only_the_rest(b: TestBackend) {
+    use uwf_db::engine::DriveOptions;
+    use uwf_db::thread::NewThread;
+    let store = b.durable();
+    let count = |store: &Store| {
+        let all = uwf_db::thread::ThreadQuery {
+            limit: 10_000,
+            ..Default::default()
+        };
+        store.threads().list(&all).unwrap().len()
+    };
+    let solve = parse_workflow(SOLVE, Some("solve"), &|_| false).unwrap();
+    let (solve_hash, _) = store.workflows().add(&solve).unwrap();
+    let plan = parse_workflow(PLAN, Some("plan"), &|n| n == "solve").unwrap();
+    let (plan_hash, _) = store.workflows().add(&plan).unwrap();
+    let items = 300;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut agent = Planner {
+        items,
+        calls: calls.clone(),
+    };
+    let engine = store.engine();
+    let parent = engine
+        .start_workflow(plan_hash, "the work", &Default::default())
+        .unwrap();
+    let one = DriveOptions {
+        max_steps: Some(1),
+        ..DriveOptions::default()
+    };
+    engine
+        .drive(parent.id, &one, &mut agent)
+        .into_result()
+        .unwrap();
+    let at_fan_out = store.threads().get(parent.id).unwrap().unwrap();
+    assert_eq!(at_fan_out.next_role.as_deref(), Some("solve_all"));
+    // What a driver killed after its first chunk leaves: 10 children, named.
+    let child = |i: usize| NewThread {
+        workflow: "solve".into(),
+        workflow_hash: solve_hash,
+        prompt: format!("Solve t{i}"),
+        max_rounds: 100,
+        depth: 1,
+        parent_state: Some(at_fan_out.head),
+        parent_thread: Some(parent.id),
+        next_role: "solver".into(),
+        next_instruction: "Solve it".into(),
+        agent: None,
+        cwd: None,
+        next_location: None,
+        labels: Default::default(),
+    };
+    let low = store.threads().low_level();
+    let first = low
+        .start_children(parent.id, at_fan_out.head, 0, (0..10).map(child).collect())
+        .unwrap();
+    // A second driver that read the record before that chunk: refused.
+    let before = count(&store);
+    let e = low
+        .start_children(parent.id, at_fan_out.head, 0, vec![child(0)])
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ThreadError::ChildrenConflict {
+                expected: 0,
+                actual: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(count(&store), before, "nothing written");
+
+    let report = engine.drive(parent.id, &DriveOptions::default(), &mut agent);
+    let results = report.into_result().unwrap();
+    assert_eq!(results.last().unwrap().status, ThreadStatus::Completed);
+    // One planner call, one call per item.
+    assert_eq!(calls.load(Ordering::SeqCst), 1 + items);
+    assert_eq!(count(&store), 1 + items);
+    let log = store.threads().log(parent.id, 10, None).unwrap();
+    let joined = log
+        .iter()
+        .find(|e| e.node.role == "solve_all")
+        .expect("the join");
+    let results = joined.node.meta["results"].to_json();
+    let results = results.as_array().unwrap();
+    assert_eq!(results.len(), items);
+    for (i, r) in results.iter().enumerate() {
+        let id: uwf_db::thread::ThreadId = r["thread"].as_str().unwrap().parse().unwrap();
+        if i < first.len() {
+            assert_eq!(id, first[i].id, "the prefix kept, item {i}");
+        }
+        assert_eq!(r["status"], "completed");
+        let record = store.threads().get(id).unwrap().unwrap();
+        assert_eq!(
+            engine.task(&record).unwrap(),
+            format!("Solve t{i}"),
+            "item {i}'s task"
+        );
+    }
+    assert!(verify(&store, |_| {}).unwrap().is_ok());
+}
+
 conformance!(
+    a_fan_out_cut_off_while_making_children_makes_only_the_rest,
     a_durable_batch_commits_every_step_in_groups,
     a_failing_request_is_rolled_back_alone,
     a_panicking_request_is_rolled_back_alone_and_panics_its_sender,

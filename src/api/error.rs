@@ -143,7 +143,9 @@ impl From<&ThreadError> for ErrorKind {
             ThreadError::Store(s) => s.into(),
             ThreadError::Unknown(_) => ErrorKind::NotFound,
             ThreadError::Ambiguous { .. } => ErrorKind::Ambiguous,
-            ThreadError::Conflict { .. } | ThreadError::WrongStatus { .. } => ErrorKind::Conflict,
+            ThreadError::Conflict { .. }
+            | ThreadError::ChildrenConflict { .. }
+            | ThreadError::WrongStatus { .. } => ErrorKind::Conflict,
             ThreadError::MissingNode { .. } | ThreadError::CorruptRecord { .. } => {
                 ErrorKind::Corrupt
             }

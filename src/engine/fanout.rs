@@ -5,8 +5,8 @@
 //! end node and its `results` list them in item order.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 
 use super::agent::Agent;
 use super::cancel::Cancel;
@@ -25,6 +25,10 @@ const RESULT_SUMMARY: usize = 1 << 10;
 /// How often the drivers of a fan-out read the parent's record for a stop
 /// request.
 const STOP_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Children made in one transaction after the first chunk (which is as
+/// large as the drivers).
+const MAKE_CHUNK: usize = 256;
 
 /// How many waiting children a suspended parent's message names.
 const NAMED_WAITING: usize = 5;
@@ -78,13 +82,12 @@ impl Engine {
         resume: Option<&str>,
         (agent, cancel): Driver<'_>,
     ) -> Result<StepResult, EngineError> {
-        let id = record.id;
-        let children = match &record.fan_out {
-            Some(ids) => ids.clone(),
-            None => self.start_fan_out(record, role, fan)?,
-        };
+        let named = record.fan_out.clone().unwrap_or_default();
+        // The children still to make: the items past those the parent
+        // names (all of them on the first drive; none once made).
+        let rest = self.fan_out_news(record, role, fan, named.len())?;
         if let Some(text) = resume {
-            for &child in &children {
+            for &child in &named {
                 // A failed resume is recorded on the child; the join counts
                 // it. Only an interrupt stops here.
                 if self.need_thread(child)?.underlying_status() == ThreadStatus::Suspended
@@ -95,18 +98,27 @@ impl Engine {
                 }
             }
         }
-        self.drive_children(id, &children, fan, agent, cancel)?;
-        self.join(id, role, instruction, fan, wf, &children, (agent, cancel))
+        let children = self.drive_children(record, named, rest, fan, agent, cancel)?;
+        self.join(
+            record.id,
+            role,
+            instruction,
+            fan,
+            wf,
+            &children,
+            (agent, cancel),
+        )
     }
 
-    /// Creates the children of a fan-out step from the previous reply, in
-    /// one transaction with the parent's `fan_out`.
-    fn start_fan_out(
+    /// The children of a fan-out step from the previous reply, in item
+    /// order, past the first `skip` (those the parent names already).
+    fn fan_out_news(
         &self,
         record: &ThreadRecord,
         role: &str,
         fan: &FanOut,
-    ) -> Result<Vec<ThreadId>, EngineError> {
+        skip: usize,
+    ) -> Result<Vec<NewThread>, EngineError> {
         let id = record.id;
         let depth = self.start_node(record.start)?.depth + 1;
         // The previous reply: its frontmatter and body (none when the role
@@ -190,7 +202,20 @@ impl Engine {
                 .filter(|(k, _)| used.contains(*k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            for (i, item) in items.iter().enumerate() {
+            if skip > items.len() {
+                return Err(self.fail(
+                    id,
+                    StepFailure::FanOutItems {
+                        role: role.to_owned(),
+                        detail: format!(
+                            "the thread names {skip} children, more than the {} items of '{}'",
+                            items.len(),
+                            each.items
+                        ),
+                    },
+                ));
+            }
+            for (i, item) in items.iter().enumerate().skip(skip) {
                 let mut d = base.clone();
                 d.insert(each.as_name.clone(), item.clone());
                 d.insert("index".to_owned(), serde_json::json!(i + 1));
@@ -199,8 +224,11 @@ impl Engine {
             }
         }
         let data = serde_json::Value::Object(data);
-        for b in &fan.branches {
+        for b in fan.branches.iter().skip(skip) {
             jobs.push((b.workflow.clone(), render(&b.prompt, &b.workflow, &data)?));
+        }
+        if jobs.is_empty() {
+            return Ok(Vec::new());
         }
         if depth > super::child::MAX_DEPTH {
             return Err(self.fail(
@@ -216,13 +244,24 @@ impl Engine {
         // The children work where this step would have.
         let cwd = super::step::step_dir(record.cwd.as_deref(), record.next_location.as_deref())
             .map(|d| d.to_string_lossy().into_owned());
-        let mut workflows: BTreeMap<String, (Hash, std::sync::Arc<Workflow>)> = BTreeMap::new();
+        // Per child workflow: its hash, record and start (the same for
+        // every item, worked out once).
+        type Start = (
+            Hash,
+            std::sync::Arc<Workflow>,
+            String,
+            String,
+            Option<String>,
+        );
+        let mut workflows: BTreeMap<String, Start> = BTreeMap::new();
         let mut news = Vec::with_capacity(jobs.len());
         for (name, task) in jobs {
-            let (hash, child_wf) = match workflows.entry(name) {
+            let (hash, child_wf, first_role, first_instruction, location) = match workflows
+                .entry(name)
+            {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    let Some(found) = self.store.workflows().by_name(e.key())? else {
+                    let Some((hash, child_wf)) = self.store.workflows().by_name(e.key())? else {
                         return Err(self.fail(
                             id,
                             StepFailure::ChildNotRegistered {
@@ -231,11 +270,12 @@ impl Engine {
                             },
                         ));
                     };
-                    e.insert(found)
+                    let t = Some(templates);
+                    let (first_role, first_instruction) = child_wf.first_in(t)?;
+                    let location = child_wf.start_location_in(t, false)?;
+                    e.insert((hash, child_wf, first_role, first_instruction, location))
                 }
             };
-            let t = Some(templates);
-            let (first_role, first_instruction) = child_wf.first_in(t)?;
             news.push(NewThread {
                 workflow: child_wf.name.clone(),
                 workflow_hash: *hash,
@@ -244,47 +284,49 @@ impl Engine {
                 depth,
                 parent_state: Some(record.head),
                 parent_thread: Some(id),
-                next_role: first_role,
-                next_instruction: first_instruction,
+                next_role: first_role.clone(),
+                next_instruction: first_instruction.clone(),
                 agent: record.agent.clone(),
                 cwd: cwd.clone(),
-                next_location: child_wf.start_location_in(t, false)?,
+                next_location: location.clone(),
                 labels: record.labels.clone(),
             });
         }
-        let made = self
-            .threads()
-            .low_level()
-            .start_children(id, record.head, news)?;
-        Ok(made.into_iter().map(|r| r.id).collect())
+        Ok(news)
     }
 
-    /// Drives the children not ended, up to `max_concurrency` at once, each
-    /// driver with its own agent (`agent` and its forks). Under
-    /// `fail_fast`, no child starts once more than `tolerate` failed.
-    /// Stops taking children when the token asks or the parent is asked
-    /// to stop. Only an interrupt is an error.
+    /// Makes the children past `named` (`rest`, in chunks, while the first
+    /// ones run) and drives the children not ended, up to `max_concurrency`
+    /// at once, each driver with its own agent (`agent` and its forks).
+    /// Under `fail_fast`, no child starts once more than `tolerate` failed
+    /// (the rest are still made: the join names every item). Stops taking
+    /// children when the token asks or the parent is asked to stop. The
+    /// children, in item order, once every item has one; an interrupt, a
+    /// stop before all were made, or a failure to make them is an error.
     fn drive_children(
         &self,
-        parent: ThreadId,
-        children: &[ThreadId],
+        parent: &ThreadRecord,
+        named: Vec<ThreadId>,
+        rest: Vec<NewThread>,
         fan: &FanOut,
         agent: &mut dyn Agent,
         cancel: &Cancel,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Vec<ThreadId>, EngineError> {
         let mut queue = VecDeque::new();
         let mut failed = 0usize;
-        for &c in children {
-            match standing(&self.need_thread(c)?) {
+        for r in self.threads().need_all(&named)? {
+            match standing(&r) {
                 Standing::Ended => failed += 1,
-                Standing::Pending | Standing::Errored => queue.push_back(c),
+                Standing::Pending | Standing::Errored => queue.push_back(r.id),
                 Standing::Done | Standing::Waiting => {}
             }
         }
-        if queue.is_empty() {
-            return Ok(());
+        if queue.is_empty() && rest.is_empty() {
+            return Ok(named);
         }
-        let workers = (fan.max_concurrency as usize).min(queue.len()).max(1);
+        let workers = (fan.max_concurrency as usize)
+            .min(queue.len() + rest.len())
+            .max(1);
         let mut forks: Vec<Box<dyn Agent>> = Vec::new();
         while forks.len() + 1 < workers {
             match agent.fork() {
@@ -292,29 +334,63 @@ impl Engine {
                 None => break,
             }
         }
-        let queue = Mutex::new(queue);
+        let wanted = rest.len();
+        // The queue, and whether children are still being made.
+        let queue = Mutex::new((queue, wanted > 0));
+        let arrived = Condvar::new();
         let failed = AtomicUsize::new(failed);
         let interrupted = AtomicBool::new(false);
         let stopped = AtomicBool::new(false);
         let tolerate = fan.tolerate as usize;
+        let lock = || queue.lock().unwrap_or_else(PoisonError::into_inner);
         // When a driver last read the parent's record for a stop request.
         let looked: Mutex<Option<std::time::Instant>> = Mutex::new(None);
         let time_to_look = || {
-            let mut last = looked
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut last = looked.lock().unwrap_or_else(PoisonError::into_inner);
             let due = last.is_none_or(|t| t.elapsed() >= STOP_CHECK);
             if due {
                 *last = Some(std::time::Instant::now());
             }
             due
         };
-        let work = |agent: &mut dyn Agent| loop {
-            if cancel.is_stopping()
+        let halted = || {
+            cancel.is_stopping()
                 || interrupted.load(Ordering::SeqCst)
                 || stopped.load(Ordering::SeqCst)
-                || (fan.fail_fast && failed.load(Ordering::SeqCst) > tolerate)
-            {
+        };
+        // Makes the children in chunks: the first as large as the drivers
+        // (every driver has a child at once), the next `MAKE_CHUNK` each.
+        let make = || -> Result<Vec<ThreadId>, EngineError> {
+            let mut made = Vec::with_capacity(rest.len());
+            let mut rest = rest.into_iter().peekable();
+            let mut size = workers;
+            let result = loop {
+                if rest.peek().is_none() || halted() {
+                    break Ok(());
+                }
+                let chunk: Vec<NewThread> = rest.by_ref().take(size).collect();
+                size = MAKE_CHUNK;
+                match self.threads().low_level().start_children(
+                    parent.id,
+                    parent.head,
+                    named.len() + made.len(),
+                    chunk,
+                ) {
+                    Ok(records) => {
+                        let ids: Vec<ThreadId> = records.iter().map(|r| r.id).collect();
+                        made.extend_from_slice(&ids);
+                        lock().0.extend(ids);
+                        arrived.notify_all();
+                    }
+                    Err(e) => break Err(e.into()),
+                }
+            };
+            lock().1 = false;
+            arrived.notify_all();
+            result.map(|()| made)
+        };
+        let work = |agent: &mut dyn Agent| loop {
+            if halted() || (fan.fail_fast && failed.load(Ordering::SeqCst) > tolerate) {
                 return;
             }
             // `thread stop` of the parent: take no new child. (It reaches
@@ -324,7 +400,7 @@ impl Engine {
             if time_to_look()
                 && self
                     .threads()
-                    .get(parent)
+                    .get(parent.id)
                     .ok()
                     .flatten()
                     .is_some_and(|r| r.stop_requested_at.is_some())
@@ -332,10 +408,23 @@ impl Engine {
                 stopped.store(true, Ordering::SeqCst);
                 return;
             }
-            let next = queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop_front();
+            let next = {
+                let mut q = lock();
+                loop {
+                    if let Some(c) = q.0.pop_front() {
+                        break Some(c);
+                    }
+                    if !q.1 || halted() {
+                        break None;
+                    }
+                    // Waiting for the next chunk (woken at the latest in
+                    // `STOP_CHECK` to look for a stop).
+                    q = arrived
+                        .wait_timeout(q, STOP_CHECK)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+            };
             let Some(child) = next else { return };
             let report = self.run_thread(child, usize::MAX, agent, cancel);
             match &report.error {
@@ -359,18 +448,31 @@ impl Engine {
                 stopped.store(true, Ordering::SeqCst);
             }
         };
-        std::thread::scope(|s| {
+        let made = std::thread::scope(|s| {
             let work = &work;
+            let maker = s.spawn(make);
             for a in forks.iter_mut() {
                 let a: &mut dyn Agent = a.as_mut();
                 s.spawn(move || work(a));
             }
             work(agent);
+            maker.join()
         });
         if interrupted.load(Ordering::SeqCst) {
             return Err(EngineError::Interrupted);
         }
-        Ok(())
+        let made = match made {
+            Ok(made) => made?,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        if made.len() < wanted {
+            // Stopped before every item had its child: the parent names a
+            // prefix, and the next drive makes the rest.
+            return Err(EngineError::FanOutStopped { thread: parent.id });
+        }
+        let mut children = named;
+        children.extend(made);
+        Ok(children)
     }
 
     /// The join: the role's step from the children's ends, or a suspend of
@@ -387,10 +489,7 @@ impl Engine {
         (agent, cancel): Driver<'_>,
     ) -> Result<StepResult, EngineError> {
         let parent = self.need_thread(id)?;
-        let mut records = Vec::with_capacity(children.len());
-        for &c in children {
-            records.push(self.need_thread(c)?);
-        }
+        let mut records = self.threads().need_all(children)?;
         let count = |s: Standing| records.iter().filter(|r| standing(r) == s).count();
         let (ended, errored, waiting, pending) = (
             count(Standing::Ended),
@@ -528,12 +627,9 @@ impl Engine {
         let mut ends = Vec::with_capacity(children.len());
         let mut body = String::new();
         let (mut completed, mut failed) = (0u64, 0u64);
-        for (i, r) in children.iter().enumerate() {
+        let summaries = self.threads().head_texts(children)?;
+        for (i, (r, summary)) in children.iter().zip(summaries).enumerate() {
             let c = r.id;
-            let summary = match self.store.get(&r.head)? {
-                Some(Blob::State(s)) => self.text(&s.content)?,
-                _ => String::new(),
-            };
             if r.status == ThreadStatus::Completed {
                 completed += 1;
             } else {

@@ -131,6 +131,19 @@ pub enum ThreadError {
         /// The head found.
         actual: Hash,
     },
+    /// A fan-out's parent names another number of children than the
+    /// caller expected: another driver made some meanwhile.
+    #[error(
+        "thread {thread} names {actual} fan-out children, not the {expected} expected (another driver is making them); nothing was written"
+    )]
+    ChildrenConflict {
+        /// The parent.
+        thread: ThreadId,
+        /// The children the caller expected it to name.
+        expected: usize,
+        /// The children it names.
+        actual: usize,
+    },
     /// The operation does not apply to the thread's status.
     #[error("thread {thread} is {status}: cannot {action}")]
     WrongStatus {

@@ -158,6 +158,35 @@ pub struct ThreadTree {
 }
 
 impl Threads<'_> {
+    /// The records of `ids`, in their order, read in one transaction (a
+    /// fan-out's children: one read, not one per child); an unknown id is an
+    /// error.
+    pub(crate) fn need_all(&self, ids: &[ThreadId]) -> Result<Vec<ThreadRecord>, ThreadError> {
+        self.store
+            .read(|r| ids.iter().map(|&id| need(r, id)).collect())
+    }
+
+    /// The reply text of each record's head (empty for a head that is a
+    /// start node), in one transaction.
+    pub(crate) fn head_texts(&self, records: &[ThreadRecord]) -> Result<Vec<String>, ThreadError> {
+        self.store.read(|r| {
+            records
+                .iter()
+                .map(|rec| match r.get_blob(&rec.head)? {
+                    Some(Blob::State(s)) => match r.get_blob(&s.content)? {
+                        Some(Blob::Content(c)) => Ok(c.text),
+                        Some(_) => Err(ThreadError::WrongKind {
+                            hash: s.content,
+                            expected: "content",
+                        }),
+                        None => Err(ThreadError::MissingNode { hash: s.content }),
+                    },
+                    _ => Ok(String::new()),
+                })
+                .collect()
+        })
+    }
+
     /// The text of a content blob (a reply, a prompt); a blob that is
     /// missing or not content is an error, never an empty text.
     pub(crate) fn content_text(&self, hash: &Hash) -> Result<String, ThreadError> {

@@ -309,15 +309,18 @@ impl LowLevel<'_> {
         self.0.write_op(move |w| start_in(w, &new, id, claimed))
     }
 
-    /// Starts `children` of thread `parent` (a fan-out role's) and names
-    /// them, in order, in its record's `fan_out`, all in one transaction:
-    /// a compare-and-swap on the parent's `expected_head`, so either every
-    /// child exists and the parent names them, or none does
-    /// (`docs/design.md` §5f).
+    /// Starts `children` of thread `parent` (a fan-out role's) and appends
+    /// them, in order, to its record's `fan_out`, all in one transaction: a
+    /// compare-and-swap on the parent's `expected_head` and on `named`, the
+    /// number of children it names already, so either every child of the
+    /// chunk exists and the parent names it, or none does
+    /// (`docs/design.md` §5f). Another `named` is
+    /// [`ThreadError::ChildrenConflict`] and writes nothing.
     pub fn start_children(
         &self,
         parent: ThreadId,
         expected_head: Hash,
+        named: usize,
         children: Vec<NewThread>,
     ) -> Result<Vec<ThreadRecord>, ThreadError> {
         for c in &children {
@@ -325,12 +328,23 @@ impl LowLevel<'_> {
         }
         self.0.write_op(move |w| {
             let (mut record, location) = load_checked(w, parent, expected_head)?;
+            let actual = record.fan_out.as_ref().map_or(0, Vec::len);
+            if actual != named {
+                return Err(ThreadError::ChildrenConflict {
+                    thread: parent,
+                    expected: named,
+                    actual,
+                });
+            }
             let old = record.clone();
             let mut made = Vec::with_capacity(children.len());
             for new in &children {
                 made.push(start_in(w, new, ThreadId::generate(), false)?);
             }
-            record.fan_out = Some(made.iter().map(|r| r.id).collect());
+            record
+                .fan_out
+                .get_or_insert_with(Vec::new)
+                .extend(made.iter().map(|r| r.id));
             record.updated_at = w.now_ms().max(old.updated_at);
             index::put(w, Some((&old, location)), &record)?;
             Ok(made)
