@@ -510,6 +510,14 @@ impl Agent for Planner {
             )
             .into());
         }
+        // Each child's parent context names that child, though the
+        // children of one call share it.
+        let own = format!("This thread ({}, workflow `solve`)", req.thread);
+        if !req.prompt.contains(&own) {
+            return Err(AgentError::Other(
+                format!("not named: {}", req.prompt).into(),
+            ));
+        }
         Ok("solved".to_owned().into())
     }
 

@@ -131,6 +131,51 @@ impl Engine {
         &self,
         record: &ThreadRecord,
     ) -> Result<Option<ParentContext>, EngineError> {
+        self.parent_context_as(record, record.id)
+    }
+
+    /// The prompt section of `record`'s parent context (what a step's
+    /// prompt shows), cached by the parent's state, the parent and the
+    /// child's workflow: the section differs between the children of one
+    /// call only in the child's id (a fan-out's thousand children render
+    /// it once).
+    pub(super) fn parent_section(
+        &self,
+        record: &ThreadRecord,
+    ) -> Result<Option<String>, EngineError> {
+        let Some(parent_id) = record.parent_thread else {
+            return Ok(None);
+        };
+        let Some(state) = self.start_node(record.start)?.parent_state else {
+            return Ok(None);
+        };
+        let key = (state, parent_id, record.workflow.clone());
+        let cache = &self.engine_state().sections;
+        let section = match cache.get(&key) {
+            Some(hit) => hit,
+            None => {
+                // Rendered for a stand-in id (ids all have one length, so
+                // the fit is the same), replaced wherever it is named.
+                let Some(pc) = self.parent_context_as(record, ThreadId::NIL)? else {
+                    return Ok(None);
+                };
+                let section: Arc<str> = Arc::from(pc.section);
+                cache.insert(key, Arc::clone(&section));
+                section
+            }
+        };
+        Ok(Some(section.replace(
+            &ThreadId::NIL.to_string(),
+            &record.id.to_string(),
+        )))
+    }
+
+    /// [`Engine::parent_context`], its section naming the child `child`.
+    fn parent_context_as(
+        &self,
+        record: &ThreadRecord,
+        child: ThreadId,
+    ) -> Result<Option<ParentContext>, EngineError> {
         let Some(parent_id) = record.parent_thread else {
             return Ok(None);
         };
@@ -197,7 +242,7 @@ impl Engine {
             thread: parent_id,
             workflow: parent_frame.start_node.name.clone(),
         };
-        fit(&mut pc, record.id, &record.workflow);
+        fit(&mut pc, child, &record.workflow);
         Ok(Some(pc))
     }
 

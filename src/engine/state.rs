@@ -51,6 +51,12 @@ pub(crate) struct EngineState {
     /// What parent contexts show of a parent's state node, by its hash
     /// (every child of one call shares it).
     pub(crate) parents: Bounded<Hash, Arc<super::parent::ParentBase>>,
+    /// Parent-context prompt sections by (the parent's state, the parent,
+    /// the child's workflow), naming [`ThreadId::NIL`](crate::thread::ThreadId::NIL)
+    /// for the child (`Engine::parent_section`). Not keyed by content
+    /// alone: the parent's record decides the calling role and the
+    /// ancestors' ids, which do not change while its call is open.
+    pub(crate) sections: Bounded<(Hash, crate::thread::ThreadId, String), Arc<str>>,
     /// Compiled frontmatter schemas.
     pub(crate) validators: Validators,
     /// Compiled edge-prompt templates.
@@ -66,6 +72,7 @@ impl Default for EngineState {
             headers: Bounded::new(4096),
             texts: Bounded::new(4096),
             parents: Bounded::new(1024),
+            sections: Bounded::new(1024),
             validators: Validators::default(),
             templates: Templates::default(),
             claims: ClaimState::default(),

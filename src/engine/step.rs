@@ -223,8 +223,8 @@ impl Engine {
         // A child workflow's agent is told whom it works for (§8e); a
         // top-level thread's prompt is unchanged.
         // (`parent_context` answers `None` at once for a top-level thread.)
-        let task = match self.parent_context(record)? {
-            Some(pc) => Arc::from(format!("{task}\n\n{}", pc.section.trim())),
+        let task = match self.parent_section(record)? {
+            Some(section) => Arc::from(format!("{task}\n\n{}", section.trim())),
             None => task,
         };
         let prompt = assemble_with_header(
