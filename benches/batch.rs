@@ -286,7 +286,8 @@ fn fan_out_bench(children: usize) -> Comparison {
             "fan-out: one role to {children} child threads ({FAN_JOBS} at a time) vs {children} independent threads in a batch of {FAN_JOBS} jobs (ops = child steps)"
         ),
         children as u64,
-        3,
+        // A fan-out run is short (0.2 s) and its baseline noisy: more runs.
+        7,
         || {
             let (_dir, store, hash) = store_with("batch-fan-out", &[&solve, &plan]);
             time(|| {
