@@ -1,0 +1,521 @@
+//! `uwf_db._native`: the library's types wrapped for Python
+//! (`docs/design.md` §8g). Answers are the JSON contract's types
+//! (`uwf_db::api`) as plain dicts; errors are exceptions of one hierarchy
+//! named by `api::ErrorKind`; every call that reads, writes or waits lets
+//! other Python threads run.
+
+use std::collections::BTreeMap;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use serde::Serialize;
+use uwf_db::api::{ErrorKind, ThreadSummary};
+use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
+use uwf_db::engine::{DriveOptions, StartOptions};
+use uwf_db::thread::{ThreadId, ThreadQuery, ThreadStatus};
+use uwf_db::{Durability, Store as RustStore, StoreOptions};
+
+create_exception!(uwf_db, UwfError, PyException, "Any uwf-db failure.");
+create_exception!(
+    uwf_db,
+    NotFound,
+    UwfError,
+    "No thread, workflow or blob has that name."
+);
+create_exception!(
+    uwf_db,
+    Ambiguous,
+    UwfError,
+    "A prefix matches more than one."
+);
+create_exception!(
+    uwf_db,
+    InvalidInput,
+    UwfError,
+    "The input is not acceptable."
+);
+create_exception!(
+    uwf_db,
+    Conflict,
+    UwfError,
+    "The head moved, or the thread is driven elsewhere."
+);
+create_exception!(uwf_db, TooLarge, UwfError, "Past a size or count limit.");
+create_exception!(
+    uwf_db,
+    StepFailed,
+    UwfError,
+    "A step failed; it is recorded on the thread."
+);
+create_exception!(
+    uwf_db,
+    Damaged,
+    UwfError,
+    "The store's data file is damaged."
+);
+create_exception!(
+    uwf_db,
+    Corrupt,
+    UwfError,
+    "A stored record or blob fails its checks."
+);
+create_exception!(uwf_db, StoreFull, UwfError, "The store has no room left.");
+create_exception!(
+    uwf_db,
+    Unavailable,
+    UwfError,
+    "The storage could not be reached."
+);
+create_exception!(
+    uwf_db,
+    Interrupted,
+    UwfError,
+    "Cancelled; nothing was half-written."
+);
+
+/// The exception for a library error: its class by kind, its text the
+/// library's message with its causes, `kind` the contract's name.
+fn raise(kind: ErrorKind, e: &dyn std::error::Error) -> PyErr {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = s.source();
+    }
+    err(kind, message)
+}
+
+/// The exception of `kind` with `message`, its `kind` attribute set.
+fn err(kind: ErrorKind, message: impl Into<String>) -> PyErr {
+    let message: String = message.into();
+    let err = match kind {
+        ErrorKind::NotFound => NotFound::new_err(message),
+        ErrorKind::Ambiguous => Ambiguous::new_err(message),
+        ErrorKind::Invalid => InvalidInput::new_err(message),
+        ErrorKind::Conflict => Conflict::new_err(message),
+        ErrorKind::TooLarge => TooLarge::new_err(message),
+        ErrorKind::StepFailed => StepFailed::new_err(message),
+        ErrorKind::Damaged => Damaged::new_err(message),
+        ErrorKind::Corrupt => Corrupt::new_err(message),
+        ErrorKind::Full => StoreFull::new_err(message),
+        ErrorKind::Unavailable => Unavailable::new_err(message),
+        ErrorKind::Interrupted => Interrupted::new_err(message),
+        _ => UwfError::new_err(message),
+    };
+    Python::attach(|py| {
+        let name = serde_json::to_value(kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let _ = err.value(py).setattr("kind", name);
+    });
+    err
+}
+
+/// Errors of the library's layers into exceptions.
+trait OrRaise<T> {
+    fn or_raise(self) -> PyResult<T>;
+}
+
+macro_rules! or_raise {
+    ($($e:ty),*) => {$(
+        impl<T> OrRaise<T> for Result<T, $e> {
+            fn or_raise(self) -> PyResult<T> {
+                self.map_err(|e| raise(ErrorKind::from(&e), &e))
+            }
+        }
+    )*};
+}
+
+or_raise!(
+    uwf_db::engine::EngineError,
+    uwf_db::thread::ThreadError,
+    uwf_db::workflow::WorkflowError,
+    uwf_db::StoreError,
+    uwf_db::OpenError
+);
+
+/// A contract answer as Python objects.
+fn answer<T: Serialize>(py: Python<'_>, value: &T) -> PyResult<Py<PyAny>> {
+    Ok(pythonize::pythonize(py, value)?.unbind())
+}
+
+/// A thread by full id or unique prefix.
+fn thread_id(id: &str, store: &RustStore) -> PyResult<ThreadId> {
+    let prefix: uwf_db::thread::IdPrefix = id.parse().map_err(|e| {
+        err(
+            ErrorKind::Invalid,
+            format!("'{id}' is not a thread id: {e}"),
+        )
+    })?;
+    store.threads().resolve(&prefix).or_raise()
+}
+
+/// A Python callable as an agent: `fn(request) -> str | dict`.
+struct PyAgent {
+    f: Py<PyAny>,
+}
+
+impl PyAgent {
+    fn reply(py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<AgentReply, String> {
+        if let Ok(s) = out.cast::<PyString>() {
+            return Ok(s.to_string().into());
+        }
+        let Ok(d) = out.cast::<PyDict>() else {
+            return Err(format!(
+                "the agent returned {}, not a str or a dict",
+                out.get_type()
+                    .name()
+                    .map_or_else(|_| "?".into(), |n| n.to_string())
+            ));
+        };
+        let body: String = match d.get_item("body").map_err(|e| e.to_string())? {
+            Some(b) => b.extract().map_err(|_| "'body' is not a str".to_owned())?,
+            None => String::new(),
+        };
+        let mut output = String::new();
+        if let Some(fm) = d.get_item("frontmatter").map_err(|e| e.to_string())? {
+            let value: serde_json::Value = pythonize::depythonize(&fm)
+                .map_err(|e| format!("'frontmatter' cannot be written: {e}"))?;
+            if !value.is_object() {
+                return Err("'frontmatter' is not a dict".into());
+            }
+            // JSON is YAML: the frontmatter block as the engine reads any.
+            output.push_str("---\n");
+            output.push_str(&value.to_string());
+            output.push_str("\n---\n");
+        }
+        output.push_str(&body);
+        let usage = match d.get_item("usage").map_err(|e| e.to_string())? {
+            Some(u) => {
+                let value: serde_json::Value = pythonize::depythonize(&u)
+                    .map_err(|e| format!("'usage' cannot be read: {e}"))?;
+                uwf_db::usage::Usage::from_json(&value)
+            }
+            None => None,
+        };
+        let _ = py;
+        Ok(AgentReply {
+            output,
+            child_thread: None,
+            usage,
+        })
+    }
+}
+
+impl Agent for PyAgent {
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        Python::attach(|py| {
+            let request = PyDict::new(py);
+            let set = |k: &str, v: Bound<'_, PyAny>| request.set_item(k, v);
+            let fill = || -> PyResult<()> {
+                set(
+                    "thread",
+                    req.thread.to_string().into_pyobject(py)?.into_any(),
+                )?;
+                set("workflow", req.workflow.into_pyobject(py)?.into_any())?;
+                set("role", req.role_name.into_pyobject(py)?.into_any())?;
+                set("instruction", req.instruction.into_pyobject(py)?.into_any())?;
+                set("prompt", req.prompt.into_pyobject(py)?.into_any())?;
+                let cwd = req.cwd.map(|c| c.to_string_lossy().into_owned());
+                set("cwd", cwd.into_pyobject(py)?.into_any())?;
+                Ok(())
+            };
+            fill().map_err(|e| AgentError::Other(e.to_string().into()))?;
+            match self.f.call1(py, (request,)) {
+                Ok(out) => Self::reply(py, out.bind(py)).map_err(|e| AgentError::Other(e.into())),
+                Err(e) => {
+                    // The exception's type and message, as a failed step
+                    // records any agent's failure.
+                    let name = e
+                        .get_type(py)
+                        .name()
+                        .map_or_else(|_| "Exception".into(), |n| n.to_string());
+                    Err(AgentError::Other(
+                        format!("the Python agent raised {name}: {}", e.value(py)).into(),
+                    ))
+                }
+            }
+        })
+    }
+
+    fn fork(&self) -> Option<Box<dyn Agent>> {
+        Some(Box::new(PyAgent {
+            f: Python::attach(|py| self.f.clone_ref(py)),
+        }))
+    }
+}
+
+/// An agent from Python: a callable, or a spec string (`script:…`,
+/// `cmd:…`) as the CLI's `--agent` takes.
+fn agent_of(store: &RustStore, agent: &Bound<'_, PyAny>) -> PyResult<Box<dyn Agent>> {
+    if let Ok(spec) = agent.extract::<String>() {
+        return store
+            .engine()
+            .build_agent(&spec, &Default::default())
+            .or_raise();
+    }
+    if agent.is_callable() {
+        return Ok(Box::new(PyAgent {
+            f: agent.clone().unbind(),
+        }));
+    }
+    Err(err(
+        ErrorKind::Invalid,
+        "agent must be a callable or an agent spec string",
+    ))
+}
+
+/// A uwf-db store: a directory (LMDB) or a `postgres://` URL.
+#[pyclass(module = "uwf_db._native", frozen)]
+struct Store {
+    store: RustStore,
+}
+
+#[pymethods]
+impl Store {
+    /// Opens (or creates) the store at `location`. `durability`: "sync"
+    /// (the default: every acknowledged step survives a crash), "none".
+    #[new]
+    #[pyo3(signature = (location, durability = "sync"))]
+    fn new(py: Python<'_>, location: &str, durability: &str) -> PyResult<Self> {
+        let durability = match durability {
+            "sync" => Durability::Sync,
+            "none" => Durability::None,
+            other => {
+                return Err(err(
+                    ErrorKind::Invalid,
+                    format!("durability must be 'sync' or 'none', not '{other}'"),
+                ));
+            }
+        };
+        let options = StoreOptions {
+            durability,
+            ..StoreOptions::default()
+        };
+        let location = location.to_owned();
+        let store = py
+            .detach(move || RustStore::open_location(&location, options))
+            .or_raise()?;
+        Ok(Store { store })
+    }
+
+    /// Registers a workflow from YAML text (`name` as a file would give
+    /// it) or from a file `path`; its name and hash.
+    #[pyo3(signature = (yaml = None, *, path = None))]
+    fn add_workflow(
+        &self,
+        py: Python<'_>,
+        yaml: Option<&str>,
+        path: Option<std::path::PathBuf>,
+    ) -> PyResult<Py<PyAny>> {
+        let workflows = self.store.workflows();
+        let registered = |n: &str| workflows.by_name(n).ok().flatten().is_some();
+        let parsed = match (yaml, &path) {
+            (Some(text), None) => uwf_db::workflow::parse_workflow(text, None, &registered),
+            (None, Some(p)) => {
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    err(
+                        ErrorKind::NotFound,
+                        format!("cannot read {}: {e}", p.display()),
+                    )
+                })?;
+                uwf_db::workflow::parse_workflow_file(&text, p, &registered)
+            }
+            _ => {
+                return Err(err(
+                    ErrorKind::Invalid,
+                    "give the workflow's YAML text or path=, one of them",
+                ));
+            }
+        };
+        let wf = parsed.map_err(|problems| {
+            let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            err(
+                ErrorKind::Invalid,
+                format!("invalid workflow:\n{}", lines.join("\n")),
+            )
+        })?;
+        let (hash, changed) = py.detach(|| workflows.add(&wf)).or_raise()?;
+        let d = PyDict::new(py);
+        d.set_item("name", &wf.name)?;
+        d.set_item("hash", hash.to_string())?;
+        d.set_item("changed", changed)?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// Starts a thread of `workflow` (by name) with `prompt`, idle at its
+    /// first role; the thread's summary.
+    #[pyo3(signature = (workflow, prompt, *, labels = None))]
+    fn start(
+        &self,
+        py: Python<'_>,
+        workflow: &str,
+        prompt: &str,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Py<PyAny>> {
+        let hash = self.workflow_hash(workflow)?;
+        let options = StartOptions {
+            labels: labels.unwrap_or_default(),
+            ..StartOptions::default()
+        };
+        let engine = self.store.engine();
+        let record = py
+            .detach(|| engine.start_workflow(hash, prompt, &options))
+            .or_raise()?;
+        answer(py, &ThreadSummary::from(&record))
+    }
+
+    /// Runs a new thread of `workflow` to its end (or until it suspends)
+    /// with `agent` (a callable `fn(request) -> str | dict`, or a spec
+    /// string); `{"thread": …, "steps": [StepResult…]}`. A failed step
+    /// raises `StepFailed` (recorded on the thread).
+    #[pyo3(signature = (workflow, prompt, agent, *, labels = None))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        workflow: &str,
+        prompt: &str,
+        agent: &Bound<'_, PyAny>,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Py<PyAny>> {
+        let hash = self.workflow_hash(workflow)?;
+        let mut agent = agent_of(&self.store, agent)?;
+        let options = StartOptions {
+            labels: labels.unwrap_or_default(),
+            ..StartOptions::default()
+        };
+        let engine = self.store.engine();
+        let (record, report) = py
+            .detach(|| engine.run_workflow(hash, prompt, &options, agent.as_mut()))
+            .or_raise()?;
+        let steps = report.into_result().or_raise()?;
+        let d = PyDict::new(py);
+        d.set_item("thread", record.id.to_string())?;
+        d.set_item("steps", answer(py, &steps)?)?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// Drives thread `thread` (an id or a unique prefix) with `agent`, at
+    /// most `max_steps` steps; the steps committed.
+    #[pyo3(signature = (thread, agent, *, max_steps = None))]
+    fn step(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        agent: &Bound<'_, PyAny>,
+        max_steps: Option<usize>,
+    ) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let mut agent = agent_of(&self.store, agent)?;
+        let options = DriveOptions {
+            max_steps,
+            ..DriveOptions::default()
+        };
+        let engine = self.store.engine();
+        let steps = py
+            .detach(|| engine.drive(id, &options, agent.as_mut()).into_result())
+            .or_raise()?;
+        answer(py, &steps)
+    }
+
+    /// A thread's summary, by id or unique prefix.
+    fn thread(&self, py: Python<'_>, thread: &str) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let record = py
+            .detach(|| self.store.threads().get(id))
+            .or_raise()?
+            .ok_or_else(|| err(ErrorKind::NotFound, format!("no thread matches '{thread}'")))?;
+        answer(py, &ThreadSummary::from(&record))
+    }
+
+    /// Threads, newest activity first, with the CLI's filters.
+    #[pyo3(signature = (*, status = None, workflow = None, labels = None, failed = false, limit = 50))]
+    fn threads(
+        &self,
+        py: Python<'_>,
+        status: Option<Vec<String>>,
+        workflow: Option<String>,
+        labels: Option<BTreeMap<String, String>>,
+        failed: bool,
+        limit: usize,
+    ) -> PyResult<Py<PyAny>> {
+        let statuses = status
+            .unwrap_or_default()
+            .iter()
+            .map(|s| {
+                s.parse::<ThreadStatus>()
+                    .map_err(|e| err(ErrorKind::Invalid, e.to_string()))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let q = ThreadQuery {
+            statuses,
+            workflow,
+            failed_only: failed,
+            labels: labels.unwrap_or_default().into_iter().collect(),
+            limit,
+            ..ThreadQuery::default()
+        };
+        let records = py.detach(|| self.store.threads().list(&q)).or_raise()?;
+        let summaries: Vec<ThreadSummary> = records.iter().map(ThreadSummary::from).collect();
+        answer(py, &summaries)
+    }
+
+    /// A thread's steps, newest first, at most `limit`: each with its
+    /// role, frontmatter and reply.
+    #[pyo3(signature = (thread, *, limit = 20))]
+    fn log(&self, py: Python<'_>, thread: &str, limit: usize) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let store = &self.store;
+        let entries = py
+            .detach(
+                || -> Result<Vec<uwf_db::api::LogEntry>, uwf_db::thread::ThreadError> {
+                    store
+                        .threads()
+                        .log(id, limit, None)?
+                        .iter()
+                        .map(|e| uwf_db::api::LogEntry::read(store, e))
+                        .collect()
+                },
+            )
+            .or_raise()?;
+        answer(py, &entries)
+    }
+}
+
+impl Store {
+    fn workflow_hash(&self, name: &str) -> PyResult<uwf_db::Hash> {
+        match self.store.workflows().by_name(name).or_raise()? {
+            Some((hash, _)) => Ok(hash),
+            None => Err(err(
+                ErrorKind::NotFound,
+                format!("no workflow named '{name}' (add it first)"),
+            )),
+        }
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Store>()?;
+    m.add("UwfError", py.get_type::<UwfError>())?;
+    m.add("NotFound", py.get_type::<NotFound>())?;
+    m.add("Ambiguous", py.get_type::<Ambiguous>())?;
+    m.add("InvalidInput", py.get_type::<InvalidInput>())?;
+    m.add("Conflict", py.get_type::<Conflict>())?;
+    m.add("TooLarge", py.get_type::<TooLarge>())?;
+    m.add("StepFailed", py.get_type::<StepFailed>())?;
+    m.add("Damaged", py.get_type::<Damaged>())?;
+    m.add("Corrupt", py.get_type::<Corrupt>())?;
+    m.add("StoreFull", py.get_type::<StoreFull>())?;
+    m.add("Unavailable", py.get_type::<Unavailable>())?;
+    m.add("Interrupted", py.get_type::<Interrupted>())?;
+    Ok(())
+}
