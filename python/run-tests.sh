@@ -35,5 +35,6 @@ elif [ -n "${CI:-}" ]; then
     echo "!!! python/run-tests.sh: CI runs the PostgreSQL tests; PY_POSTGRES=off is refused" >&2
     exit 1
 fi
-cd python
-"$venv/bin/python" -m pytest -q tests
+# From the repository's root, so `import uwf_db` is the installed package,
+# never the source folder `python/uwf_db` (which has no built module).
+"$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
