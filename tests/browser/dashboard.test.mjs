@@ -520,14 +520,44 @@ test('stop a running drive from its page', async () => {
 
 test('labels: add and remove from the thread page; cancel it (after a confirm)', async () => {
   const page = await newPage();
+  // The record is fetched on load, again when the event stream opens (its
+  // first `thread` event), and after each action. That second answer is
+  // held back until the label change's own answer has been shown: an older
+  // answer arriving last must not put the old labels back (it did, once,
+  // on a busy CI machine).
+  const record = `${server.base}/api/threads/${ids.idle}`;
+  let gets = 0;
+  let heldFetched;
+  const held = new Promise((r) => { heldFetched = r; });
+  let release;
+  const released = new Promise((r) => { release = r; });
+  let heldShown;
+  const heldDone = new Promise((r) => { heldShown = r; });
+  await page.route((url) => url.href === record, async (route) => {
+    gets += 1;
+    if (gets === 2) {
+      const old = await route.fetch();
+      heldFetched();
+      await released;
+      await route.fulfill({ response: old });
+      heldShown();
+      return;
+    }
+    await route.continue();
+  });
   await page.goto(`${server.base}/#/t/${ids.idle}`);
   await until(page, 'the idle thread', () => document.querySelector('.title-row .badge')?.textContent === 'idle');
   const chips = () => page.$$eval('.facts-grid .chip > span', (els) => els.map((e) => e.textContent).sort());
   assert.deepEqual(await chips(), ['team=ops']);
+  await held;
   await page.fill('.labels-edit input', 'ticket=42 prio=high');
   await page.press('.labels-edit input', 'Enter');
   await until(page, 'the new labels', () => document.querySelectorAll('.facts-grid .chip').length === 3);
-  assert.deepEqual(await chips(), ['prio=high', 'team=ops', 'ticket=42']);
+  release();
+  await heldDone;
+  await page.waitForTimeout(300);
+  assert.deepEqual(await chips(), ['prio=high', 'team=ops', 'ticket=42'], 'the older answer, arriving last, was ignored');
+  await page.unroute((url) => url.href === record);
   await page.click('.chip-x[aria-label="Remove label team"]');
   await until(page, 'the label removed', () => document.querySelectorAll('.facts-grid .chip').length === 2);
   assert.deepEqual(cli('thread', 'show', ids.idle).labels, { prio: 'high', ticket: '42' });

@@ -38,13 +38,21 @@ export async function threadView(main, [idParam]) {
   replace(root, head, h('section', { class: 'steps' }, stepsTitle, timeline, h('div', { class: 'more-wrap' }, more)));
 
   // ---------------------------------------------------------------- header
+  // Refreshes overlap (a live event's and an action's) and their answers
+  // may come back in any order: only the latest one asked renders, as it
+  // was asked after whatever made the others (an older answer arriving
+  // last would otherwise put back what an action just changed).
+  let refreshes = 0;
   async function refresh() {
+    const mine = ++refreshes;
     try {
-      detail = await api(`/api/threads/${seg(id)}`);
+      const d = await api(`/api/threads/${seg(id)}`);
+      if (mine !== refreshes) return;
+      detail = d;
       renderHead();
       stepsTitle.textContent = `Steps (${detail.seq})`;
     } catch (e) {
-      showError(e);
+      if (mine === refreshes) showError(e);
     }
   }
 
