@@ -16,7 +16,7 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "== venv $venv"
     "${PYTHON:-python3}" -m venv "$venv"
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check "pytest>=8,<10"
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r python/tests/requirements.txt
 echo "== pip install ./python (maturin, dev profile)"
 MATURIN_PEP517_ARGS="--profile dev" \
     "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall ./python

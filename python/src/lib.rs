@@ -9,12 +9,14 @@ use std::collections::BTreeMap;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString};
 use serde::Serialize;
+use uwf_db::Blob;
 use uwf_db::api::{ErrorKind, ThreadSummary};
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
 use uwf_db::engine::{DriveOptions, StartOptions};
-use uwf_db::thread::{ThreadId, ThreadQuery, ThreadStatus};
+use uwf_db::node::Value;
+use uwf_db::thread::{Next, StepWrite, ThreadId, ThreadQuery, ThreadStatus};
 use uwf_db::{Durability, Store as RustStore, StoreOptions};
 
 create_exception!(uwf_db, UwfError, PyException, "Any uwf-db failure.");
@@ -487,6 +489,302 @@ impl Store {
             .or_raise()?;
         answer(py, &entries)
     }
+
+    // ---- the primitives of `uwf_db.langgraph` (design §8g): a chain of
+    // checkpoint and writes steps per (LangGraph thread, namespace).
+
+    /// The steps of `thread` after step `after_seq`, oldest first:
+    /// `(head, seq, [(seq, hash, role, lg, artifacts)])`, `lg` the step's
+    /// `lg` frontmatter key (a JSON text) and `artifacts` its reply's.
+    #[pyo3(signature = (thread, after_seq = 0))]
+    #[allow(clippy::type_complexity)]
+    fn _lg_chain(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        after_seq: u64,
+    ) -> PyResult<(
+        String,
+        u64,
+        Vec<(u64, String, String, Option<String>, Vec<String>)>,
+    )> {
+        let id = full_id(thread)?;
+        let store = &self.store;
+        py.detach(|| {
+            let (record, entries) = store.threads().steps_after(id, after_seq, usize::MAX)?;
+            let steps = store.read(|r| {
+                entries
+                    .iter()
+                    .map(|e| {
+                        let artifacts = match r.get_blob(&e.node.content)? {
+                            Some(Blob::Content(c)) => {
+                                c.artifacts.iter().map(ToString::to_string).collect()
+                            }
+                            _ => Vec::new(),
+                        };
+                        let lg = match e.node.meta.get("lg") {
+                            Some(Value::Str(s)) => Some(s.clone()),
+                            _ => None,
+                        };
+                        Ok((
+                            e.node.seq,
+                            e.hash.to_string(),
+                            e.node.role.clone(),
+                            lg,
+                            artifacts,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, uwf_db::StoreError>>()
+            })?;
+            Ok::<_, uwf_db::thread::ThreadError>((record.head.to_string(), record.seq, steps))
+        })
+        .or_raise()
+    }
+
+    /// Stores each text as a content blob (idempotent); their hashes.
+    fn _lg_put_texts(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<String>> {
+        let store = &self.store;
+        py.detach(|| {
+            store.write(|w| {
+                texts
+                    .iter()
+                    .map(|t| {
+                        w.put_blob(&Blob::content(t.as_str(), []))
+                            .map(|h| h.to_string())
+                    })
+                    .collect::<Result<Vec<_>, uwf_db::StoreError>>()
+            })
+        })
+        .or_raise()
+    }
+
+    /// The hash each text has as a content blob, nothing stored.
+    fn _lg_hash_texts(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<String>> {
+        py.detach(|| {
+            texts
+                .iter()
+                .map(|t| {
+                    Blob::content(t.as_str(), [])
+                        .encode()
+                        .map(|e| e.hash().to_string())
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|e| err(ErrorKind::Invalid, format!("cannot encode a value: {e}")))
+    }
+
+    /// The texts of content blobs, in one read; `None` for a missing one.
+    fn _lg_get_texts(&self, py: Python<'_>, hashes: Vec<String>) -> PyResult<Vec<Option<String>>> {
+        let hashes = hashes
+            .iter()
+            .map(|h| hash_of(h))
+            .collect::<PyResult<Vec<_>>>()?;
+        let store = &self.store;
+        py.detach(|| {
+            store.read(|r| {
+                hashes
+                    .iter()
+                    .map(|h| {
+                        Ok(match r.get_blob(h)? {
+                            Some(Blob::Content(c)) => Some(c.text),
+                            _ => None,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, uwf_db::StoreError>>()
+            })
+        })
+        .or_raise()
+    }
+
+    /// Appends a step to `thread` if its head is still `expected_head`
+    /// (else `Conflict`, nothing written): role `role`, frontmatter
+    /// `{lg: lg}`, reply `reply` naming `artifacts` (stored already). The
+    /// new `(head, seq)`.
+    #[allow(clippy::too_many_arguments)] // a Python method's arguments
+    fn _lg_append(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        expected_head: &str,
+        role: &str,
+        lg: String,
+        reply: String,
+        artifacts: Vec<String>,
+    ) -> PyResult<(String, u64)> {
+        let id = full_id(thread)?;
+        let expected = hash_of(expected_head)?;
+        let artifacts = artifacts
+            .iter()
+            .map(|h| hash_of(h))
+            .collect::<PyResult<Vec<_>>>()?;
+        let step = StepWrite {
+            role: role.to_owned(),
+            meta: [("lg".to_owned(), Value::Str(lg))].into(),
+            reply,
+            artifacts,
+            instruction: LG_INSTRUCTION.to_owned(),
+            child_thread: None,
+        };
+        let store = &self.store;
+        let written = py
+            .detach(|| {
+                store
+                    .threads()
+                    .low_level()
+                    .append_step(id, expected, step, lg_next())
+            })
+            .or_raise()?;
+        Ok((written.record.head.to_string(), written.record.seq))
+    }
+
+    /// A fork of `thread` at its head carrying `labels`; its id.
+    fn _lg_fork(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        labels: BTreeMap<String, String>,
+    ) -> PyResult<String> {
+        let id = full_id(thread)?;
+        let store = &self.store;
+        py.detach(|| {
+            let record = store
+                .threads()
+                .get(id)?
+                .ok_or_else(|| uwf_db::thread::ThreadError::Unknown(id.to_string()))?;
+            store.threads().low_level().fork_thread_labelled(
+                id,
+                record.head,
+                lg_next(),
+                Some(labels),
+            )
+        })
+        .map(|r| r.id.to_string())
+        .or_raise()
+    }
+
+    /// Removes `thread` if its head is still `expected_head` (else
+    /// `Conflict`); its nodes stay until GC.
+    fn _lg_remove(&self, py: Python<'_>, thread: &str, expected_head: &str) -> PyResult<()> {
+        let id = full_id(thread)?;
+        let expected = hash_of(expected_head)?;
+        let store = &self.store;
+        py.detach(|| store.threads().low_level().remove_thread_at(id, expected))
+            .or_raise()?;
+        Ok(())
+    }
+}
+
+/// The instruction every step of a LangGraph chain carries.
+const LG_INSTRUCTION: &str = "checkpoint";
+
+/// Where a LangGraph chain stands after each step: idle at `checkpoint`.
+fn lg_next() -> Next {
+    Next::Role {
+        role: "checkpoint".into(),
+        instruction: LG_INSTRUCTION.into(),
+        location: None,
+    }
+}
+
+/// A full thread id (no prefix: the saver always has the whole id).
+fn full_id(id: &str) -> PyResult<ThreadId> {
+    id.parse().map_err(|e| {
+        err(
+            ErrorKind::Invalid,
+            format!("'{id}' is not a thread id: {e}"),
+        )
+    })
+}
+
+/// A hash in hex.
+fn hash_of(hex: &str) -> PyResult<uwf_db::Hash> {
+    hex.parse()
+        .map_err(|e| err(ErrorKind::Invalid, format!("'{hex}' is not a hash: {e}")))
+}
+
+/// Where the msgpack value starting at `at` ends, or `None` when it is
+/// cut short or malformed. Iterative (a count of values still to skip),
+/// so nesting depth costs no stack.
+fn msgpack_end(b: &[u8], mut at: usize) -> Option<usize> {
+    fn be(b: &[u8], at: usize, n: usize) -> Option<usize> {
+        let bytes = b.get(at..at.checked_add(n)?)?;
+        Some(
+            bytes
+                .iter()
+                .fold(0usize, |acc, &x| (acc << 8) | usize::from(x)),
+        )
+    }
+    let mut pending: usize = 1;
+    while pending > 0 {
+        pending -= 1;
+        let tag = *b.get(at)?;
+        // (bytes of header after the tag, payload length, values inside)
+        let (head, len, inside): (usize, usize, usize) = match tag {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (0, 0, 0),
+            0x80..=0x8f => (0, 0, 2 * usize::from(tag & 0x0f)),
+            0x90..=0x9f => (0, 0, usize::from(tag & 0x0f)),
+            0xa0..=0xbf => (0, usize::from(tag & 0x1f), 0),
+            0xc4 | 0xd9 => (1, be(b, at + 1, 1)?, 0),
+            0xc5 | 0xda => (2, be(b, at + 1, 2)?, 0),
+            0xc6 | 0xdb => (4, be(b, at + 1, 4)?, 0),
+            0xc7 => (2, be(b, at + 1, 1)?, 0),
+            0xc8 => (3, be(b, at + 1, 2)?, 0),
+            0xc9 => (5, be(b, at + 1, 4)?, 0),
+            0xca | 0xce | 0xd2 => (4, 0, 0),
+            0xcb | 0xcf | 0xd3 => (8, 0, 0),
+            0xcc | 0xd0 => (1, 0, 0),
+            0xcd | 0xd1 => (2, 0, 0),
+            0xd4 => (2, 0, 0),
+            0xd5 => (3, 0, 0),
+            0xd6 => (5, 0, 0),
+            0xd7 => (9, 0, 0),
+            0xd8 => (17, 0, 0),
+            0xdc => (2, 0, be(b, at + 1, 2)?),
+            0xdd => (4, 0, be(b, at + 1, 4)?),
+            0xde => (2, 0, 2 * be(b, at + 1, 2)?),
+            0xdf => (4, 0, 2usize.checked_mul(be(b, at + 1, 4)?)?),
+            0xc1 => return None,
+        };
+        at = at.checked_add(1 + head)?.checked_add(len)?;
+        if at > b.len() {
+            return None;
+        }
+        pending = pending.checked_add(inside)?;
+        // Every value is at least one byte: a count past what is left is a lie.
+        if pending > b.len() - at {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+/// The elements of a msgpack array, each its own bytes, or `None` when
+/// `data` is not exactly one well-formed array.
+#[pyfunction]
+fn _lg_split(py: Python<'_>, data: &[u8]) -> Option<Vec<Py<PyBytes>>> {
+    let tag = *data.first()?;
+    let (mut at, n) = match tag {
+        0x90..=0x9f => (1, usize::from(tag & 0x0f)),
+        0xdc => (
+            3,
+            usize::from(u16::from_be_bytes(data.get(1..3)?.try_into().ok()?)),
+        ),
+        0xdd => (
+            5,
+            usize::try_from(u32::from_be_bytes(data.get(1..5)?.try_into().ok()?)).ok()?,
+        ),
+        _ => return None,
+    };
+    if n > data.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let end = msgpack_end(data, at)?;
+        out.push(PyBytes::new(py, &data[at..end]).unbind());
+        at = end;
+    }
+    (at == data.len()).then_some(out)
 }
 
 impl Store {
@@ -505,6 +803,7 @@ impl Store {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Store>()?;
+    m.add_function(wrap_pyfunction!(_lg_split, m)?)?;
     m.add("UwfError", py.get_type::<UwfError>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;
     m.add("Ambiguous", py.get_type::<Ambiguous>())?;

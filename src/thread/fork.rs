@@ -38,6 +38,38 @@ impl LowLevel<'_> {
         at: Hash,
         state: Next,
     ) -> Result<ThreadRecord, ThreadError> {
+        self.fork_thread_labelled(source, at, state, None)
+    }
+
+    /// [`fork_thread`](Self::fork_thread) whose fork carries `labels`
+    /// instead of the source's, set in the same transaction (so no reader
+    /// ever finds the fork under the source's labels).
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{NewThread, Next};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: [("copy".to_string(), "no".to_string())].into() };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let labels = [("copy".to_string(), "yes".to_string())].into();
+    /// let fork = low.fork_thread_labelled(t.id, t.head, again(), Some(labels))?;
+    /// assert_eq!(fork.labels["copy"], "yes");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fork_thread_labelled(
+        &self,
+        source: ThreadId,
+        at: Hash,
+        state: Next,
+        labels: Option<super::Labels>,
+    ) -> Result<ThreadRecord, ThreadError> {
+        if let Some(l) = &labels {
+            super::labels::check_labels(l)?;
+        }
         self.0.write(|w| {
             let (src, _) = index::find(w.tables(), source)?
                 .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
@@ -131,7 +163,7 @@ impl LowLevel<'_> {
                 }),
                 head: at,
                 id: ThreadId::generate(),
-                labels: src.labels.clone(),
+                labels: labels.clone().unwrap_or_else(|| src.labels.clone()),
                 last_end_seq,
                 last_error: None,
                 next_instruction,

@@ -351,6 +351,39 @@ impl LowLevel<'_> {
         })
     }
 
+    /// Removes thread `id` if its head is still `expected_head`, in one
+    /// transaction: a writer that moved it meanwhile keeps its thread
+    /// ([`ThreadError::Conflict`], nothing removed). Its nodes stay for GC.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{NewThread, Next, StepWrite};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let step = |reply: &str| StepWrite { role: "writer".into(), meta: Default::default(), reply: reply.into(), artifacts: vec![], instruction: "Write it".into(), child_thread: None };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let w = low.append_step(t.id, t.head, step("a draft"), again())?;
+    /// assert!(low.remove_thread_at(t.id, t.head).is_err()); // it moved
+    /// low.remove_thread_at(t.id, w.record.head)?;
+    /// assert!(store.threads().get(t.id)?.is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove_thread_at(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+    ) -> Result<ThreadRecord, ThreadError> {
+        self.0.write(|w| {
+            let (record, location) = load_checked(w, id, expected_head)?;
+            index::remove(w, &record, location)?;
+            Ok(record)
+        })
+    }
+
     /// Appends one role step to an active thread (idle, running or
     /// suspended) whose head is `expected_head`: reply and instruction
     /// content nodes, the state node, the head move and the status change in
