@@ -66,6 +66,14 @@ ATTEMPTS = 64
 CACHE_BYTES = 64 << 20
 
 
+def _err(cls: type, message: str) -> Exception:
+    """An exception of the package's hierarchy with its ``kind``, as the
+    native ones carry."""
+    e = cls(message)
+    e.kind = {Conflict: "conflict", InvalidInput: "invalid", NotFound: "not_found"}[cls]
+    return e
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -85,7 +93,7 @@ def _array_header(n: int) -> bytes:
 def _label(what: str, text: str) -> str:
     """``text`` as a label value (at most 255 bytes, printable)."""
     if len(text.encode()) > 255 or not text.isprintable():
-        raise InvalidInput(
+        raise _err(InvalidInput, 
             f"uwf_db.langgraph: the {what} {text[:80]!r} is not usable: it must be printable "
             "and at most 255 bytes (254 for a namespace)"
         )
@@ -224,7 +232,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
             except NotFound:
                 # Removed (deleted, or rewritten by another process): look again.
                 self._chains.pop(key, None)
-        raise Conflict(f"the chain of LangGraph thread {thread_id!r} keeps changing under this saver")
+        raise _err(Conflict, f"the chain of LangGraph thread {thread_id!r} keeps changing under this saver")
 
     def _chains_of(self, thread_id: str) -> list[tuple[str, _Chain]]:
         found = self.store.threads(
@@ -254,7 +262,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
             texts = self.store._lg_get_texts(missing)
             for h, text in zip(missing, texts):
                 if text is None:
-                    raise NotFound(f"uwf_db.langgraph: blob {h} is missing (collected while read?)")
+                    raise _err(NotFound, f"uwf_db.langgraph: blob {h} is missing (collected while read?)")
                 data = _unb64(text)
                 self._bytes[h] = data
                 self._cached += len(data)
@@ -418,7 +426,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
                 assert chain is not None
                 others = chain.children.get(parent, set()) - {cid} if parent else set()
                 if others and md.get("source") not in BRANCH_SOURCES:
-                    raise Conflict(
+                    raise _err(Conflict, 
                         f"LangGraph thread {thread_id!r} (namespace {ns!r}): checkpoint {parent} "
                         f"already has a child ({min(others)}): another writer continued it first. "
                         "Nothing was written; reload the newest checkpoint and go on from it "
@@ -467,7 +475,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
                 except NotFound:
                     self._chains.pop((thread_id, ns), None)  # deleted meanwhile: a new chain
             else:
-                raise Conflict(f"LangGraph thread {thread_id!r}: the head kept moving; nothing was written")
+                raise _err(Conflict, f"LangGraph thread {thread_id!r}: the head kept moving; nothing was written")
         return self._config(thread_id, ns, cid)
 
     def put_writes(
@@ -508,7 +516,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
                     continue
                 except NotFound:
                     self._chains.pop((thread_id, ns), None)
-            raise Conflict(f"LangGraph thread {thread_id!r}: the head kept moving; no writes were written")
+            raise _err(Conflict, f"LangGraph thread {thread_id!r}: the head kept moving; no writes were written")
 
     # ------------------------------------------------------------ removal
 
@@ -531,12 +539,12 @@ class UwfSaver(BaseCheckpointSaver[int]):
                 return
             except Conflict:
                 continue
-        raise Conflict(f"uwf-db thread {tid} kept moving while being removed")
+        raise _err(Conflict, f"uwf-db thread {tid} kept moving while being removed")
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         with self._lock:
             if self._chains_of(str(target_thread_id)):
-                raise Conflict(
+                raise _err(Conflict, 
                     f"LangGraph thread {target_thread_id!r} already has checkpoints; copy into a new thread id"
                 )
             for ns, chain in self._chains_of(str(source_thread_id)):
@@ -605,7 +613,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
             self.store._lg_remove(chain.tid, old_head)
         except Conflict:
             self._remove(new.tid)
-            raise Conflict(
+            raise _err(Conflict, 
                 f"LangGraph thread {thread_id!r} (namespace {ns!r}) was written while being rewritten; "
                 "nothing was removed, try again"
             ) from None
