@@ -14,7 +14,8 @@ use serde::Serialize;
 use uwf_db::Blob;
 use uwf_db::api::{ErrorKind, ThreadSummary};
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
-use uwf_db::engine::{DriveOptions, StartOptions};
+use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchPrompt};
+use uwf_db::engine::{Cancel, DriveOptions, ForkAt, StartOptions};
 use uwf_db::node::Value;
 use uwf_db::thread::{Next, StepWrite, ThreadId, ThreadQuery, ThreadStatus};
 use uwf_db::{Durability, Store as RustStore, StoreOptions};
@@ -165,7 +166,7 @@ struct PyAgent {
 }
 
 impl PyAgent {
-    fn reply(py: Python<'_>, out: &Bound<'_, PyAny>) -> Result<AgentReply, String> {
+    fn reply(out: &Bound<'_, PyAny>) -> Result<AgentReply, String> {
         if let Ok(s) = out.cast::<PyString>() {
             return Ok(s.to_string().into());
         }
@@ -202,7 +203,6 @@ impl PyAgent {
             }
             None => None,
         };
-        let _ = py;
         Ok(AgentReply {
             output,
             child_thread: None,
@@ -231,7 +231,7 @@ impl Agent for PyAgent {
             };
             fill().map_err(|e| AgentError::Other(e.to_string().into()))?;
             match self.f.call1(py, (request,)) {
-                Ok(out) => Self::reply(py, out.bind(py)).map_err(|e| AgentError::Other(e.into())),
+                Ok(out) => Self::reply(out.bind(py)).map_err(|e| AgentError::Other(e.into())),
                 Err(e) => {
                     // The exception's type and message, as a failed step
                     // records any agent's failure.
@@ -363,10 +363,7 @@ impl Store {
         labels: Option<BTreeMap<String, String>>,
     ) -> PyResult<Py<PyAny>> {
         let hash = self.workflow_hash(workflow)?;
-        let options = StartOptions {
-            labels: labels.unwrap_or_default(),
-            ..StartOptions::default()
-        };
+        let options = start_options(labels);
         let engine = self.store.engine();
         let record = py
             .detach(|| engine.start_workflow(hash, prompt, &options))
@@ -389,14 +386,16 @@ impl Store {
     ) -> PyResult<Py<PyAny>> {
         let hash = self.workflow_hash(workflow)?;
         let mut agent = agent_of(&self.store, agent)?;
+        let cancel = Cancel::new();
         let options = StartOptions {
-            labels: labels.unwrap_or_default(),
-            ..StartOptions::default()
+            cancel: cancel.clone(),
+            ..start_options(labels)
         };
         let engine = self.store.engine();
-        let (record, report) = py
-            .detach(|| engine.run_workflow(hash, prompt, &options, agent.as_mut()))
-            .or_raise()?;
+        let (record, report) = interruptible(py, &cancel, || {
+            engine.run_workflow(hash, prompt, &options, agent.as_mut())
+        })?
+        .or_raise()?;
         let steps = report.into_result().or_raise()?;
         let d = PyDict::new(py);
         d.set_item("thread", record.id.to_string())?;
@@ -420,11 +419,247 @@ impl Store {
             max_steps,
             ..DriveOptions::default()
         };
-        let engine = self.store.engine();
-        let steps = py
-            .detach(|| engine.drive(id, &options, agent.as_mut()).into_result())
+        self.drive(py, id, options, agent.as_mut())
+    }
+
+    /// Resumes thread `thread` (suspended, completed or failed) with
+    /// `text` (a suspended thread's answer; for an ended one, what to do
+    /// next) and drives it on with `agent`; the steps committed.
+    #[pyo3(signature = (thread, agent, text = None, *, max_steps = None))]
+    fn resume(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        agent: &Bound<'_, PyAny>,
+        text: Option<String>,
+        max_steps: Option<usize>,
+    ) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        py.detach(|| self.store.engine().check_resumable(id))
             .or_raise()?;
-        answer(py, &steps)
+        if text.is_none() {
+            let record = py.detach(|| self.store.threads().get(id)).or_raise()?;
+            if let Some(r) = record.filter(|r| r.status == ThreadStatus::Suspended) {
+                return Err(err(
+                    ErrorKind::Invalid,
+                    format!(
+                        "thread {id} is suspended: it waits for a human's answer; give it as text (its question: {})",
+                        r.suspend_message.as_deref().unwrap_or("none given")
+                    ),
+                ));
+            }
+        }
+        let mut agent = agent_of(&self.store, agent)?;
+        let options = DriveOptions {
+            max_steps,
+            resume: true,
+            resume_text: text,
+            ..DriveOptions::default()
+        };
+        self.drive(py, id, options, agent.as_mut())
+    }
+
+    /// Asks the driver of running thread `thread` to stop after the step
+    /// in flight; `{"thread", "stop_requested_at"}`.
+    fn stop(&self, py: Python<'_>, thread: &str) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let record = py
+            .detach(|| self.store.engine().request_stop(id))
+            .or_raise()?;
+        answer(
+            py,
+            &uwf_db::api::StopRequested {
+                stop_requested_at: record.stop_requested_at.map(uwf_db::api::Timestamp),
+                thread: id,
+            },
+        )
+    }
+
+    /// Cancels thread `thread` (it ends with return code 2); `force` even
+    /// while a live driver holds it. The end step.
+    #[pyo3(signature = (thread, *, force = false))]
+    fn cancel(&self, py: Python<'_>, thread: &str, force: bool) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let result = py
+            .detach(|| {
+                self.store
+                    .engine()
+                    .cancel_thread(id, &uwf_db::engine::CancelOptions { force })
+            })
+            .or_raise()?;
+        answer(py, &result)
+    }
+
+    /// Forks thread `thread` at its head, or at `node` (a hash or prefix
+    /// of a node of its chain), or before its latest step of role
+    /// `before_role` (one of them at most): a new thread sharing the
+    /// history, nothing copied. `{"thread", "forked_from", …}`.
+    #[pyo3(signature = (thread, *, node = None, before_role = None))]
+    fn fork(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        node: Option<&str>,
+        before_role: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let at = match (node, before_role) {
+            (None, None) => ForkAt::Head,
+            (Some(n), None) => {
+                let prefix: uwf_db::HashPrefix = n
+                    .parse()
+                    .map_err(|e| err(ErrorKind::Invalid, format!("'{n}' is not a hash: {e}")))?;
+                ForkAt::Node(self.store.resolve(&prefix).or_raise()?)
+            }
+            (None, Some(role)) => ForkAt::BeforeRole(role),
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    ErrorKind::Invalid,
+                    "give node= or before_role=, not both",
+                ));
+            }
+        };
+        let record = py.detach(|| self.store.engine().fork(id, at)).or_raise()?;
+        answer(py, &uwf_db::api::ThreadForked::of(id, &record))
+    }
+
+    /// Sets labels `set` and removes the keys `remove` of thread
+    /// `thread`, in one write; `{"thread", "labels"}`.
+    #[pyo3(signature = (thread, set = None, remove = None))]
+    fn label(
+        &self,
+        py: Python<'_>,
+        thread: &str,
+        set: Option<BTreeMap<String, String>>,
+        remove: Option<Vec<String>>,
+    ) -> PyResult<Py<PyAny>> {
+        let id = thread_id(thread, &self.store)?;
+        let (set, remove) = (set.unwrap_or_default(), remove.unwrap_or_default());
+        let record = py
+            .detach(|| self.store.threads().set_labels(id, &set, &remove))
+            .or_raise()?;
+        answer(
+            py,
+            &uwf_db::api::LabelsSet {
+                labels: record.labels,
+                thread: id,
+            },
+        )
+    }
+
+    /// Usage (agent calls, tokens, cost, time): of thread `thread` and
+    /// its children when given, else of the whole store.
+    #[pyo3(signature = (thread = None))]
+    fn usage(&self, py: Python<'_>, thread: Option<&str>) -> PyResult<Py<PyAny>> {
+        let threads = self.store.threads();
+        let totals = match thread {
+            None => py.detach(|| threads.usage_totals()).or_raise()?,
+            Some(t) => {
+                let id = thread_id(t, &self.store)?;
+                let tree = py.detach(|| threads.tree(id)).or_raise()?;
+                uwf_db::thread::Threads::tree_usage(&tree)
+            }
+        };
+        answer(py, &totals)
+    }
+
+    /// Collects garbage: blobs no thread, workflow or pin reaches and
+    /// older than `grace_seconds` (default a day) are deleted
+    /// (`dry_run`: only counted). The report.
+    #[pyo3(signature = (*, grace_seconds = 86400.0, dry_run = false))]
+    fn gc(&self, py: Python<'_>, grace_seconds: f64, dry_run: bool) -> PyResult<Py<PyAny>> {
+        let grace = std::time::Duration::try_from_secs_f64(grace_seconds).map_err(|_| {
+            err(
+                ErrorKind::Invalid,
+                format!("grace_seconds must be a non-negative number, not {grace_seconds}"),
+            )
+        })?;
+        let options = uwf_db::gc::GcOptions {
+            grace,
+            dry_run,
+            ..uwf_db::gc::GcOptions::default()
+        };
+        let report = py
+            .detach(|| uwf_db::gc::collect_garbage(&self.store, &options, &|_| {}))
+            .map_err(|e| raise(ErrorKind::from(&e), &e))?;
+        answer(py, &report)
+    }
+
+    /// Checks every blob, reference and index entry; the answer lists
+    /// the problems (`ok` is true when there are none).
+    fn verify(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let report = py
+            .detach(|| uwf_db::verify::verify(&self.store, |_| {}))
+            .or_raise()?;
+        answer(py, &uwf_db::api::VerifyAnswer::from(&report))
+    }
+
+    /// Runs one thread of `workflow` per prompt, `jobs` at a time, each
+    /// driven to its end (or until it suspends) with `agent`, called from
+    /// several threads at once; commits are grouped (durable group
+    /// commit). `{"summary": BatchSummary, "items": [BatchItem…]}`, the
+    /// items in the order their threads finished. A failed thread is
+    /// counted and recorded, not raised.
+    #[pyo3(signature = (workflow, prompts, agent, *, jobs = 4, labels = None))]
+    fn batch(
+        &self,
+        py: Python<'_>,
+        workflow: &str,
+        prompts: Vec<String>,
+        agent: &Bound<'_, PyAny>,
+        jobs: usize,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Py<PyAny>> {
+        if !(1..=256).contains(&jobs) {
+            return Err(err(
+                ErrorKind::Invalid,
+                format!("jobs must be 1 to 256, not {jobs}"),
+            ));
+        }
+        let hash = self.workflow_hash(workflow)?;
+        let first = agent_of(&self.store, agent)?;
+        let mut agents = Vec::with_capacity(jobs);
+        for _ in 1..jobs {
+            agents.push(first.fork().ok_or_else(|| {
+                err(
+                    ErrorKind::Invalid,
+                    "this agent cannot drive several threads at once (jobs=1)",
+                )
+            })?);
+        }
+        agents.push(first);
+        let cancel = Cancel::new();
+        let options = BatchOptions {
+            labels: labels.unwrap_or_default(),
+            cancel: cancel.clone(),
+            ..BatchOptions::default()
+        };
+        let prompts: Vec<BatchPrompt> = prompts.into_iter().map(BatchPrompt::from).collect();
+        let engine = self.store.engine();
+        let (report, items) = interruptible(py, &cancel, || {
+            let mut items = Vec::new();
+            let report = engine.run_batch_prompts(
+                hash,
+                &prompts,
+                &options,
+                agents,
+                &mut |item: &BatchItem| {
+                    items.push(item.clone());
+                },
+            );
+            report.map(|r| (r, items))
+        })?
+        .or_raise()?;
+        let d = PyDict::new(py);
+        d.set_item(
+            "summary",
+            answer(
+                py,
+                &uwf_db::api::BatchSummary::of(report, self.store.durability()),
+            )?,
+        )?;
+        d.set_item("items", answer(py, &items)?)?;
+        Ok(d.into_any().unbind())
     }
 
     /// A thread's summary, by id or unique prefix.
@@ -674,6 +909,46 @@ impl Store {
     }
 }
 
+/// The options of a new thread: its labels (the rest as the CLI's defaults).
+fn start_options(labels: Option<BTreeMap<String, String>>) -> StartOptions {
+    StartOptions {
+        labels: labels.unwrap_or_default(),
+        ..StartOptions::default()
+    }
+}
+
+/// Runs `work` (a drive) on a thread of its own while this one, holding
+/// no GIL, checks every 50 ms for a signal Python must handle: Ctrl-C
+/// cancels the drive (`cancel`), waits for it to stop where it is safe
+/// (nothing half-written), and raises `KeyboardInterrupt`. Off the main
+/// thread Python delivers no signals, and the drive just runs.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    cancel: &Cancel,
+    work: impl FnOnce() -> T + Send,
+) -> PyResult<T> {
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(work);
+        let mut interrupted = None;
+        while !handle.is_finished() {
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(50)));
+            if interrupted.is_none()
+                && let Err(e) = py.check_signals()
+            {
+                cancel.cancel();
+                interrupted = Some(e);
+            }
+        }
+        let out = handle
+            .join()
+            .map_err(|_| err(ErrorKind::Failed, "the drive panicked"))?;
+        match interrupted {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    })
+}
+
 /// The instruction every step of a LangGraph chain carries.
 const LG_INSTRUCTION: &str = "checkpoint";
 
@@ -788,6 +1063,24 @@ fn _lg_split(py: Python<'_>, data: &[u8]) -> Option<Vec<Py<PyBytes>>> {
 }
 
 impl Store {
+    /// Drives `id` with `agent` under `options`, interruptible by Ctrl-C.
+    fn drive(
+        &self,
+        py: Python<'_>,
+        id: ThreadId,
+        mut options: DriveOptions,
+        agent: &mut dyn Agent,
+    ) -> PyResult<Py<PyAny>> {
+        let cancel = Cancel::new();
+        options.cancel = cancel.clone();
+        let engine = self.store.engine();
+        let steps = interruptible(py, &cancel, || {
+            engine.drive(id, &options, agent).into_result()
+        })?
+        .or_raise()?;
+        answer(py, &steps)
+    }
+
     fn workflow_hash(&self, name: &str) -> PyResult<uwf_db::Hash> {
         match self.store.workflows().by_name(name).or_raise()? {
             Some((hash, _)) => Ok(hash),

@@ -171,3 +171,131 @@ def test_a_postgres_store():
     s.add_workflow(TWO)
     out = s.run("two", "on postgres", agent)
     assert s.thread(out["thread"])["status"] == "completed"
+
+
+SUSPENDS = """name: asks
+roles:
+  planner:
+    goal: Plan
+    frontmatter:
+      properties: { $status: { enum: [ask, done] } }
+      required: [$status]
+graph:
+  $START: { _: { role: planner, prompt: 'Plan it' } }
+  planner:
+    ask: { role: $SUSPEND, prompt: 'Which one?' }
+    done: { role: $END, prompt: 'Planned' }
+"""
+
+
+def test_resume_fork_labels_cancel_usage(store):
+    store.add_workflow(SUSPENDS)
+    seen = []
+
+    def planner(request):
+        seen.append(request["prompt"])
+        answered = "Take the second" in request["prompt"]
+        return {"frontmatter": {"$status": "done" if answered else "ask"}, "body": "plan",
+                "usage": {"input_tokens": 5, "output_tokens": 1, "model": "py"}}
+
+    out = store.run("asks", "Plan a trip", planner)
+    tid = out["thread"]
+    assert store.thread(tid)["status"] == "suspended"
+    with pytest.raises(uwf_db.InvalidInput):
+        store.resume(tid, planner)  # a suspended thread needs the human's answer
+    steps = store.resume(tid, planner, "Take the second")
+    assert steps[-1]["status"] == "completed"
+    assert "Take the second" in seen[-1]
+
+    # A fork shares the history; labels change in one write.
+    forked = store.fork(tid, before_role="planner")
+    assert forked["forked_from"]["thread"] == tid and forked["thread"] != tid
+    assert store.thread(forked["thread"])["seq"] < store.thread(tid)["seq"]
+    labelled = store.label(forked["thread"], {"try": "2", "team": "py"}, ["nope"])
+    assert labelled["labels"] == {"try": "2", "team": "py"}
+    assert store.label(forked["thread"], remove=["team"])["labels"] == {"try": "2"}
+    with pytest.raises(uwf_db.InvalidInput):
+        store.label(forked["thread"], {"bad key": "x"})
+
+    # Usage of one thread and of the whole store.
+    assert store.usage(tid)["calls"] == 2
+    assert store.usage()["calls"] >= 2
+    assert store.usage(tid)["input_tokens"] == 10
+
+    # Stopping needs a driver; cancelling ends the fork.
+    with pytest.raises(uwf_db.UwfError):
+        store.stop(forked["thread"])
+    ended = store.cancel(forked["thread"])
+    assert ended["status"] == "cancelled"
+    assert store.thread(forked["thread"])["status"] == "cancelled"
+    with pytest.raises(uwf_db.NotFound):
+        store.fork("7ZZZZZZZZZZZZZZZZZZZZZZZZZ")
+
+
+def test_gc_and_verify(store):
+    out = store.run("two", "Ship it", agent)
+    assert store.verify()["ok"] is True
+    report = store.gc(grace_seconds=0, dry_run=True)
+    assert isinstance(report, dict)
+    with pytest.raises(uwf_db.InvalidInput):
+        store.gc(grace_seconds=-1)
+    store.gc(grace_seconds=0)
+    # What a thread reaches survives a collection with no grace.
+    assert store.log(out["thread"], limit=10)
+    assert store.verify()["problems"] == []
+
+
+def test_a_batch_of_threads_with_a_python_agent_from_several_threads(store):
+    callers = set()
+    lock = threading.Lock()
+
+    def counted(request):
+        with lock:
+            callers.add(threading.get_ident())
+        if "fail" in request["prompt"] and request["role"] == "writer":
+            raise RuntimeError("model unavailable")
+        return agent(request)
+
+    prompts = [f"task {i}" for i in range(23)] + ["task that will fail"]
+    out = store.batch("two", prompts, counted, jobs=4, labels={"run": "b1"})
+    summary = out["summary"]["summary"]
+    assert (summary["completed"], summary["failed"] + summary["errors"]) == (23, 1), summary
+    assert out["summary"]["steps_per_sec"] > 0
+    assert len(out["items"]) == 24
+    assert len({i["thread"] for i in out["items"]}) == 24
+    assert len(callers) > 1, "the agent was called from one thread only"
+    labelled = store.threads(labels={"run": "b1"}, limit=100)
+    assert len(labelled) == 24
+    failed = [i for i in out["items"] if i.get("error")]
+    assert len(failed) == 1 and "model unavailable" in failed[0]["error"]
+    with pytest.raises(uwf_db.InvalidInput):
+        store.batch("two", ["x"], counted, jobs=0)
+
+
+def test_ctrl_c_stops_a_drive_where_it_is_safe(store):
+    import signal
+    import time
+
+    started = threading.Event()
+
+    def slow(request):
+        started.set()
+        time.sleep(0.4)
+        return agent(request)
+
+    def interrupt():
+        started.wait(5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        store.run("two", "Ship it", slow, labels={"ctrl": "c"})
+    assert time.monotonic() - t0 < 5
+    (t,) = store.threads(labels={"ctrl": "c"})
+    # The drive stopped after the call in flight (a Python agent cannot be
+    # killed; its step is kept whole or not at all), before the reviewer ran;
+    # the thread is idle and can be driven on.
+    assert t["status"] == "idle" and t["seq"] <= 1, t
+    steps = store.step(t["thread"], agent)
+    assert steps[-1]["status"] == "completed"

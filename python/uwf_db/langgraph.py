@@ -123,9 +123,11 @@ class _Chain:
         self.records.append(rec)
         if rec["k"] == "c":
             cid = rec["id"]
+            earlier = self.cps.get(cid)
+            if earlier is not None:  # the same id put again: its lists anew
+                for channel in earlier["ch"]:
+                    self.lists.pop((cid, channel), None)
             self.cps[cid] = rec
-            for key in [k for k in self.lists if k[0] == cid]:
-                del self.lists[key]
             if rec.get("p"):
                 self.children.setdefault(rec["p"], set()).add(cid)
         elif rec["k"] == "w":
