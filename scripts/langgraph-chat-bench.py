@@ -5,9 +5,11 @@ with LangGraph's SqliteSaver and PostgresSaver on this machine (issue 24).
 Each turn is `graph.invoke` of one human message (about 150 characters)
 with `durability="sync"` (every checkpoint durable before invoke returns);
 the node appends one AI reply (about 500 characters, varied words). For every saver it reports: bytes stored at each quarter (the growth
-per turn), turns/s and checkpoints/s over the whole run, the time to read
-the newest checkpoint (a cold saver, then warm) and to list the newest 50.
-The ratios are against SqliteSaver, measured in the same run.
+per turn), turns/s over the whole run, the time spent in the saver itself
+(put, put_writes, get_tuple) per turn, the time to read the newest
+checkpoint (a cold saver, then warm) and to list the newest 50. The ratios
+are against SqliteSaver, measured in the same run; InMemorySaver (nothing
+durable, nothing stored on disk) is the ceiling of any saver.
 
     python/run-tests.sh                    # once: the venv with uwf_db
     /tmp/uwf-py-venv/bin/pip install langgraph-checkpoint-sqlite==3.1.2 \
@@ -74,8 +76,27 @@ def pg_db(server: str, name: str) -> str:
     return f"{server}/{name}"
 
 
+def timed(saver) -> dict:
+    """Wraps the saver's put, put_writes and get_tuple to add up their time:
+    what the checkpointer itself costs, apart from LangGraph's own work."""
+    spent = {"s": 0.0}
+    for name in ("put", "put_writes", "get_tuple"):
+        f = getattr(saver, name)
+
+        def wrapped(*a, _f=f, **k):
+            t = time.perf_counter()
+            try:
+                return _f(*a, **k)
+            finally:
+                spent["s"] += time.perf_counter() - t
+
+        setattr(saver, name, wrapped)
+    return spent
+
+
 def measure(name, make, size, turns, reopen):
     saver, close = make()
+    spent = timed(saver)
     g = graph_for(saver)
     config = {"configurable": {"thread_id": "chat"}}
     marks = []
@@ -110,6 +131,7 @@ def measure(name, make, size, turns, reopen):
         "turns_per_s": turns / elapsed,
         "checkpoints_per_s": checkpoints / elapsed,
         "checkpoints": checkpoints,
+        "saver_ms_per_turn": spent["s"] * 1e3 / turns,
         "newest_cold_ms": cold * 1e3,
         "newest_warm_ms": warm * 1e3,
         "list50_ms": list50 * 1e3,
@@ -146,12 +168,21 @@ def main() -> None:
 
     results.append(measure("SqliteSaver", sqlite_saver, lambda: dir_bytes(tmp) - dir_bytes(path), turns, sqlite_saver))
 
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    # The ceiling: a saver that stores nothing durably (it still serializes).
+    memory = InMemorySaver()
+    results.append(measure("InMemorySaver (no I/O)", lambda: (memory, lambda: None), lambda: 1, turns,
+                           lambda: (memory, lambda: None)))
+
     if server != "off":
         url = pg_db(server, "uwf_lg_bench")
+        UwfSaver(url)  # its schema and workflow are not the conversation
+        uwf_base = pg_bytes(url)
         results.append(measure(
             "UwfSaver (PostgreSQL)",
             lambda: (UwfSaver(url), lambda: None),
-            lambda: pg_bytes(url), turns,
+            lambda: pg_bytes(url) - uwf_base, turns,
             lambda: (UwfSaver(url), lambda: None),
         ))
         from langgraph.checkpoint.postgres import PostgresSaver
@@ -166,9 +197,7 @@ def main() -> None:
             s.setup()
             return s, conn.close
 
-        base = pg_bytes(purl)
-        # The schema's empty tables are not the conversation.
-        pg_saver()[1]()
+        pg_saver()[1]()  # its schema's empty tables are not the conversation
         base = pg_bytes(purl)
         results.append(measure("PostgresSaver", pg_saver, lambda: pg_bytes(purl) - base, turns, pg_saver))
         subprocess.run(["psql", f"{server}/postgres", "-qc", "DROP DATABASE IF EXISTS uwf_lg_bench"], check=True)
@@ -180,11 +209,17 @@ def main() -> None:
         print(json.dumps(results, indent=2))
     print(f"\n{turns} turns, durability=sync; ratios against SqliteSaver in this run\n")
     print(f"{'saver':24} {'MB stored':>10} {'smaller':>8} {'B/turn (quarters)':>26} {'turns/s':>8} {'faster':>7} "
-          f"{'newest cold/warm ms':>20} {'list 50 ms':>10}")
+          f"{'saver ms/turn':>13} {'faster':>7} {'newest cold/warm ms':>20} {'list 50 ms':>10}")
     for r in results:
-        print(f"{r['saver']:24} {r['bytes'] / 1e6:10.2f} {sqlite['bytes'] / r['bytes']:7.1f}x "
-              f"{'/'.join(str(g) for g in r['growth_per_turn']):>26} {r['turns_per_s']:8.1f} "
-              f"{r['turns_per_s'] / sqlite['turns_per_s']:6.2f}x "
+        if r["saver"].startswith("InMemory"):
+            mb, smaller, growth = "-", "-", "-"
+        else:
+            mb = f"{r['bytes'] / 1e6:.2f}"
+            smaller = f"{sqlite['bytes'] / r['bytes']:.1f}x"
+            growth = "/".join(str(g) for g in r["growth_per_turn"])
+        print(f"{r['saver']:24} {mb:>10} {smaller:>8} {growth:>26} {r['turns_per_s']:8.1f} "
+              f"{r['turns_per_s'] / sqlite['turns_per_s']:6.2f}x {r['saver_ms_per_turn']:13.1f} "
+              f"{sqlite['saver_ms_per_turn'] / r['saver_ms_per_turn']:6.2f}x "
               f"{r['newest_cold_ms']:9.1f}/{r['newest_warm_ms']:<10.1f} {r['list50_ms']:10.1f}")
 
 

@@ -776,23 +776,6 @@ impl Store {
         .or_raise()
     }
 
-    /// Stores each text as a content blob (idempotent); their hashes.
-    fn _lg_put_texts(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<String>> {
-        let store = &self.store;
-        py.detach(|| {
-            store.write(|w| {
-                texts
-                    .iter()
-                    .map(|t| {
-                        w.put_blob(&Blob::content(t.as_str(), []))
-                            .map(|h| h.to_string())
-                    })
-                    .collect::<Result<Vec<_>, uwf_db::StoreError>>()
-            })
-        })
-        .or_raise()
-    }
-
     /// The hash each text has as a content blob, nothing stored.
     fn _lg_hash_texts(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<String>> {
         py.detach(|| {
@@ -833,7 +816,8 @@ impl Store {
 
     /// Appends a step to `thread` if its head is still `expected_head`
     /// (else `Conflict`, nothing written): role `role`, frontmatter
-    /// `{lg: lg}`, reply `reply` naming `artifacts` (stored already). The
+    /// `{lg: lg}`, reply `reply` naming `artifacts`, stored already or
+    /// among `texts`, content blobs stored in the same transaction. The
     /// new `(head, seq)`.
     #[allow(clippy::too_many_arguments)] // a Python method's arguments
     fn _lg_append(
@@ -845,6 +829,7 @@ impl Store {
         lg: String,
         reply: String,
         artifacts: Vec<String>,
+        texts: Vec<String>,
     ) -> PyResult<(String, u64)> {
         let id = full_id(thread)?;
         let expected = hash_of(expected_head)?;
@@ -863,10 +848,14 @@ impl Store {
         let store = &self.store;
         let written = py
             .detach(|| {
+                let extra: Vec<Blob> = texts
+                    .iter()
+                    .map(|t| Blob::content(t.as_str(), []))
+                    .collect();
                 store
                     .threads()
                     .low_level()
-                    .append_step(id, expected, step, lg_next())
+                    .append_step_with(id, expected, &extra, step, lg_next())
             })
             .or_raise()?;
         Ok((written.record.head.to_string(), written.record.seq))

@@ -186,6 +186,10 @@ class UwfSaver(BaseCheckpointSaver[int]):
         self._lock = threading.RLock()
         self._chains: dict[tuple[str, str], _Chain] = {}
         self._bytes: OrderedDict[str, bytes] = OrderedDict()
+        # The last lists this saver wrote, by (thread, checkpoint, channel):
+        # their bytes and element hashes, so that the next put splits and
+        # hashes only what it appends.
+        self._last: OrderedDict[tuple, tuple[bytes, list[str]]] = OrderedDict()
         self._cached = 0
 
     # ------------------------------------------------------------ chains
@@ -257,6 +261,36 @@ class UwfSaver(BaseCheckpointSaver[int]):
             if elems is not None:
                 return t, {"list": True}, [_b64(e) for e in elems]
         return t, {}, [_b64(data)]
+
+    def _encode_list(self, tid: str, parent: str | None, name: str, value: Any):
+        """``(type, body, texts, hashes, known)`` of a channel value: a list
+        (``body`` its array's bytes after the header) as its elements, any
+        other as one blob (``body`` None). When this saver wrote the parent's
+        list and the new one's bytes start with it, only the new elements
+        are split, encoded and hashed: ``texts`` are then those of the
+        elements after the first ``known``."""
+        t, data = self.serde.dumps_typed(value)
+        if t == "msgpack" and data and (0x90 <= data[0] <= 0x9F or data[0] in (0xDC, 0xDD)):
+            head = 1 if data[0] <= 0x9F else (3 if data[0] == 0xDC else 5)
+            n = data[0] & 0x0F if head == 1 else int.from_bytes(data[1:head], "big")
+            body = data[head:]
+            prior = self._last.get((tid, parent, name)) if parent else None
+            if prior is not None and len(prior[1]) <= n and body.startswith(prior[0]):
+                tail = _lg_split(_array_header(n - len(prior[1])) + body[len(prior[0]):])
+                if tail is not None:
+                    texts = [_b64(e) for e in tail]
+                    return t, body, texts, prior[1] + self.store._lg_hash_texts(texts), len(prior[1])
+            elems = _lg_split(data)
+            if elems is not None:
+                texts = [_b64(e) for e in elems]
+                return t, body, texts, self.store._lg_hash_texts(texts), 0
+        texts = [_b64(data)]
+        return t, None, texts, self.store._lg_hash_texts(texts), 0
+
+    def _remember(self, tid: str, cid: str, name: str, body: bytes, hashes: list[str]) -> None:
+        self._last[(tid, cid, name)] = (body, hashes)
+        while len(self._last) > 16:
+            self._last.popitem(last=False)
 
     def _texts(self, hashes: list[str]) -> list[bytes]:
         missing = [h for h in dict.fromkeys(hashes) if h not in self._bytes]
@@ -398,9 +432,8 @@ class UwfSaver(BaseCheckpointSaver[int]):
     # ------------------------------------------------------------ writes
 
     def _append(self, chain: _Chain, role: str, rec: dict, reply: str, texts: list[str], arts: list[str]) -> None:
-        if texts:
-            self.store._lg_put_texts(texts)
-        head, seq = self.store._lg_append(chain.tid, chain.head, role, json.dumps(rec, separators=(",", ":")), reply, arts)
+        """One step: the record and the new value blobs, in one commit."""
+        self.store._lg_append(chain.tid, chain.head, role, json.dumps(rec, separators=(",", ":")), reply, arts, texts)
         # Read back what was written (and anything before it) in order.
         self._refresh(chain)
 
@@ -438,6 +471,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
                 arts: list[str] = []
                 texts: list[str] = []
                 ch: dict[str, dict] = {}
+                carried: list[str] = []  # lists taken unchanged from the parent
                 for name, version in versions.items():
                     if name not in values:
                         continue
@@ -445,32 +479,42 @@ class UwfSaver(BaseCheckpointSaver[int]):
                     if name not in new_versions and pentry is not None and pentry.get("ver") == version:
                         if "n" in pentry:
                             ch[name] = {"ver": version, "n": pentry["n"], "b": parent, "a": []}
+                            carried.append(name)
                         else:
                             arts.append(prec["_arts"][pentry["v"]])
                             ch[name] = {"ver": version, "t": pentry["t"], "v": len(arts) - 1}
                         continue
                     if name not in encoded:
-                        encoded[name] = self._encode(values[name])
-                    t, kind, etexts = encoded[name]
-                    if not kind:
+                        listed_parent = parent if pentry is not None and "n" in pentry else None
+                        encoded[name] = self._encode_list(chain.tid, listed_parent, name, values[name])
+                    t, listed, etexts, hashes, known = encoded[name]
+                    if not listed:
                         texts.extend(etexts)
-                        arts.extend(self.store._lg_hash_texts(etexts))
+                        arts.extend(hashes)
                         ch[name] = {"ver": version, "t": t, "v": len(arts) - 1}
                         continue
-                    hashes = self.store._lg_hash_texts(etexts)
                     base, start = None, 0
-                    if pentry is not None and "n" in pentry:
+                    if known and pentry is not None and "n" in pentry:
+                        base, start = parent, known  # the parent's list, as this saver wrote it
+                    elif pentry is not None and "n" in pentry:
                         before = chain.list_hashes(parent, name)
                         if len(before) <= len(hashes) and hashes[: len(before)] == before:
                             base, start = parent, len(before)
                     first = len(arts)
                     arts.extend(hashes[start:])
-                    texts.extend(etexts[start:])
+                    texts.extend(etexts[start - known:] if start >= known else etexts)
                     ch[name] = {"ver": version, "n": len(hashes), "b": base, "a": list(range(first, len(arts)))}
                 rec = {"k": "c", "id": cid, "p": parent, "cp": [cp_t, _b64(cp_b)], "md": [md_t, _b64(md_b)], "ch": ch}
                 reply = f"checkpoint {cid} (step {md.get('step')}, {md.get('source')})"
                 try:
                     self._append(chain, "checkpoint", rec, reply, texts, arts)
+                    for name, (_, listed, _, hashes, _) in encoded.items():
+                        if listed:
+                            self._remember(chain.tid, cid, name, listed, hashes)
+                    for name in carried:
+                        prior = self._last.get((chain.tid, parent, name))
+                        if prior is not None:
+                            self._remember(chain.tid, cid, name, *prior)
                     break
                 except Conflict:
                     continue  # the head moved (a task's writes, say): check again

@@ -414,8 +414,49 @@ impl LowLevel<'_> {
         step: StepWrite,
         after: Next,
     ) -> Result<Written, ThreadError> {
+        self.append_step_with(id, expected_head, &[], step, after)
+    }
+
+    /// [`append_step`](Self::append_step) that also stores the blobs
+    /// `extra` (the artifacts the step names, say) in the same
+    /// transaction: one commit, and never a step without its blobs nor,
+    /// after a refused step, blobs nothing names.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # use uwf_db::thread::{NewThread, Next, StepWrite};
+    /// # let new = NewThread { workflow: "two".into(), workflow_hash: hash, prompt: "task".into(), max_rounds: 10, depth: 0, parent_state: None, parent_thread: None, next_role: "writer".into(), next_instruction: "Write it".into(), agent: None, cwd: None, next_location: None, labels: Default::default() };
+    /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
+    /// use uwf_db::Blob;
+    /// let low = store.threads().low_level();
+    /// let t = low.start_thread(new)?;
+    /// let data = Blob::content("a value", []);
+    /// let hash = data.encode()?.hash();
+    /// let step = StepWrite { role: "writer".into(), meta: Default::default(), reply: "with a value".into(), artifacts: vec![hash], instruction: "Write it".into(), child_thread: None };
+    /// low.append_step_with(t.id, t.head, &[data], step, again())?;
+    /// assert!(store.contains(&hash)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn append_step_with(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        extra: &[Blob],
+        step: StepWrite,
+        after: Next,
+    ) -> Result<Written, ThreadError> {
+        let extra = extra
+            .iter()
+            .map(Blob::encode)
+            .collect::<Result<Vec<EncodedBlob>, _>>()?;
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
         self.0.write_op(move |w| {
+            for e in &extra {
+                w.store_encoded(e)?;
+            }
             let (record, location) = load_checked(w, id, expected_head)?;
             if location != Location::Active {
                 return Err(ThreadError::WrongStatus {
