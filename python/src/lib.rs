@@ -861,12 +861,47 @@ impl Store {
         Ok((written.record.head.to_string(), written.record.seq))
     }
 
-    /// A fork of `thread` at its head carrying `labels`; its id.
+    /// Starts a chain of the workflow `langgraph` with `labels`, its id
+    /// made from `seed` (so two savers making the same chain at once make
+    /// one: the second gets `Conflict`); its id.
+    fn _lg_start(
+        &self,
+        py: Python<'_>,
+        prompt: String,
+        labels: BTreeMap<String, String>,
+        seed: &str,
+    ) -> PyResult<String> {
+        let workflow_hash = self.workflow_hash("langgraph")?;
+        let id = lg_id(seed);
+        let new = uwf_db::thread::NewThread {
+            workflow: "langgraph".into(),
+            workflow_hash,
+            prompt,
+            max_rounds: 1,
+            depth: 0,
+            parent_state: None,
+            parent_thread: None,
+            next_role: "checkpoint".into(),
+            next_instruction: LG_INSTRUCTION.into(),
+            agent: None,
+            cwd: None,
+            next_location: None,
+            labels,
+        };
+        let store = &self.store;
+        py.detach(|| store.threads().low_level().start_thread_as(new, id, false))
+            .map(|r| r.id.to_string())
+            .or_raise()
+    }
+
+    /// A fork of `thread` at its head carrying `labels`, its id made from
+    /// `seed` (`Conflict` if taken); its id.
     fn _lg_fork(
         &self,
         py: Python<'_>,
         thread: &str,
         labels: BTreeMap<String, String>,
+        seed: &str,
     ) -> PyResult<String> {
         let id = full_id(thread)?;
         let store = &self.store;
@@ -880,6 +915,7 @@ impl Store {
                 record.head,
                 lg_next(),
                 Some(labels),
+                Some(lg_id(seed)),
             )
         })
         .map(|r| r.id.to_string())
@@ -948,6 +984,16 @@ fn lg_next() -> Next {
         instruction: LG_INSTRUCTION.into(),
         location: None,
     }
+}
+
+/// The id of a LangGraph chain, from its seed (thread, namespace,
+/// generation): time zero (so these ids sort first and read as made, not
+/// drawn) and 80 bits of the seed's BLAKE3.
+fn lg_id(seed: &str) -> ThreadId {
+    let hash = uwf_db::Hash::of(format!("uwf_db.langgraph\0{seed}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes[6..].copy_from_slice(&hash.as_bytes()[..10]);
+    ThreadId::from_slice(&bytes).unwrap_or_else(ThreadId::generate)
 }
 
 /// A full thread id (no prefix: the saver always has the whole id).

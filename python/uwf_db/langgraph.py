@@ -204,6 +204,12 @@ class UwfSaver(BaseCheckpointSaver[int]):
             labels["lg.gen"] = str(gen)
         return labels
 
+    @staticmethod
+    def _seed(thread_id: str, ns: str, gen: int) -> str:
+        """What a chain's id is made from: two savers making the same chain
+        (or the same rewrite) at once make one; the other is refused."""
+        return json.dumps([thread_id, ns, gen])
+
     def _find(self, thread_id: str, ns: str) -> list[dict]:
         found = self.store.threads(workflow="langgraph", labels=self._labels(thread_id, ns), limit=1000)
         return sorted(found, key=lambda t: int(t["labels"].get("lg.gen", "0")))
@@ -221,16 +227,21 @@ class UwfSaver(BaseCheckpointSaver[int]):
             chain = self._chains.get(key)
             if chain is None:
                 found = self._find(thread_id, ns)
-                if not found:
-                    if not create:
-                        return None
-                    t = self.store.start(
-                        "langgraph", f"LangGraph thread {thread_id!r}, namespace {ns!r}",
-                        labels=self._labels(str(thread_id), ns, 0),
-                    )
-                    found = [t]
-                newest = found[-1]
-                chain = _Chain(newest["thread"], int(newest["labels"].get("lg.gen", "0")))
+                if found:
+                    newest = found[-1]
+                    chain = _Chain(newest["thread"], int(newest["labels"].get("lg.gen", "0")))
+                elif not create:
+                    return None
+                else:
+                    try:
+                        tid = self.store._lg_start(
+                            f"LangGraph thread {thread_id!r}, namespace {ns!r}",
+                            self._labels(str(thread_id), ns, 0),
+                            self._seed(str(thread_id), ns, 0),
+                        )
+                    except Conflict:
+                        continue  # another saver made it meanwhile: look again
+                    chain = _Chain(tid, 0)
                 self._chains[key] = chain
             try:
                 self._refresh(chain)
@@ -380,18 +391,17 @@ class UwfSaver(BaseCheckpointSaver[int]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        with self._lock:
-            chains = self._listed(config)
         want_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         picked: list[tuple[str, str, str, _Chain]] = []
-        for thread_id, ns, chain in chains:
-            for cid in chain.cps:
-                if want_id and cid != want_id:
-                    continue
-                if before_id and cid >= before_id:
-                    continue
-                picked.append((cid, thread_id, ns, chain))
+        with self._lock:  # chains grow under other threads' calls
+            for thread_id, ns, chain in self._listed(config):
+                for cid in chain.cps:
+                    if want_id and cid != want_id:
+                        continue
+                    if before_id and cid >= before_id:
+                        continue
+                    picked.append((cid, thread_id, ns, chain))
         picked.sort(key=lambda p: p[0], reverse=True)
         count = 0
         for cid, thread_id, ns, chain in picked:
@@ -466,6 +476,13 @@ class UwfSaver(BaseCheckpointSaver[int]):
                         f"already has a child ({min(others)}): another writer continued it first. "
                         "Nothing was written; reload the newest checkpoint and go on from it "
                         "(update_state and time travel branch on purpose)."
+                    )
+                if not parent and chain.cps and cid not in chain.cps and md.get("source") == "input" and md.get("step") == -1:
+                    raise _err(
+                        Conflict,
+                        f"LangGraph thread {thread_id!r} (namespace {ns!r}) has checkpoints already "
+                        f"(the newest {max(chain.cps)}), but this run began as if it had none: another "
+                        "writer started it first. Nothing was written; reload the newest checkpoint and go on from it.",
                     )
                 prec = chain.cps.get(parent) if parent else None
                 arts: list[str] = []
@@ -594,7 +611,8 @@ class UwfSaver(BaseCheckpointSaver[int]):
                     f"LangGraph thread {target_thread_id!r} already has checkpoints; copy into a new thread id"
                 )
             for ns, chain in self._chains_of(str(source_thread_id)):
-                self.store._lg_fork(chain.tid, self._labels(str(target_thread_id), ns, 0))
+                target = str(target_thread_id)
+                self.store._lg_fork(chain.tid, self._labels(target, ns, 0), self._seed(target, ns, 0))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = set(run_ids)
@@ -622,11 +640,18 @@ class UwfSaver(BaseCheckpointSaver[int]):
         chain removed if no writer moved it meanwhile (else undone: Conflict)."""
         old_head = chain.head
         kept = set(keep)
-        t = self.store.start(
-            "langgraph", f"LangGraph thread {thread_id!r}, namespace {ns!r}",
-            labels=self._labels(thread_id, ns, chain.gen + 1),
-        )
-        new = _Chain(t["thread"], chain.gen + 1)
+        try:
+            tid = self.store._lg_start(
+                f"LangGraph thread {thread_id!r}, namespace {ns!r}",
+                self._labels(thread_id, ns, chain.gen + 1),
+                self._seed(thread_id, ns, chain.gen + 1),
+            )
+        except Conflict:
+            raise _err(
+                Conflict,
+                f"LangGraph thread {thread_id!r} (namespace {ns!r}) is being rewritten by another saver; try again",
+            ) from None
+        new = _Chain(tid, chain.gen + 1)
         self._refresh(new)
         for rec in chain.records:
             if rec["k"] == "c":

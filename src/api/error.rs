@@ -144,6 +144,7 @@ impl From<&ThreadError> for ErrorKind {
             ThreadError::Unknown(_) => ErrorKind::NotFound,
             ThreadError::Ambiguous { .. } => ErrorKind::Ambiguous,
             ThreadError::Conflict { .. }
+            | ThreadError::IdTaken(_)
             | ThreadError::ChildrenConflict { .. }
             | ThreadError::WrongStatus { .. } => ErrorKind::Conflict,
             ThreadError::MissingNode { .. } | ThreadError::CorruptRecord { .. } => {

@@ -38,12 +38,13 @@ impl LowLevel<'_> {
         at: Hash,
         state: Next,
     ) -> Result<ThreadRecord, ThreadError> {
-        self.fork_thread_labelled(source, at, state, None)
+        self.fork_thread_labelled(source, at, state, None, None)
     }
 
     /// [`fork_thread`](Self::fork_thread) whose fork carries `labels`
     /// instead of the source's, set in the same transaction (so no reader
-    /// ever finds the fork under the source's labels).
+    /// ever finds the fork under the source's labels), and the id `id` when
+    /// given ([`ThreadError::IdTaken`] if a thread has it).
     ///
     /// ```
     /// # let store = uwf_db::Store::memory();
@@ -56,7 +57,7 @@ impl LowLevel<'_> {
     /// let low = store.threads().low_level();
     /// let t = low.start_thread(new)?;
     /// let labels = [("copy".to_string(), "yes".to_string())].into();
-    /// let fork = low.fork_thread_labelled(t.id, t.head, again(), Some(labels))?;
+    /// let fork = low.fork_thread_labelled(t.id, t.head, again(), Some(labels), None)?;
     /// assert_eq!(fork.labels["copy"], "yes");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -66,11 +67,17 @@ impl LowLevel<'_> {
         at: Hash,
         state: Next,
         labels: Option<super::Labels>,
+        id: Option<ThreadId>,
     ) -> Result<ThreadRecord, ThreadError> {
         if let Some(l) = &labels {
             super::labels::check_labels(l)?;
         }
         self.0.write(|w| {
+            if let Some(id) = id
+                && index::find(w.tables(), id)?.is_some()
+            {
+                return Err(ThreadError::IdTaken(id));
+            }
             let (src, _) = index::find(w.tables(), source)?
                 .ok_or_else(|| ThreadError::Unknown(source.to_string()))?;
             if let (ThreadStatus::Suspended, Some(child)) = (src.status, src.active_child) {
@@ -162,7 +169,7 @@ impl LowLevel<'_> {
                     thread: source,
                 }),
                 head: at,
-                id: ThreadId::generate(),
+                id: id.unwrap_or_else(ThreadId::generate),
                 labels: labels.clone().unwrap_or_else(|| src.labels.clone()),
                 last_end_seq,
                 last_error: None,

@@ -119,6 +119,10 @@ pub enum ThreadError {
         /// Some of the matching ids.
         candidates: Vec<ThreadId>,
     },
+    /// A thread was to be made with an id (given by the caller) that a
+    /// thread already has.
+    #[error("a thread {0} exists already; nothing was written")]
+    IdTaken(ThreadId),
     /// The head moved since the caller read it.
     #[error(
         "thread {thread} changed: expected head {expected}, found {actual}; nothing was written"

@@ -673,6 +673,9 @@ fn start_in(
     id: ThreadId,
     claimed: bool,
 ) -> Result<ThreadRecord, ThreadError> {
+    if index::find(w.tables(), id)?.is_some() {
+        return Err(ThreadError::IdTaken(id));
+    }
     let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
     let start = w.put_blob(&Blob::Start(StartNode {
         depth: new.depth,
