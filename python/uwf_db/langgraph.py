@@ -264,15 +264,6 @@ class UwfSaver(BaseCheckpointSaver[int]):
 
     # ------------------------------------------------------------ values
 
-    def _encode(self, value: Any) -> tuple[str, dict, list[str]]:
-        """``(type, entry, texts)``: a list value as its elements, any other as one blob."""
-        t, data = self.serde.dumps_typed(value)
-        if t == "msgpack":
-            elems = _lg_split(data)
-            if elems is not None:
-                return t, {"list": True}, [_b64(e) for e in elems]
-        return t, {}, [_b64(data)]
-
     def _encode_list(self, tid: str, parent: str | None, name: str, value: Any):
         """``(type, body, texts, hashes, known)`` of a channel value: a list
         (``body`` its array's bytes after the header) as its elements, any
@@ -551,7 +542,7 @@ class UwfSaver(BaseCheckpointSaver[int]):
         conf = config["configurable"]
         thread_id, ns = str(conf["thread_id"]), conf.get("checkpoint_ns", "")
         cid = conf["checkpoint_id"]
-        encoded = [(WRITES_IDX_MAP.get(c, i), c, self._encode(v)) for i, (c, v) in enumerate(writes)]
+        encoded = [(WRITES_IDX_MAP.get(c, i), c, self._encode_list("", None, c, v)) for i, (c, v) in enumerate(writes)]
         with self._lock:
             for _ in range(ATTEMPTS):
                 chain = self._chain(thread_id, ns, create=True)
@@ -560,13 +551,13 @@ class UwfSaver(BaseCheckpointSaver[int]):
                 arts: list[str] = []
                 texts: list[str] = []
                 entries = []
-                for idx, channel, (t, kind, etexts) in encoded:
+                for idx, channel, (t, body, etexts, hashes, _) in encoded:
                     if idx >= 0 and (task_id, idx) in stored:
                         continue  # a regular write is kept as first written
                     first = len(arts)
-                    arts.extend(self.store._lg_hash_texts(etexts))
+                    arts.extend(hashes)
                     texts.extend(etexts)
-                    enc = {"a": list(range(first, len(arts)))} if kind else {"v": first}
+                    enc = {"a": list(range(first, len(arts)))} if body is not None else {"v": first}
                     entries.append([idx, channel, t, enc])
                 if not entries:
                     return
