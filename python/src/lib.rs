@@ -585,6 +585,83 @@ impl Store {
         answer(py, &report)
     }
 
+    /// A bundle of threads `threads` (ids or prefixes), their children and
+    /// every blob they reach: the bytes `import_` (here or in another
+    /// store, or `uwf-db import`) takes.
+    fn export(&self, py: Python<'_>, threads: Vec<String>) -> PyResult<Py<PyBytes>> {
+        let ids = threads
+            .iter()
+            .map(|t| thread_id(t, &self.store))
+            .collect::<PyResult<Vec<_>>>()?;
+        let mut out = Vec::new();
+        py.detach(|| uwf_db::bundle::export(&self.store, &ids, &mut out))
+            .map_err(|e| raise(ErrorKind::from(&e), &e))?;
+        Ok(PyBytes::new(py, &out).unbind())
+    }
+
+    /// Imports a bundle (bytes from `export` or `uwf-db export`): checked
+    /// whole (a bundle is a stranger's data), then written in one
+    /// transaction, all or nothing. `new_ids`: the threads get new ids;
+    /// `trust_agents`: keep the agent commands they name. The report.
+    #[pyo3(signature = (bundle, *, new_ids = false, trust_agents = false))]
+    fn import_(
+        &self,
+        py: Python<'_>,
+        bundle: &[u8],
+        new_ids: bool,
+        trust_agents: bool,
+    ) -> PyResult<Py<PyAny>> {
+        use uwf_db::bundle::{BundleError, ImportOptions, MAX_BUNDLE};
+        if bundle.len() as u64 > MAX_BUNDLE {
+            let e = BundleError::TooLarge {
+                size: bundle.len() as u64,
+                max: MAX_BUNDLE,
+            };
+            return Err(raise(ErrorKind::from(&e), &e));
+        }
+        let mut options = ImportOptions::new_ids(new_ids);
+        options.trust_agents = trust_agents;
+        let report = py
+            .detach(|| uwf_db::bundle::import_with(&self.store, bundle, &options))
+            .map_err(|e| raise(ErrorKind::from(&e), &e))?;
+        answer(py, &report)
+    }
+
+    /// The steps of thread `thread` after step `after` (0: from the
+    /// first), oldest first, as they commit: an iterator that ends when
+    /// the thread has ended or suspended and every step was given, and
+    /// waits meanwhile (Ctrl-C stops it; so does `close()`).
+    #[pyo3(signature = (thread, *, after = 0))]
+    fn watch(&self, thread: &str, after: u64) -> PyResult<Watch> {
+        let id = thread_id(thread, &self.store)?;
+        let store = self.store.clone();
+        let cancel = Cancel::new();
+        let token = cancel.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Watched>(WATCH_BUFFER);
+        // The thread ends by itself: at the thread's end, on `close`, or
+        // when the iterator is dropped (its sends fail).
+        std::thread::Builder::new()
+            .name(format!("uwf-watch-{id}"))
+            .spawn(move || {
+                let end = store.engine().watch_steps(id, after, &token, &mut |e| {
+                    let entry = uwf_db::api::LogEntry::read(&store, e)?;
+                    Ok(if tx.send(Watched::Step(Box::new(entry))).is_ok() {
+                        std::ops::ControlFlow::Continue(())
+                    } else {
+                        std::ops::ControlFlow::Break(())
+                    })
+                });
+                let _ = tx.send(Watched::End(
+                    end.err().map(|e| (ErrorKind::from(&e), e.to_string())),
+                ));
+            })
+            .map_err(|e| err(ErrorKind::Unavailable, format!("cannot start a watch: {e}")))?;
+        Ok(Watch {
+            rx: std::sync::Mutex::new(rx),
+            cancel,
+        })
+    }
+
     /// Checks every blob, reference and index entry; the answer lists
     /// the problems (`ok` is true when there are none).
     fn verify(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -934,6 +1011,68 @@ impl Store {
     }
 }
 
+/// Steps a watch holds before its thread waits for the reader.
+const WATCH_BUFFER: usize = 64;
+
+/// What a watch's thread hands over.
+enum Watched {
+    Step(Box<uwf_db::api::LogEntry>),
+    End(Option<(ErrorKind, String)>),
+}
+
+/// An iterator over a thread's steps as they commit (`Store.watch`).
+#[pyclass(module = "uwf_db._native")]
+struct Watch {
+    rx: std::sync::Mutex<std::sync::mpsc::Receiver<Watched>>,
+    cancel: Cancel,
+}
+
+#[pymethods]
+impl Watch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next step (a dict, as `log` gives), waiting for it.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            let got = py.detach(|| match self.rx.lock() {
+                Ok(rx) => rx.recv_timeout(std::time::Duration::from_millis(100)),
+                Err(_) => Err(RecvTimeoutError::Disconnected),
+            });
+            match got {
+                Ok(Watched::Step(entry)) => return answer(py, &entry).map(Some),
+                Ok(Watched::End(None)) | Err(RecvTimeoutError::Disconnected) => {
+                    self.close();
+                    return Ok(None);
+                }
+                Ok(Watched::End(Some((kind, message)))) => {
+                    self.close();
+                    return Err(err(kind, message));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Err(e) = py.check_signals() {
+                        self.close();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops watching (what was not read yet is dropped).
+    fn close(&self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
 /// The options of a new thread: its labels (the rest as the CLI's defaults).
 fn start_options(labels: Option<BTreeMap<String, String>>) -> StartOptions {
     StartOptions {
@@ -1131,6 +1270,7 @@ impl Store {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Store>()?;
+    m.add_class::<Watch>()?;
     m.add_function(wrap_pyfunction!(_lg_split, m)?)?;
     m.add("UwfError", py.get_type::<UwfError>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;

@@ -299,3 +299,53 @@ def test_ctrl_c_stops_a_drive_where_it_is_safe(store):
     assert t["status"] == "idle" and t["seq"] <= 1, t
     steps = store.step(t["thread"], agent)
     assert steps[-1]["status"] == "completed"
+
+
+def test_watch_yields_steps_as_they_commit_and_ends_with_the_thread(store):
+    import time
+
+    t = store.start("two", "Ship it")["thread"]
+    seen = []
+
+    def watcher():
+        for step in store.watch(t):
+            seen.append((step["seq"], step["role"], time.monotonic()))
+
+    w = threading.Thread(target=watcher)
+    w.start()
+    time.sleep(0.3)
+    assert seen == []  # nothing committed yet: it waits
+    committed = time.monotonic()
+    store.step(t, agent)
+    w.join(10)
+    assert not w.is_alive(), "the watch did not end with the thread"
+    assert [(s, r) for s, r, _ in seen] == [(1, "writer"), (2, "reviewer"), (3, "__end__")]
+    assert all(at >= committed for _, _, at in seen)
+    # From a step on; and a watch closed early stops.
+    assert [s["seq"] for s in store.watch(t, after=2)] == [3]
+    idle = store.start("two", "Never driven")["thread"]
+    it = store.watch(idle)
+    it.close()
+    assert list(it) == []
+    with pytest.raises(uwf_db.NotFound):
+        store.watch("7ZZZZZZZZZZZZZZZZZZZZZZZZZ")
+
+
+def test_export_then_import_into_another_store(store, tmp_path):
+    out = store.run("two", "Ship it", agent, labels={"team": "py"})
+    bundle = store.export([out["thread"]])
+    assert isinstance(bundle, bytes) and bundle
+    other = uwf_db.Store(str(tmp_path / "other"))
+    report = other.import_(bundle)
+    assert other.thread(out["thread"])["status"] == "completed"
+    assert [e["role"] for e in other.log(out["thread"])] == [e["role"] for e in store.log(out["thread"])]
+    assert report["threads"]
+    again = other.import_(bundle, new_ids=True)
+    assert again["threads"][0][1] != out["thread"]
+    # A damaged bundle is refused whole, and nothing is written.
+    damaged = bytearray(bundle)
+    damaged[len(damaged) // 2] ^= 0xFF
+    before = len(other.threads(limit=100))
+    with pytest.raises(uwf_db.UwfError):
+        other.import_(bytes(damaged))
+    assert len(other.threads(limit=100)) == before
