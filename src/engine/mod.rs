@@ -264,7 +264,10 @@ impl Engine {
         let new = self.top_level_thread(workflow, prompt, options)?;
         let id = ThreadId::generate();
         let claim = self.claim_new(id, &options.cancel)?;
-        let record = self.threads().low_level().start_thread_as(new, id, true)?;
+        let record = self
+            .threads()
+            .low_level()
+            .start_thread_generated(new, id, true)?;
         let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {

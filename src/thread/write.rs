@@ -277,12 +277,14 @@ impl LowLevel<'_> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn start_thread(&self, new: NewThread) -> Result<ThreadRecord, ThreadError> {
-        self.start_thread_as(new, ThreadId::generate(), false)
+        self.start_thread_generated(new, ThreadId::generate(), false)
     }
 
     /// `start_thread` with a given id, optionally already claimed by a
     /// driver (status `running` over `idle`): the caller holds the driver's
     /// lock for `id`, so a start-and-drive costs no separate claim commit.
+    /// An id a thread (active or ended) has already is
+    /// [`ThreadError::IdTaken`], and nothing is written.
     ///
     /// ```
     /// # let store = uwf_db::Store::memory();
@@ -295,8 +297,12 @@ impl LowLevel<'_> {
     /// # let again = || Next::Role { role: "writer".into(), instruction: "Again".into(), location: None };
     /// let low = store.threads().low_level();
     /// let id = uwf_db::thread::ThreadId::generate();
-    /// let t = low.start_thread_as(new, id, true)?; // claimed: status running
+    /// let t = low.start_thread_as(new.clone(), id, true)?; // claimed: status running
     /// assert_eq!((t.id, t.status), (id, ThreadStatus::Running));
+    /// // An id a thread has already is refused, and nothing is written.
+    /// let again = low.start_thread_as(new, id, false);
+    /// assert!(matches!(again, Err(uwf_db::thread::ThreadError::IdTaken(t)) if t == id));
+    /// assert_eq!(store.threads().get(id)?.map(|r| r.status), Some(ThreadStatus::Running));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn start_thread_as(
@@ -306,7 +312,23 @@ impl LowLevel<'_> {
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
         check_labels(&new.labels)?;
-        self.0.write_op(move |w| start_in(w, &new, id, claimed))
+        self.0
+            .write_op(move |w| start_in(w, &new, id, claimed, IdSource::Given))
+    }
+
+    /// `start_thread_as` for an id the caller has just drawn with
+    /// [`ThreadId::generate`]: 80 random bits make a collision negligible,
+    /// so the start does not look the id up first (an index lookup per
+    /// start, a round trip on PostgreSQL).
+    pub(crate) fn start_thread_generated(
+        &self,
+        new: NewThread,
+        id: ThreadId,
+        claimed: bool,
+    ) -> Result<ThreadRecord, ThreadError> {
+        check_labels(&new.labels)?;
+        self.0
+            .write_op(move |w| start_in(w, &new, id, claimed, IdSource::Generated))
     }
 
     /// Starts `children` of thread `parent` (a fan-out role's) and appends
@@ -339,7 +361,13 @@ impl LowLevel<'_> {
             let old = record.clone();
             let mut made = Vec::with_capacity(children.len());
             for new in &children {
-                made.push(start_in(w, new, ThreadId::generate(), false)?);
+                made.push(start_in(
+                    w,
+                    new,
+                    ThreadId::generate(),
+                    false,
+                    IdSource::Generated,
+                )?);
             }
             record
                 .fan_out
@@ -666,14 +694,25 @@ impl LowLevel<'_> {
     }
 }
 
+/// Where a new thread's id came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IdSource {
+    /// Given by the caller (a LangGraph chain's id made from its thread):
+    /// a thread may have it already, [`ThreadError::IdTaken`].
+    Given,
+    /// Drawn just now by [`ThreadId::generate`]: not looked up.
+    Generated,
+}
+
 /// Writes a new thread's start node and record (`start_thread_as`).
 fn start_in(
     w: &mut WriteTxn<'_>,
     new: &NewThread,
     id: ThreadId,
     claimed: bool,
+    source: IdSource,
 ) -> Result<ThreadRecord, ThreadError> {
-    if index::find(w.tables(), id)?.is_some() {
+    if source == IdSource::Given && index::find(w.tables(), id)?.is_some() {
         return Err(ThreadError::IdTaken(id));
     }
     let prompt = w.put_blob(&Blob::content(new.prompt.as_str(), []))?;
