@@ -98,3 +98,126 @@ fn the_readme_console_example_runs_as_shown(b: TestBackend) {
 }
 
 process_conformance!(the_readme_console_example_runs_as_shown);
+
+/// The visible commands `uwf-db --help` lists, with their subcommands from
+/// each group's own `--help`: `["init", "cas", "cas put", …]`.
+fn visible_commands() -> Vec<String> {
+    fn listed(args: &[&str]) -> Vec<String> {
+        let o = std::process::Command::new(BIN)
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = String::from_utf8(o.stdout).unwrap();
+        let Some(start) = help.find("Commands:\n") else {
+            return Vec::new();
+        };
+        help[start + "Commands:\n".len()..]
+            .lines()
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| *name != "help")
+            .map(str::to_owned)
+            .collect()
+    }
+    let mut all = Vec::new();
+    for top in listed(&[]) {
+        let subs = listed(&[top.as_str()]);
+        all.push(top.clone());
+        all.extend(subs.into_iter().map(|s| format!("{top} {s}")));
+    }
+    all
+}
+
+#[test]
+fn completion_scripts_name_every_command_and_bash_reads_them() {
+    let cli = Cli::new(TestBackend::Lmdb);
+    let commands = visible_commands();
+    assert!(commands.len() > 30, "{commands:?}");
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let o = cli.uwf(&["completions", shell]);
+        assert_eq!(code(&o), Some(0), "{shell}: {}", stderr(&o));
+        let script = stdout(&o);
+        for c in &commands {
+            let last = c.rsplit(' ').next().unwrap();
+            assert!(script.contains(last), "{shell}: no '{last}' in the script");
+        }
+        assert!(
+            !script.contains("salvage-read"),
+            "{shell}: a hidden command"
+        );
+    }
+    // bash parses the script, and completing `uwf-db thread l` offers
+    // `list`, `label`, `log`.
+    let script = cli.file("uwf-db.bash", &stdout(&cli.uwf(&["completions", "bash"])));
+    let check = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -e; bash -n '{script}'; source '{script}'; \
+             COMP_WORDS=(uwf-db thread l); COMP_CWORD=2; COMP_LINE='uwf-db thread l'; \
+             COMP_POINT=${{#COMP_LINE}}; _uwf__db uwf-db l thread; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let offered = String::from_utf8(check.stdout).unwrap();
+    for word in ["list", "label", "log"] {
+        assert!(offered.lines().any(|l| l == word), "{offered}");
+    }
+    // Two words deep: `uwf-db thread list --st` offers `--status` and `--store`.
+    let check = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -e; source '{script}'; \
+             COMP_WORDS=(uwf-db thread list --st); COMP_CWORD=3; \
+             _uwf__db uwf-db --st list; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        ))
+        .output()
+        .unwrap();
+    let offered = String::from_utf8(check.stdout).unwrap();
+    let mut offered: Vec<&str> = offered.lines().collect();
+    offered.sort();
+    assert_eq!(offered, ["--status", "--store"]);
+    let o = cli.uwf(&["completions", "tcsh"]);
+    assert_eq!(code(&o), Some(2));
+    assert!(
+        stderr(&o).contains("invalid value 'tcsh'"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn manual_pages_cover_every_visible_command() {
+    let cli = Cli::new(TestBackend::Lmdb);
+    let dir = cli.path("man/man1");
+    let o = cli.uwf(&["man", "--out", dir.to_str().unwrap()]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let mut written: Vec<String> = stdout(&o).lines().map(str::to_owned).collect();
+    let mut expected: Vec<String> = std::iter::once("uwf-db.1".to_owned())
+        .chain(
+            visible_commands()
+                .iter()
+                .map(|c| format!("uwf-db-{}.1", c.replace(' ', "-"))),
+        )
+        .map(|f| dir.join(f).display().to_string())
+        .collect();
+    written.sort();
+    expected.sort();
+    assert_eq!(written, expected);
+    let page = std::fs::read_to_string(dir.join("uwf-db-thread-list.1")).unwrap();
+    assert!(page.starts_with(".ie \\n(.g .ds Aq"), "{}", &page[..80]);
+    assert!(page.contains(".TH uwf-db-thread-list 1"), "{page}");
+    assert!(page.contains("\\-\\-status"), "{page}");
+    assert!(!dir.join("uwf-db-salvage-read.1").exists());
+    // Without --out: the top page on stdout, naming the commands.
+    let top = stdout(&cli.uwf(&["man"]));
+    assert!(
+        top.contains(".TH uwf-db 1") && top.contains("uwf\\-db\\-thread(1)"),
+        "{top}"
+    );
+}

@@ -14,6 +14,7 @@ mod batch;
 mod cas;
 mod drive;
 mod fault;
+mod generate;
 #[cfg(feature = "mcp")]
 mod mcp;
 mod output;
@@ -269,6 +270,22 @@ enum Command {
         #[arg(value_name = "DST")]
         destination: PathBuf,
     },
+    /// Print a shell completion script (e.g. `uwf-db completions bash > ~/.local/share/bash-completion/completions/uwf-db`)
+    Completions {
+        /// The shell
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write manual pages (uwf-db.1, uwf-db-thread.1, uwf-db-thread-list.1, …)
+    ///
+    /// With --out, one page per command into DIR (created if absent; e.g.
+    /// `uwf-db man --out ~/.local/share/man/man1`, then `man uwf-db-thread-list`); without,
+    /// uwf-db(1) on stdout (`uwf-db man | man -l -`).
+    Man {
+        /// Write every page into this directory
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// One read of `salvage` (internal: streams a table's rows to stdout)
     #[command(hide = true)]
     SalvageRead {
@@ -474,6 +491,8 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             source,
             destination,
         } => salvage::run(cli, source, destination, out),
+        Command::Completions { shell } => generate::completions(*shell, out),
+        Command::Man { out: dir } => generate::man(dir.as_deref(), out),
         Command::SalvageRead { table, from } => salvage::read_worker(cli, table, from.as_deref()),
     }
 }
