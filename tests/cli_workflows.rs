@@ -37,4 +37,48 @@ fn workflow_validate_reports_every_problem_with_its_location(b: TestBackend) {
     assert_eq!(o["hash"].as_str().unwrap().len(), 64);
 }
 
-process_conformance!(workflow_validate_reports_every_problem_with_its_location,);
+fn workflow_show_draws_the_graph(b: TestBackend) {
+    let env = Cli::new(b);
+    for wf in ["review", "survey", "planner"] {
+        let o = env.uwf(&["workflow", "add", &format!("examples/{wf}.yaml")]);
+        assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    }
+    let o = env.uwf(&["workflow", "show", "review", "--format", "mermaid"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "flowchart TD\n  n_start((\"start\"))\n  r1[\"developer\"]\n  r2[\"reviewer\"]\n  \
+         n_end(((\"end\")))\n  n_start --> r1\n  r1 -->|review_needed| r2\n  \
+         r2 -->|approved| n_end\n  r2 -->|rejected| r1\n"
+    );
+    // A fan-out role says what it runs; a suspend edge goes to a human.
+    let survey = stdout(&env.uwf(&["workflow", "show", "survey", "--format", "dot"]));
+    assert!(
+        survey.contains("[label=\"build_parts\\nforeach parts ⇢ review (≤ 4 at once)\"]"),
+        "{survey}"
+    );
+    assert!(survey.contains(" -> n_end [label=\"done\"];"), "{survey}");
+    let planner = stdout(&env.uwf(&["workflow", "show", "planner", "--format", "mermaid"]));
+    assert!(
+        planner.contains("  n_suspend{{\"ask a human\"}}\n"),
+        "{planner}"
+    );
+    assert!(planner.contains(" -->|need_info| n_suspend\n"), "{planner}");
+    // The text form is unchanged; --json with a picture is refused.
+    let text = stdout(&env.uwf(&["workflow", "show", "review"]));
+    assert!(
+        text.contains("  developer --review_needed--> reviewer"),
+        "{text}"
+    );
+    let o = env.uwf(&["--json", "workflow", "show", "review", "--format", "dot"]);
+    assert_eq!(code(&o), Some(1));
+    assert!(stderr(&o).contains("give one of them"), "{}", stderr(&o));
+    let o = env.uwf(&["workflow", "show", "review", "--format", "svg"]);
+    assert_eq!(code(&o), Some(2));
+    assert!(stderr(&o).contains("invalid value 'svg'"), "{}", stderr(&o));
+}
+
+process_conformance!(
+    workflow_validate_reports_every_problem_with_its_location,
+    workflow_show_draws_the_graph,
+);

@@ -1,6 +1,7 @@
 //! Workflows: the YAML model, validation, templates, routing, and the
 //! registry of workflows by name (`workflows` database).
 
+pub mod draw;
 pub mod model;
 mod parse;
 mod retry;

@@ -39,9 +39,9 @@ if [[ ! -x "$CHROMIUM" ]]; then
 fi
 
 cd "$here"
-if [[ ! -d node_modules/playwright-core ]]; then
+if [[ ! -d node_modules/playwright-core || ! -d node_modules/mermaid ]]; then
   npm ci --no-audit --no-fund --loglevel=error
 fi
 
 # The binary runs from the repository root so that examples/ paths resolve.
-exec node --test --test-reporter=spec --test-timeout=120000 "$@" dashboard.test.mjs
+exec node --test --test-reporter=spec --test-timeout=120000 "$@" dashboard.test.mjs pictures.test.mjs

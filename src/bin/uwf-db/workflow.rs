@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Subcommand;
 use uwf_db::api;
-use uwf_db::workflow::{Workflow, WorkflowError, parse_workflow_file};
+use uwf_db::workflow::{Workflow, WorkflowError, draw, parse_workflow_file};
 use uwf_db::{Hash, Store};
 
 use crate::output::Output;
@@ -24,12 +24,24 @@ pub enum WorkflowCommand {
     Show {
         /// Name, or hash (prefix) of a stored workflow
         workflow: String,
+        /// `text`: its fields and edges; `mermaid`: a flowchart (GitHub and most Markdown
+        /// viewers draw it); `dot`: Graphviz (`| dot -Tsvg > graph.svg`)
+        #[arg(long, value_enum, default_value_t = ShowFormat::Text)]
+        format: ShowFormat,
     },
     /// Check a workflow YAML file and report every problem with its location
     Validate {
         /// The YAML file
         file: PathBuf,
     },
+}
+
+/// How `workflow show` prints a workflow.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShowFormat {
+    Text,
+    Mermaid,
+    Dot,
 }
 
 /// Reads and validates a workflow file (a folder: its `index.yaml`);
@@ -132,7 +144,7 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
                 .collect();
             Ok(out.columns(&["NAME", "HASH"], &rows)?)
         }
-        WorkflowCommand::Show { workflow } => {
+        WorkflowCommand::Show { workflow, format } => {
             let store = cli.open(false)?;
             let (hash, wf) = match store.workflows().by_name(workflow)? {
                 Some(found) => found,
@@ -144,6 +156,17 @@ pub fn run(cli: &Cli, cmd: &WorkflowCommand, out: &mut Output) -> Result<(), Cli
                     (hash, store.workflows().load(hash)?)
                 }
             };
+            if out.json && *format != ShowFormat::Text {
+                return Err(CliError::Failed(
+                    "--json prints the workflow as JSON and --format draws it: give one of them"
+                        .into(),
+                ));
+            }
+            match format {
+                ShowFormat::Mermaid => return Ok(out.raw(draw::mermaid(&wf).as_bytes())?),
+                ShowFormat::Dot => return Ok(out.raw(draw::dot(&wf).as_bytes())?),
+                ShowFormat::Text => {}
+            }
             if out.json {
                 return Ok(out.json_value(&api::WorkflowDetail {
                     workflow: (*wf).clone(),
