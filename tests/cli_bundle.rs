@@ -49,6 +49,17 @@ fn export_then_import_gives_the_same_threads(b: TestBackend) {
     let o = src.uwf(&["export", &parent]);
     assert_eq!(code(&o), Some(0));
     assert_eq!(o.stdout, bytes, "deterministic");
+    // The summary is a note on stderr, which -q leaves out.
+    assert!(
+        stderr(&o).starts_with("exported 2 threads and "),
+        "{}",
+        stderr(&o)
+    );
+    let o = src.uwf(&["-q", "export", &parent]);
+    assert_eq!(
+        (o.stdout.as_slice(), stderr(&o).as_str()),
+        (bytes.as_slice(), "")
+    );
 
     let dst = Cli::new(b);
     // Trusted, the records come over whole (agent and directory too).

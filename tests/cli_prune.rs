@@ -68,6 +68,29 @@ fn a_dry_run_lists_exactly_what_prune_removes(b: TestBackend) {
     assert_eq!(would.len(), 4);
     // A dry run changes nothing.
     assert_eq!(listed(&env, "completed"), before);
+    // In text, a summary; the list only with -v; -q does not hide the answer.
+    let text = stdout(&env.uwf(&["prune", "--keep-latest", "2", "--dry-run"]));
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.starts_with("would prune 4 ended threads (not among the newest 2"),
+        "{text}"
+    );
+    let listed_v = stdout(&env.uwf(&["prune", "--keep-latest", "2", "--dry-run", "-v"]));
+    let mut named: Vec<String> = listed_v
+        .lines()
+        .filter_map(|l| l.strip_prefix("would prune "))
+        .filter(|rest| !rest.contains(' '))
+        .map(str::to_owned)
+        .collect();
+    named.sort();
+    let mut expected = would.clone();
+    expected.sort();
+    assert_eq!(named, expected, "{listed_v}");
+    let o = env.uwf(&["-q", "prune", "--keep-latest", "2", "--dry-run"]);
+    assert_eq!((stdout(&o), stderr(&o)), (text.clone(), String::new()));
+    let o = env.uwf(&["-q", "-v", "prune", "--keep-latest", "2", "--dry-run"]);
+    assert_eq!(code(&o), Some(2), "-q and -v conflict: {}", stderr(&o));
+    assert_eq!(listed(&env, "completed"), before);
 
     let done = env.json(&["prune", "--keep-latest", "2"]);
     assert_eq!(

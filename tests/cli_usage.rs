@@ -108,6 +108,25 @@ fn steps_threads_and_children_carry_their_usage(b: TestBackend) {
     let s = env.json(&["stats"]);
     assert_eq!(s["usage"]["calls"], 3, "{s}");
     assert_eq!(s["usage"]["input_tokens"], 300);
+
+    // `uwf-db usage`: the same totals, of a thread's tree or the store.
+    let u = env.json(&["usage", &parent]);
+    assert_eq!(&u, pu, "the parent with its child, as thread show says");
+    let u = env.json(&["usage", &child]);
+    assert_eq!(u["calls"], 2, "{u}");
+    assert_eq!(env.json(&["usage"]), s["usage"]);
+    let text = stdout(&env.uwf(&["usage", &parent]));
+    assert!(
+        text.starts_with(&format!(
+            "thread {parent} with its child workflows: 3 agent calls, "
+        )) && text.contains("300 tokens in, 60 out, $0.0300"),
+        "{text}"
+    );
+    let text = stdout(&env.uwf(&["usage"]));
+    assert!(
+        text.starts_with("every thread in the store: 3 agent calls"),
+        "{text}"
+    );
 }
 
 fn batch_totals_count_every_call_re_asks_included(b: TestBackend) {

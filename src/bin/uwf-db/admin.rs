@@ -377,6 +377,39 @@ pub enum PruneAction {
 }
 
 /// `uwf-db prune`.
+/// `uwf-db usage [ID]`: a thread's usage with its children's, or the
+/// store's (the same totals as `thread show` and `stats`).
+pub fn usage(
+    cli: &Cli,
+    id: Option<&uwf_db::thread::IdPrefix>,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(false)?;
+    let threads = store.threads();
+    let (what, totals) = match id {
+        None => (
+            "every thread in the store".to_owned(),
+            threads.usage_totals()?,
+        ),
+        Some(prefix) => {
+            let id = threads.resolve(prefix)?;
+            let tree = threads.tree(id)?;
+            (
+                format!("thread {id} with its child workflows"),
+                uwf_db::thread::Threads::tree_usage(&tree),
+            )
+        }
+    };
+    if out.json {
+        return Ok(out.json_value(&totals)?);
+    }
+    out.line(format_args!(
+        "{what}: {}",
+        crate::render::usage_text(&totals)
+    ))?;
+    Ok(())
+}
+
 pub fn prune(
     cli: &Cli,
     policy: &uwf_db::thread::RetentionPolicy,
@@ -455,8 +488,11 @@ pub fn prune(
                 return Ok(out.json_value(&report)?);
             }
             let verb = if dry_run { "would prune" } else { "pruned" };
-            for id in &report.pruned {
-                out.line(format_args!("{verb} {id}"))?;
+            // A policy may touch thousands: the list only with -v.
+            if out.verbose > 0 {
+                for id in &report.pruned {
+                    out.line(format_args!("{verb} {id}"))?;
+                }
             }
             out.line(format_args!(
                 "{verb} {} ended thread{} ({}); kept {}{}",
@@ -526,13 +562,13 @@ pub fn export(
             let report = uwf_db::bundle::export_with(&store, &ids, &mut w, &options)?;
             w.flush()?;
             // The bundle is stdout: the summary goes to stderr.
-            eprintln!(
+            output::note(format_args!(
                 "exported {} thread{} and {} blobs ({} bytes)",
                 report.threads.len(),
                 if report.threads.len() == 1 { "" } else { "s" },
                 report.blobs,
                 report.bytes
-            );
+            ));
             return Ok(());
         }
     };

@@ -257,10 +257,10 @@ fn walk(cli: &Cli, prefix: &HashPrefix, out: &mut Output) -> Result<(), CliError
         Ok(())
     })?;
     if !out.json {
-        eprintln!(
+        output::note(format_args!(
             "{count} blobs reachable, {}",
             output::human_size(total_bytes)
-        );
+        ));
     }
     Ok(())
 }

@@ -265,7 +265,7 @@ fn say_stopped(out: &mut Output, id: ThreadId) -> Result<(), CliError> {
         "stopped after the step in flight, as `uwf-db thread stop` asked: thread {id} is idle; `uwf-db thread step {id}` goes on"
     );
     if out.json {
-        eprintln!("{text}");
+        crate::output::note(text);
     } else {
         out.line(text)?;
     }

@@ -49,6 +49,12 @@ struct Cli {
     /// Print machine-readable JSON
     #[arg(long, global = true)]
     json: bool,
+    /// Say more: `prune` lists every thread it unlinks (-v)
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Say less: no progress bars and no notes on stderr (answers and errors still print)
+    #[arg(short, long, global = true)]
+    quiet: bool,
     /// Commit durability: `none` skips fsync (a machine crash may lose recent commits)
     #[arg(long, global = true, value_enum, default_value_t = DurabilityArg::Sync)]
     durability: DurabilityArg,
@@ -165,6 +171,13 @@ enum Command {
     Verify,
     /// Counts, sizes, map usage, readers, durability
     Stats,
+    /// What agents cost: calls, wall time, tokens and dollars of one thread with its child
+    /// workflows, or of the whole store
+    Usage {
+        /// Thread id or unique prefix [default: every thread in the store]
+        #[arg(value_parser = thread::parse_id)]
+        id: Option<uwf_db::thread::IdPrefix>,
+    },
     /// Copy a whole store into a new or empty one (LMDB and PostgreSQL either way), then compare
     /// and verify it; rerunning an interrupted copy continues it
     ///
@@ -446,6 +459,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
         Command::Gc { dry_run, grace } => admin::gc(cli, *dry_run, *grace, out),
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
+        Command::Usage { id } => admin::usage(cli, id.as_ref(), out),
         Command::Copy {
             source,
             destination,
@@ -524,7 +538,9 @@ fn main() -> ExitCode {
         _ => SignalMode::Exit,
     };
     handle_signals(&cancel, mode);
+    output::set_quiet(cli.quiet);
     let mut out = Output::new(cli.json);
+    out.verbose = cli.verbose;
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
     // The signal thread cancelled the work, which may end here before that
     // thread calls `exit`: the signal's exit code wins either way.

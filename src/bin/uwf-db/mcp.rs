@@ -76,12 +76,12 @@ pub fn run(cli: &Cli, args: &McpArgs, cancel: &Cancel) -> Result<(), CliError> {
     state.read_only = args.read_only;
     let state = Arc::new(state);
     let server = UwfMcp::new(state.clone());
-    eprintln!(
+    crate::output::note(format_args!(
         "uwf-db mcp: serving {} on stdin/stdout ({} tools{})",
         state.store.location(),
         server.tool_router.list_all().len(),
         if args.read_only { ", read-only" } else { "" }
-    );
+    ));
     // A signal ends the session whatever it is doing (waiting for the
     // client's `initialize` too); a thread of its own watches the token.
     let (stop_tx, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,6 +1,7 @@
 //! Terminal and JSON output: one writer, sizes and times for people.
 
 use std::io::{self, BufWriter, IsTerminal, Stdout, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -10,13 +11,34 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// from other threads while the command's `Output` lives.
 pub struct Output {
     pub json: bool,
+    /// How many `-v` were given.
+    pub verbose: u8,
     out: BufWriter<Stdout>,
+}
+
+/// `-q`: no progress bars and no notes (set once, before the command).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Sets `-q` for the process.
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+}
+
+/// A note for the person at the terminal on stderr (a summary beside a
+/// bundle on stdout, where the next page starts…), unless `-q`. Not for
+/// errors, which always print.
+pub fn note(text: impl std::fmt::Display) {
+    if !QUIET.load(Ordering::Relaxed) {
+        // Not `eprintln!`, which panics when stderr is gone.
+        let _ = writeln!(io::stderr().lock(), "{text}");
+    }
 }
 
 impl Output {
     pub fn new(json: bool) -> Self {
         Output {
             json,
+            verbose: 0,
             out: BufWriter::new(io::stdout()),
         }
     }
@@ -81,9 +103,10 @@ impl Output {
     }
 }
 
-/// A progress bar on stderr when it is a terminal; hidden otherwise.
+/// A progress bar on stderr when it is a terminal and `-q` was not given;
+/// hidden otherwise.
 pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
-    if !io::stderr().is_terminal() {
+    if !io::stderr().is_terminal() || QUIET.load(Ordering::Relaxed) {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);

@@ -304,10 +304,10 @@ pub fn run(
             if records.len() == *limit
                 && let Some(last) = records.last()
             {
-                eprintln!(
+                output::note(format_args!(
                     "more: uwf-db thread list --cursor {} (with the same filters)",
                     uwf_db::thread::ActivityCursor::of(last)
-                );
+                ));
             }
             Ok(())
         }
