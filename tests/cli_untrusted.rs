@@ -427,7 +427,22 @@ fn a_postgres_error_says_what_the_server_said() {
         err.contains("database \"uwf_no_such_database_18\" does not exist"),
         "{err}"
     );
-    assert!(err.contains("createdb"), "{err}");
+    // The command that makes it, with the URL's host, port and user.
+    let cfg: ::postgres::Config = url.parse().unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        ::postgres::config::Host::Tcp(h) => h.clone(),
+        ::postgres::config::Host::Unix(p) => p.display().to_string(),
+    };
+    let mut expected = format!("create the database first: createdb -h {host}");
+    if let Some(port) = cfg.get_ports().first() {
+        expected.push_str(&format!(" -p {port}"));
+    }
+    if let Some(user) = cfg.get_user() {
+        expected.push_str(&format!(" -U {user}"));
+    }
+    expected.push_str(" uwf_no_such_database_18\n");
+    assert!(err.contains(&expected), "{expected:?} not in {err}");
+    assert!(!err.contains("transaction"), "no transaction began: {err}");
 }
 
 #[cfg(feature = "postgres")]

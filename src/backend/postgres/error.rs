@@ -32,7 +32,7 @@ pub(super) fn pg_error(location: &str, op: String, e: postgres::Error) -> Backen
             path: location.into(),
         },
         _ => BackendError::Postgres {
-            detail: describe(&op, &e),
+            detail: describe(&op, &e, location),
             op,
             location: location.to_owned(),
             source: e,
@@ -65,13 +65,20 @@ pub(crate) fn connection_lost(e: &postgres::Error) -> bool {
 /// the client's cause (a refused or lost connection, a timeout); and, for
 /// a connection that went away, what became of the transaction in flight
 /// (`op` says whether it was committing).
-pub(super) fn describe(op: &str, e: &postgres::Error) -> String {
+pub(super) fn describe(op: &str, e: &postgres::Error, location: &str) -> String {
     use postgres::error::SqlState;
     let mut text = report(e);
     let code = e.code();
     let lost = connection_lost(e);
     if code == Some(&SqlState::INVALID_CATALOG_NAME) {
-        text.push_str("; create the database first (createdb NAME)");
+        text.push_str(&format!(
+            "; create the database first: {}",
+            createdb_command(location)
+        ));
+    }
+    if op == "connecting" {
+        // No transaction began: nothing to say of one.
+        return text;
     }
     if lost && op != "connecting" {
         if op.contains("commit") {
@@ -86,6 +93,49 @@ pub(super) fn describe(op: &str, e: &postgres::Error) -> String {
         text.push_str("; nothing of this transaction was applied");
     }
     text
+}
+
+/// The `createdb` command that makes the database `location` names, with
+/// its host, port and user (`createdb NAME` when the URL does not parse).
+fn createdb_command(location: &str) -> String {
+    let Ok(config) = location.parse::<postgres::Config>() else {
+        return "createdb NAME".to_owned();
+    };
+    let mut cmd = String::from("createdb");
+    if let Some(host) = config.get_hosts().first() {
+        match host {
+            postgres::config::Host::Tcp(h) => cmd.push_str(&format!(" -h {}", shell_word(h))),
+            #[cfg(unix)]
+            postgres::config::Host::Unix(p) => {
+                cmd.push_str(&format!(" -h {}", shell_word(&p.display().to_string())))
+            }
+        }
+    }
+    if let Some(port) = config.get_ports().first() {
+        cmd.push_str(&format!(" -p {port}"));
+    }
+    if let Some(user) = config.get_user() {
+        cmd.push_str(&format!(" -U {}", shell_word(user)));
+    }
+    match config.get_dbname() {
+        Some(db) => cmd.push_str(&format!(" {}", shell_word(db))),
+        None => cmd.push_str(" NAME"),
+    }
+    cmd
+}
+
+/// `word` as one shell word: as is when it holds only characters no shell
+/// treats specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.,/:@%+=".contains(c))
+    {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// Why a lock's connection is gone, in words: the server's report when it
@@ -129,5 +179,27 @@ pub(super) fn report(e: &postgres::Error) -> String {
             }
             t
         }
+    }
+}
+
+#[cfg(test)]
+mod createdb_tests {
+    use super::createdb_command;
+
+    #[test]
+    fn the_command_names_the_url_s_server_user_and_database() {
+        assert_eq!(
+            createdb_command("postgres://root:***@db.example:6432/runs"),
+            "createdb -h db.example -p 6432 -U root runs"
+        );
+        // A name a shell would split or expand is quoted.
+        assert_eq!(
+            createdb_command("host=/run/postgresql user=me dbname='my runs; rm'"),
+            "createdb -h /run/postgresql -U me 'my runs; rm'"
+        );
+        assert_eq!(
+            createdb_command("postgres://me@h/it%27s"),
+            "createdb -h h -p 5432 -U me 'it'\\''s'"
+        );
     }
 }
