@@ -205,8 +205,8 @@ impl PyAgent {
         };
         Ok(AgentReply {
             output,
-            child_thread: None,
             usage,
+            ..AgentReply::default()
         })
     }
 }

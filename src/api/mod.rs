@@ -40,9 +40,9 @@ pub use store::{
     BatchSummary, PolicyAnswer, SalvageAnswer, StatsAnswer, StoreInit, VerifyAnswer, VerifyProblem,
 };
 pub use thread::{
-    ForkedFrom, LabelsSet, LogEntry, StepUsageEntry, StopRequested, SummaryStaged, ThreadActivity,
-    ThreadDetail, ThreadForked, ThreadRemoved, ThreadStarted, ThreadSummary, TreeNode, TreeParent,
-    TreeView, resume_command,
+    ForkedFrom, KeptTexts, LabelsSet, LogEntry, StepUsageEntry, StopRequested, SummaryStaged,
+    ThreadActivity, ThreadDetail, ThreadForked, ThreadRemoved, ThreadStarted, ThreadSummary,
+    TreeNode, TreeParent, TreeView, resume_command,
 };
 pub use time::Timestamp;
 pub use workflow::{WorkflowAdded, WorkflowDetail, WorkflowEntry, WorkflowValidation};

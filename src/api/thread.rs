@@ -207,8 +207,8 @@ pub struct LogEntry {
     pub hash: Hash,
     /// The prompt the role was given.
     pub input: String,
-    /// The reply's frontmatter and the engine's keys, less `$usage` and
-    /// `$attempts`.
+    /// The reply's frontmatter and the engine's keys, less `$usage`,
+    /// `$attempts`, `$prompt` and `$stderr`.
     pub meta: BTreeMap<String, serde_json::Value>,
     /// The role that answered (`$end` for an end node).
     pub role: String,
@@ -224,21 +224,72 @@ pub struct LogEntry {
     /// (empty when the first answered; SPEC §13): the step took
     /// `attempts.len() + 1` attempts.
     pub attempts: Vec<crate::engine::retry::AttemptEntry>,
+    /// The exact prompt the agent was sent on the call that answered, as
+    /// a content blob (none for a step that called no agent, a step
+    /// written before prompts were kept, or a store that keeps none).
+    pub sent_prompt: Option<Hash>,
+    /// Its text, when asked for (`thread log --prompt`).
+    pub sent_prompt_text: Option<String>,
+    /// The tail of what the agent wrote on stderr on that call, as a
+    /// content blob (none when it wrote nothing).
+    pub stderr: Option<Hash>,
+    /// Its text, when asked for (`thread log --stderr`).
+    pub stderr_text: Option<String>,
+}
+
+/// Which kept texts [`LogEntry::read_with`] reads whole.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeptTexts {
+    /// The exact prompt sent.
+    pub prompt: bool,
+    /// The agent's stderr tail.
+    pub stderr: bool,
 }
 
 impl LogEntry {
     /// The entry of `entry`, with its reply and prompt read from `store`.
     pub fn read(store: &Store, entry: &crate::thread::LogEntry) -> Result<Self, ThreadError> {
+        Self::read_with(store, entry, KeptTexts::default())
+    }
+
+    /// [`read`](Self::read), with the kept texts `texts` asks for.
+    pub fn read_with(
+        store: &Store,
+        entry: &crate::thread::LogEntry,
+        texts: KeptTexts,
+    ) -> Result<Self, ThreadError> {
+        use crate::engine::kept::{PROMPT_META, STDERR_META, kept_ref};
         let n = &entry.node;
+        let input = store.threads().content_node(&n.input)?;
+        let sent_prompt = kept_ref(&n.meta, PROMPT_META, &input.artifacts);
+        let stderr = kept_ref(&n.meta, STDERR_META, &input.artifacts);
+        let text_of = |wanted: bool, h: Option<Hash>| -> Result<Option<String>, ThreadError> {
+            match (wanted, h) {
+                (true, Some(h)) => store.threads().content_text(&h).map(Some),
+                _ => Ok(None),
+            }
+        };
         Ok(LogEntry {
+            sent_prompt_text: text_of(texts.prompt, sent_prompt)?,
+            stderr_text: text_of(texts.stderr, stderr)?,
+            sent_prompt,
+            stderr,
             child_thread: n.child_thread,
             content: store.threads().content_text(&n.content)?,
             hash: entry.hash,
-            input: store.threads().content_text(&n.input)?,
+            input: input.text,
             meta: n
                 .meta
                 .iter()
-                .filter(|(k, _)| *k != USAGE_META && *k != crate::engine::retry::ATTEMPTS_META)
+                .filter(|(k, _)| {
+                    ![
+                        USAGE_META,
+                        crate::engine::retry::ATTEMPTS_META,
+                        PROMPT_META,
+                        STDERR_META,
+                    ]
+                    .contains(&k.as_str())
+                })
                 .map(|(k, v)| (k.clone(), v.to_json()))
                 .collect(),
             role: n.role.clone(),

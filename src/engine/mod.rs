@@ -36,6 +36,7 @@ mod drive;
 mod error;
 pub mod extract;
 mod fanout;
+pub mod kept;
 pub mod parent;
 pub mod prompt;
 pub mod prompt_file;

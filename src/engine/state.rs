@@ -63,6 +63,9 @@ pub(crate) struct EngineState {
     pub(crate) templates: Templates,
     /// Claim bookkeeping.
     pub(crate) claims: ClaimState,
+    /// The store's keep-prompts switch as this handle read or set it
+    /// (`super::kept`: unknown until first read).
+    pub(crate) keep_prompts: std::sync::atomic::AtomicU8,
 }
 
 impl Default for EngineState {
@@ -76,6 +79,7 @@ impl Default for EngineState {
             validators: Validators::default(),
             templates: Templates::default(),
             claims: ClaimState::default(),
+            keep_prompts: std::sync::atomic::AtomicU8::new(super::kept::UNKNOWN),
         }
     }
 }

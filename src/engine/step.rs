@@ -237,7 +237,7 @@ impl Engine {
         )?;
 
         let policy = agent.retry().apply(wf.retry_of(role));
-        let (extracted, usage, attempts) = self.ask(
+        let (answered, usage, attempts) = self.ask(
             record,
             (role, role_def, &wf.name, &*policy),
             instruction,
@@ -245,6 +245,11 @@ impl Engine {
             dir.as_deref(),
             (agent, cancel),
         )?;
+        let Answered {
+            extracted,
+            prompt: sent,
+            stderr,
+        } = answered;
         let route = match wf.route_in(
             Some(&self.engine_state().templates),
             role,
@@ -260,6 +265,14 @@ impl Engine {
         };
         let after = with_max_rounds(route, rounds, max_rounds);
         let mut meta = extracted.meta;
+        // The exact prompt and the agent's stderr, kept with the step
+        // (`kept`); an agent's own keys of those names are dropped, so
+        // they always name what the engine kept.
+        meta.remove(super::kept::PROMPT_META);
+        meta.remove(super::kept::STDERR_META);
+        let (kept, named) =
+            super::kept::kept_blobs(&sent, stderr.as_deref(), self.keep_prompts()?)?;
+        meta.extend(named);
         // What the step's calls cost, kept with the step (crate::usage).
         meta.insert(USAGE_META.to_owned(), usage.to_value());
         if !attempts.is_empty() {
@@ -285,17 +298,14 @@ impl Engine {
             child_thread: None,
         };
         self.remember_step_texts(&step);
-        let written = match mode {
-            Mode::ResumeEnded => {
-                self.threads()
-                    .low_level()
-                    .resume_ended(id, record.head, step, after)
-            }
-            _ => self
-                .threads()
-                .low_level()
-                .append_step(id, record.head, step, after),
-        };
+        let written = self.threads().low_level().append_step_kept(
+            id,
+            record.head,
+            kept,
+            step,
+            after,
+            matches!(mode, Mode::ResumeEnded),
+        );
         let written = match written {
             Ok(w) => w,
             Err(ThreadError::Store(crate::store::StoreError::MissingRef { missing, .. })) => {
@@ -369,7 +379,7 @@ impl Engine {
         prompt: &str,
         dir: Option<&std::path::Path>,
         (agent, cancel): Driver<'_>,
-    ) -> Result<(super::extract::Extracted, StepUsage, Vec<FailedAttempt>), EngineError> {
+    ) -> Result<(Answered, StepUsage, Vec<FailedAttempt>), EngineError> {
         let id = record.id;
         let answered = match (agent.needs_step_count(), record.agent_steps) {
             (false, _) => 0,
@@ -431,7 +441,7 @@ impl Engine {
         (instruction, prompt, dir, answered): (&str, &str, Option<&std::path::Path>, usize),
         (agent, cancel): Driver<'_>,
         usage: &mut StepUsage,
-    ) -> Result<super::extract::Extracted, AttemptError> {
+    ) -> Result<Answered, AttemptError> {
         let id = record.id;
         let mut ask = prompt.to_owned();
         let mut reasked = 0;
@@ -485,7 +495,13 @@ impl Engine {
             };
             usage.add_call(wall_ms, reported.as_ref());
             match extracted {
-                Ok(x) => return Ok(x),
+                Ok(x) => {
+                    return Ok(Answered {
+                        extracted: x,
+                        prompt: ask,
+                        stderr: reply.stderr,
+                    });
+                }
                 Err(e) if reasked < agent.reasks() => {
                     reasked += 1;
                     ask = format!(
@@ -502,6 +518,15 @@ impl Engine {
             }
         }
     }
+}
+
+/// An attempt's accepted reply, with the exact prompt of the call that
+/// gave it (re-asks add to the step's prompt) and what the agent said on
+/// stderr.
+struct Answered {
+    extracted: super::extract::Extracted,
+    prompt: String,
+    stderr: Option<String>,
 }
 
 /// Why an attempt gave no reply.

@@ -190,8 +190,16 @@ impl Threads<'_> {
     /// The text of a content blob (a reply, a prompt); a blob that is
     /// missing or not content is an error, never an empty text.
     pub(crate) fn content_text(&self, hash: &Hash) -> Result<String, ThreadError> {
+        self.content_node(hash).map(|c| c.text)
+    }
+
+    /// A content blob, text and refs.
+    pub(crate) fn content_node(
+        &self,
+        hash: &Hash,
+    ) -> Result<crate::node::ContentNode, ThreadError> {
         match self.store.get(hash)? {
-            Some(Blob::Content(c)) => Ok(c.text),
+            Some(Blob::Content(c)) => Ok(c),
             Some(_) => Err(ThreadError::WrongKind {
                 hash: *hash,
                 expected: "content",

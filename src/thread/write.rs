@@ -120,9 +120,21 @@ pub(crate) struct StepBlobs {
 
 impl StepBlobs {
     fn new(reply: &str, artifacts: &[Hash], instruction: &str) -> Result<StepBlobs, ThreadError> {
+        Self::with_input_refs(reply, artifacts, instruction, &[])
+    }
+
+    /// With `input_refs` as the input node's refs: what the engine kept of
+    /// the call (the exact prompt, the agent's stderr; §5e "Kept with a
+    /// step").
+    fn with_input_refs(
+        reply: &str,
+        artifacts: &[Hash],
+        instruction: &str,
+        input_refs: &[Hash],
+    ) -> Result<StepBlobs, ThreadError> {
         Ok(StepBlobs {
             content: Blob::content(reply, artifacts.iter().copied()).encode()?,
-            input: Blob::content(instruction, []).encode()?,
+            input: Blob::content(instruction, input_refs.iter().copied()).encode()?,
         })
     }
 }
@@ -481,12 +493,61 @@ impl LowLevel<'_> {
             .map(Blob::encode)
             .collect::<Result<Vec<EncodedBlob>, _>>()?;
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
+        self.append_encoded(id, expected_head, extra, blobs, step, after, false)
+    }
+
+    /// A role step with what the engine keeps of its agent call (`kept`:
+    /// the exact prompt, the agent's stderr tail, as encoded content
+    /// blobs): they
+    /// are stored in the step's transaction and are the refs of its input
+    /// node, so GC, export and `verify` treat them as the rest of the
+    /// chain (`docs/design.md` §5e "Kept with a step"). `resume` appends to
+    /// an ended thread ([`resume_ended`](Self::resume_ended)) instead.
+    pub(crate) fn append_step_kept(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        kept: Vec<EncodedBlob>,
+        step: StepWrite,
+        after: Next,
+        resume: bool,
+    ) -> Result<Written, ThreadError> {
+        let refs: Vec<Hash> = kept.iter().map(EncodedBlob::hash).collect();
+        let blobs =
+            StepBlobs::with_input_refs(&step.reply, &step.artifacts, &step.instruction, &refs)?;
+        self.append_encoded(id, expected_head, kept, blobs, step, after, resume)
+    }
+
+    /// Stores `extra`, then appends `step` (to an active thread, or with
+    /// `resume` to a completed or failed one), in one transaction.
+    #[allow(clippy::too_many_arguments)]
+    fn append_encoded(
+        &self,
+        id: ThreadId,
+        expected_head: Hash,
+        extra: Vec<EncodedBlob>,
+        blobs: StepBlobs,
+        step: StepWrite,
+        after: Next,
+        resume: bool,
+    ) -> Result<Written, ThreadError> {
         self.0.write_op(move |w| {
             for e in &extra {
                 w.store_encoded(e)?;
             }
-            let (record, location) = load_checked(w, id, expected_head)?;
-            if location != Location::Active {
+            let (mut record, location) = load_checked(w, id, expected_head)?;
+            if resume {
+                if !matches!(
+                    record.status,
+                    ThreadStatus::Completed | ThreadStatus::Failed
+                ) {
+                    return Err(ThreadError::WrongStatus {
+                        thread: id,
+                        status: record.status,
+                        action: "resume from history (only completed or failed threads can)",
+                    });
+                }
+            } else if location != Location::Active {
                 return Err(ThreadError::WrongStatus {
                     thread: id,
                     status: record.status,
@@ -494,6 +555,9 @@ impl LowLevel<'_> {
                 });
             }
             let old = record.clone();
+            if resume {
+                record.completed_at = None;
+            }
             append_in(w, &old, record, location, &step, &blobs, after.clone())
         })
     }
@@ -529,22 +593,7 @@ impl LowLevel<'_> {
         after: Next,
     ) -> Result<Written, ThreadError> {
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
-        self.0.write_op(move |w| {
-            let (mut record, location) = load_checked(w, id, expected_head)?;
-            if !matches!(
-                record.status,
-                ThreadStatus::Completed | ThreadStatus::Failed
-            ) {
-                return Err(ThreadError::WrongStatus {
-                    thread: id,
-                    status: record.status,
-                    action: "resume from history (only completed or failed threads can)",
-                });
-            }
-            let old = record.clone();
-            record.completed_at = None;
-            append_in(w, &old, record, location, &step, &blobs, after.clone())
-        })
+        self.append_encoded(id, expected_head, Vec::new(), blobs, step, after, true)
     }
 
     /// Ends an active thread without a step (cancel, or an end decided

@@ -136,7 +136,7 @@ fn edges<'a>(wf: &'a Workflow, ids: &BTreeMap<&str, String>) -> Vec<(String, &'a
 /// The workflow as a Mermaid flowchart.
 ///
 /// ```
-/// let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { done: { role: $END, prompt: 'Done' } }\n";
+/// let yaml = "name: two\nroles:\n  writer: { goal: Write, frontmatter: { properties: { $status: { const: done } }, required: [$status] } }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { done: { role: $END, prompt: 'Done' } }\n";
 /// let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
 /// let chart = uwf_db::workflow::draw::mermaid(&wf);
 /// assert!(chart.starts_with("flowchart TD\n"));
@@ -174,7 +174,7 @@ pub fn mermaid(wf: &Workflow) -> String {
 /// The workflow as a Graphviz DOT digraph (`dot -Tsvg`).
 ///
 /// ```
-/// let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { done: { role: $END, prompt: 'Done' } }\n";
+/// let yaml = "name: two\nroles:\n  writer: { goal: Write, frontmatter: { properties: { $status: { const: done } }, required: [$status] } }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { done: { role: $END, prompt: 'Done' } }\n";
 /// let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
 /// let graph = uwf_db::workflow::draw::dot(&wf);
 /// assert!(graph.starts_with("digraph \"two\" {\n"));

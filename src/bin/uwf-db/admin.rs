@@ -377,6 +377,36 @@ pub enum PruneAction {
 }
 
 /// `uwf-db prune`.
+/// `uwf-db config [KEY [VALUE]]`: the store's settings (clap allows only
+/// known keys and values).
+pub fn config(
+    cli: &Cli,
+    key: Option<&str>,
+    value: Option<&str>,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    let store = cli.open(value.is_some())?;
+    if let Some(v) = value {
+        store.engine().set_keep_prompts(v == "on")?;
+    }
+    let on = store.engine().keep_prompts()?;
+    let rows = [("keep-prompts", if on { "on" } else { "off" })];
+    if out.json {
+        let map: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .filter(|(k, _)| key.is_none_or(|wanted| wanted == *k))
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        return Ok(out.json_value(&map)?);
+    }
+    for (k, v) in rows {
+        if key.is_none_or(|wanted| wanted == k) {
+            out.line(format_args!("{k} = {v}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// `uwf-db usage [ID]`: a thread's usage with its children's, or the
 /// store's (the same totals as `thread show` and `stats`).
 pub fn usage(

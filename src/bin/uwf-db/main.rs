@@ -171,6 +171,21 @@ enum Command {
     Verify,
     /// Counts, sizes, map usage, readers, durability
     Stats,
+    /// Show or change the store's settings: `uwf-db config` lists them, `uwf-db config KEY`
+    /// shows one, `uwf-db config KEY VALUE` sets it
+    ///
+    /// keep-prompts (on|off, default on): whether each role step keeps the exact prompt its
+    /// agent was sent (`thread log --prompt`); turn it off when prompts hold what must not be
+    /// stored. Drivers started after a change follow it; kept prompts stay until their
+    /// threads are pruned and collected.
+    Config {
+        /// The setting
+        #[arg(value_parser = ["keep-prompts"])]
+        key: Option<String>,
+        /// Its new value
+        #[arg(requires = "key", value_parser = ["on", "off"])]
+        value: Option<String>,
+    },
     /// What agents cost: calls, wall time, tokens and dollars of one thread with its child
     /// workflows, or of the whole store
     Usage {
@@ -460,6 +475,7 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
         Command::Verify => admin::verify(cli, out),
         Command::Stats => admin::stats(cli, out),
         Command::Usage { id } => admin::usage(cli, id.as_ref(), out),
+        Command::Config { key, value } => admin::config(cli, key.as_deref(), value.as_deref(), out),
         Command::Copy {
             source,
             destination,

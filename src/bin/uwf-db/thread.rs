@@ -172,6 +172,13 @@ pub enum ThreadCommand {
         /// Start just before this node (exclusive), to page back
         #[arg(long, value_parser = parse_prefix)]
         before: Option<HashPrefix>,
+        /// Show the exact prompt each step's agent was sent (kept unless `uwf-db config
+        /// keep-prompts off`)
+        #[arg(long)]
+        prompt: bool,
+        /// Show what each step's agent wrote on stderr (its last 16 KiB)
+        #[arg(long)]
+        stderr: bool,
     },
     /// Print each step as it is committed (oldest first), until the thread ends or suspends
     ///
@@ -321,12 +328,22 @@ pub fn run(
             let task = store.engine().task(&tree.thread)?;
             show(&tree, driver_alive, parent, task, out)
         }
-        ThreadCommand::Log { id, limit, before } => {
+        ThreadCommand::Log {
+            id,
+            limit,
+            before,
+            prompt,
+            stderr,
+        } => {
             let store = cli.open(false)?;
             let id = store.threads().resolve(id)?;
             let before = before.as_ref().map(|p| store.resolve(p)).transpose()?;
             let entries = store.threads().log(id, *limit, before)?;
-            log(&store, &entries, out)
+            let texts = api::KeptTexts {
+                prompt: *prompt,
+                stderr: *stderr,
+            };
+            log(&store, &entries, texts, out)
         }
         ThreadCommand::Watch { id, after } => crate::watch::thread(cli, id, *after, cancel, out),
         ThreadCommand::Tree { id } => tree(cli, id, out),
@@ -703,11 +720,16 @@ fn show(
     Ok(())
 }
 
-fn log(store: &Store, entries: &[LogEntry], out: &mut Output) -> Result<(), CliError> {
+fn log(
+    store: &Store,
+    entries: &[LogEntry],
+    texts: api::KeptTexts,
+    out: &mut Output,
+) -> Result<(), CliError> {
     if out.json {
         let rows = entries
             .iter()
-            .map(|e| api::LogEntry::read(store, e))
+            .map(|e| api::LogEntry::read_with(store, e, texts))
             .collect::<Result<Vec<_>, _>>()?;
         return Ok(out.json_value(&rows)?);
     }
@@ -716,6 +738,36 @@ fn log(store: &Store, entries: &[LogEntry], out: &mut Output) -> Result<(), CliE
     }
     for e in entries {
         out.line(entry_line(store, e)?)?;
+        if texts == api::KeptTexts::default() {
+            continue;
+        }
+        let entry = api::LogEntry::read_with(store, e, texts)?;
+        let mut section = |title: &str, text: Option<&str>, hash: Option<uwf_db::Hash>| {
+            match (text, hash) {
+                (Some(text), _) => {
+                    out.line(format_args!("  ── {title} ──"))?;
+                    for line in text.trim_end().lines() {
+                        out.line(format_args!("  │ {line}").to_string().trim_end())?;
+                    }
+                    Ok::<_, std::io::Error>(())
+                }
+                // An end node, a child's step, or nothing was kept.
+                (None, None) if entry.role != uwf_db::thread::END_ROLE => {
+                    out.line(format_args!("  ── {title}: none kept ──"))
+                }
+                _ => Ok(()),
+            }
+        };
+        if texts.prompt {
+            section(
+                "prompt sent",
+                entry.sent_prompt_text.as_deref(),
+                entry.sent_prompt,
+            )?;
+        }
+        if texts.stderr {
+            section("stderr", entry.stderr_text.as_deref(), entry.stderr)?;
+        }
     }
     Ok(())
 }

@@ -315,6 +315,7 @@ fn reply_of(
         output,
         child_thread: None,
         usage: usage_of(&object),
+        stderr: Some(stderr).filter(|s| !s.is_empty()),
     })
 }
 

@@ -75,9 +75,12 @@ impl Agent for CmdAgent {
                 stderr: run.stderr,
             });
         }
-        String::from_utf8(run.stdout)
-            .map(AgentReply::from)
-            .map_err(|_| AgentError::NotUtf8)
+        let output = String::from_utf8(run.stdout).map_err(|_| AgentError::NotUtf8)?;
+        Ok(AgentReply {
+            output,
+            stderr: Some(run.stderr).filter(|s| !s.is_empty()),
+            ..AgentReply::default()
+        })
     }
 }
 

@@ -59,7 +59,7 @@ pub struct AgentRequest<'a> {
 
 /// An agent's answer: text, plus the final state of a child thread when the
 /// agent ran one.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct AgentReply {
     /// Markdown with YAML frontmatter.
     pub output: String,
@@ -68,14 +68,17 @@ pub struct AgentReply {
     /// What the call cost, as the agent reports it (a `$usage` key in the
     /// frontmatter is used when this is `None`): recorded with the step.
     pub usage: Option<crate::usage::Usage>,
+    /// What the agent said on the side (a `cmd:` or `claude:` agent's
+    /// stderr, its last [`STDERR_TAIL`] bytes): kept with the step
+    /// ([`kept`](crate::engine::kept)), shown by `thread log --stderr`.
+    pub stderr: Option<String>,
 }
 
 impl From<String> for AgentReply {
     fn from(output: String) -> Self {
         AgentReply {
             output,
-            child_thread: None,
-            usage: None,
+            ..AgentReply::default()
         }
     }
 }
