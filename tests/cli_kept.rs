@@ -58,7 +58,7 @@ fn each_step_keeps_the_prompt_sent_and_the_stderr(b: TestBackend) {
         let n = i + 1;
         let received = std::fs::read_to_string(env.path(&format!("prompt-{n}"))).unwrap();
         assert_eq!(
-            e["sent_prompt_text"].as_str(),
+            e["sent_prompt"].as_str(),
             Some(received.as_str()),
             "step {n}"
         );
@@ -68,18 +68,18 @@ fn each_step_keeps_the_prompt_sent_and_the_stderr(b: TestBackend) {
         );
         // The agent's own `$prompt` is dropped, never taken for a ref.
         assert!(e["meta"].get("$prompt").is_none(), "{e}");
-        // The same text is the blob the hash names.
-        let hash = e["sent_prompt"].as_str().unwrap();
-        let o = env.uwf(&["cas", "get", hash]);
-        assert!(
-            stdout(&o).ends_with(&format!("\n\n{received}\n")),
-            "{}",
-            stdout(&o)
-        );
+        assert_eq!(e["prompt_kept"], true);
     }
-    // Without the flags: the hashes only.
+    // Without the flags: whether they were kept, and the stderr's hash.
     let plain = steps(&env, &id, &[]);
-    assert!(plain[0]["sent_prompt"].is_string() && plain[0]["sent_prompt_text"].is_null());
+    assert_eq!(plain[0]["prompt_kept"], true);
+    assert!(plain[0]["sent_prompt"].is_null() && plain[0]["stderr_text"].is_null());
+    let o = env.uwf(&["cas", "get", plain[0]["stderr"].as_str().unwrap()]);
+    assert!(
+        stdout(&o).ends_with("\n\ncall 1: thinking\ncall 1: done\n"),
+        "{}",
+        stdout(&o)
+    );
     // In text: each step's line, then its prompt and stderr.
     let text = stdout(&env.uwf(&["thread", "log", &id, "--prompt", "--stderr"]));
     assert!(
@@ -101,11 +101,11 @@ fn each_step_keeps_the_prompt_sent_and_the_stderr(b: TestBackend) {
     let o = other.uwf(&["import", bundle.to_str().unwrap()]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     let moved = steps(&other, &id, &["--prompt", "--stderr"]);
-    assert_eq!(moved[1]["sent_prompt_text"], log[1]["sent_prompt_text"]);
+    assert_eq!(moved[1]["sent_prompt"], log[1]["sent_prompt"]);
     assert_eq!(moved[0]["stderr_text"], log[0]["stderr_text"]);
 
     // Unlinked and collected, they go with the rest of the thread.
-    let kept = log[0]["sent_prompt"].as_str().unwrap().to_owned();
+    let kept = log[0]["stderr"].as_str().unwrap().to_owned();
     let o = env.uwf(&["thread", "rm", &id]);
     assert_eq!(code(&o), Some(0), "{}", stderr(&o));
     env.json(&["gc", "--grace", "0"]);
@@ -136,7 +136,7 @@ fn keeping_prompts_can_be_turned_off_for_the_store(b: TestBackend) {
     let id = r["thread"].as_str().unwrap().to_owned();
     for e in steps(&env, &id, &["--prompt", "--stderr"]) {
         assert!(
-            e["sent_prompt"].is_null() && e["sent_prompt_text"].is_null(),
+            e["prompt_kept"] == false && e["sent_prompt"].is_null(),
             "{e}"
         );
         // Stderr is the agent's own words: kept either way.
@@ -159,7 +159,7 @@ fn keeping_prompts_can_be_turned_off_for_the_store(b: TestBackend) {
     ]);
     let id = r["thread"].as_str().unwrap().to_owned();
     assert!(
-        steps(&env, &id, &["--prompt"])[0]["sent_prompt_text"]
+        steps(&env, &id, &["--prompt"])[0]["sent_prompt"]
             .as_str()
             .unwrap()
             .contains("public")

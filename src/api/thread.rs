@@ -224,12 +224,12 @@ pub struct LogEntry {
     /// (empty when the first answered; SPEC §13): the step took
     /// `attempts.len() + 1` attempts.
     pub attempts: Vec<crate::engine::retry::AttemptEntry>,
-    /// The exact prompt the agent was sent on the call that answered, as
-    /// a content blob (none for a step that called no agent, a step
-    /// written before prompts were kept, or a store that keeps none).
-    pub sent_prompt: Option<Hash>,
-    /// Its text, when asked for (`thread log --prompt`).
-    pub sent_prompt_text: Option<String>,
+    /// Whether the step kept the exact prompt its agent was sent on the
+    /// call that answered (not for a step that called no agent, a step
+    /// written before prompts were kept, or in a store that keeps none).
+    pub prompt_kept: bool,
+    /// That prompt, when asked for (`thread log --prompt`).
+    pub sent_prompt: Option<String>,
     /// The tail of what the agent wrote on stderr on that call, as a
     /// content blob (none when it wrote nothing).
     pub stderr: Option<Hash>,
@@ -258,22 +258,23 @@ impl LogEntry {
         entry: &crate::thread::LogEntry,
         texts: KeptTexts,
     ) -> Result<Self, ThreadError> {
-        use crate::engine::kept::{PROMPT_META, STDERR_META, kept_ref};
+        use crate::engine::kept::{Kept, PROMPT_META, STDERR_META, prompt_text};
         let n = &entry.node;
         let input = store.threads().content_node(&n.input)?;
-        let sent_prompt = kept_ref(&n.meta, PROMPT_META, &input.artifacts);
-        let stderr = kept_ref(&n.meta, STDERR_META, &input.artifacts);
-        let text_of = |wanted: bool, h: Option<Hash>| -> Result<Option<String>, ThreadError> {
-            match (wanted, h) {
-                (true, Some(h)) => store.threads().content_text(&h).map(Some),
-                _ => Ok(None),
-            }
+        let kept = Kept::of(&n.meta, &input.artifacts);
+        let sent_prompt = match texts.prompt {
+            true => prompt_text(store, &n.meta, &input.artifacts)?,
+            false => None,
+        };
+        let stderr_text = match (texts.stderr, kept.stderr) {
+            (true, Some(h)) => Some(store.threads().content_text(&h)?),
+            _ => None,
         };
         Ok(LogEntry {
-            sent_prompt_text: text_of(texts.prompt, sent_prompt)?,
-            stderr_text: text_of(texts.stderr, stderr)?,
+            prompt_kept: kept.prompt,
             sent_prompt,
-            stderr,
+            stderr_text,
+            stderr: kept.stderr,
             child_thread: n.child_thread,
             content: store.threads().content_text(&n.content)?,
             hash: entry.hash,

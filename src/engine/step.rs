@@ -271,7 +271,7 @@ impl Engine {
         meta.remove(super::kept::PROMPT_META);
         meta.remove(super::kept::STDERR_META);
         let (kept, named) =
-            super::kept::kept_blobs(&sent, stderr.as_deref(), self.keep_prompts()?)?;
+            super::kept::kept_blobs(&sent, &header, stderr.as_deref(), self.keep_prompts()?)?;
         meta.extend(named);
         // What the step's calls cost, kept with the step (crate::usage).
         meta.insert(USAGE_META.to_owned(), usage.to_value());

@@ -83,7 +83,7 @@ pub fn answer_of(args: &[&str]) -> Option<(&'static str, Shape)> {
 
 type Validators = Mutex<HashMap<String, Arc<jsonschema::Validator>>>;
 
-/// The validator of the committed schema `docs/schemas/v1/NAME.json`.
+/// The validator of the committed schema `docs/schemas/vN/NAME.json` (N: `API_VERSION`).
 pub fn validator(name: &str) -> Arc<jsonschema::Validator> {
     static CACHE: OnceLock<Validators> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
@@ -110,7 +110,8 @@ pub fn assert_instance(name: &str, value: &serde_json::Value) {
         .collect();
     assert!(
         errors.is_empty(),
-        "the answer does not match docs/schemas/v1/{name}.json:\n{}\nanswer: {value}",
+        "the answer does not match docs/schemas/v{}/{name}.json:\n{}\nanswer: {value}",
+        uwf_db::api::API_VERSION,
         errors.join("\n")
     );
 }

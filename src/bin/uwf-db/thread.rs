@@ -742,31 +742,25 @@ fn log(
             continue;
         }
         let entry = api::LogEntry::read_with(store, e, texts)?;
-        let mut section = |title: &str, text: Option<&str>, hash: Option<uwf_db::Hash>| {
-            match (text, hash) {
-                (Some(text), _) => {
-                    out.line(format_args!("  ── {title} ──"))?;
-                    for line in text.trim_end().lines() {
-                        out.line(format_args!("  │ {line}").to_string().trim_end())?;
-                    }
-                    Ok::<_, std::io::Error>(())
+        let mut section = |title: &str, text: Option<&str>| match text {
+            Some(text) => {
+                out.line(format_args!("  ── {title} ──"))?;
+                for line in text.trim_end().lines() {
+                    out.line(format_args!("  │ {line}").to_string().trim_end())?;
                 }
-                // An end node, a child's step, or nothing was kept.
-                (None, None) if entry.role != uwf_db::thread::END_ROLE => {
-                    out.line(format_args!("  ── {title}: none kept ──"))
-                }
-                _ => Ok(()),
+                Ok::<_, std::io::Error>(())
             }
+            // An end node, a child's step, or nothing was kept.
+            None if entry.role != uwf_db::thread::END_ROLE => {
+                out.line(format_args!("  ── {title}: none kept ──"))
+            }
+            None => Ok(()),
         };
         if texts.prompt {
-            section(
-                "prompt sent",
-                entry.sent_prompt_text.as_deref(),
-                entry.sent_prompt,
-            )?;
+            section("prompt sent", entry.sent_prompt.as_deref())?;
         }
         if texts.stderr {
-            section("stderr", entry.stderr_text.as_deref(), entry.stderr)?;
+            section("stderr", entry.stderr_text.as_deref())?;
         }
     }
     Ok(())
