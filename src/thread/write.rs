@@ -323,9 +323,7 @@ impl LowLevel<'_> {
         id: ThreadId,
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
-        check_labels(&new.labels)?;
-        self.0
-            .write_op(move |w| start_in(w, &new, id, claimed, IdSource::Given))
+        self.start_from(new, id, claimed, IdSource::Given)
     }
 
     /// `start_thread_as` for an id the caller has just drawn with
@@ -338,9 +336,20 @@ impl LowLevel<'_> {
         id: ThreadId,
         claimed: bool,
     ) -> Result<ThreadRecord, ThreadError> {
+        self.start_from(new, id, claimed, IdSource::Generated)
+    }
+
+    /// Starts a thread with `id`, from `source`.
+    fn start_from(
+        &self,
+        new: NewThread,
+        id: ThreadId,
+        claimed: bool,
+        source: IdSource,
+    ) -> Result<ThreadRecord, ThreadError> {
         check_labels(&new.labels)?;
         self.0
-            .write_op(move |w| start_in(w, &new, id, claimed, IdSource::Generated))
+            .write_op(move |w| start_in(w, &new, id, claimed, source))
     }
 
     /// Starts `children` of thread `parent` (a fan-out role's) and appends

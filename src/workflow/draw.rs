@@ -81,36 +81,40 @@ fn label(wf: &Workflow, name: &str) -> Vec<String> {
     }
 }
 
-/// Mermaid's text in a quoted label or an edge label: quotes, pipes and
-/// angle brackets as its entity codes, no line breaks.
-fn mermaid_text(s: &str) -> String {
+/// `s` with each character `special` names replaced by its text, and
+/// line breaks by spaces.
+fn escaped(s: &str, special: impl Fn(char) -> Option<&'static str>) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        match c {
-            '"' => out.push_str("#quot;"),
-            '|' => out.push_str("#124;"),
-            '<' => out.push_str("#lt;"),
-            '>' => out.push_str("#gt;"),
-            '#' => out.push_str("#35;"),
-            '\n' | '\r' => out.push(' '),
-            c => out.push(c),
+        match (c, special(c)) {
+            (_, Some(text)) => out.push_str(text),
+            ('\n' | '\r', None) => out.push(' '),
+            (c, None) => out.push(c),
         }
     }
     out
 }
 
+/// Mermaid's text in a quoted label or an edge label: quotes, pipes,
+/// angle brackets and `#` as its entity codes, no line breaks.
+fn mermaid_text(s: &str) -> String {
+    escaped(s, |c| match c {
+        '"' => Some("#quot;"),
+        '|' => Some("#124;"),
+        '<' => Some("#lt;"),
+        '>' => Some("#gt;"),
+        '#' => Some("#35;"),
+        _ => None,
+    })
+}
+
 /// DOT's text inside a double-quoted string.
 fn dot_text(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' | '\r' => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
+    escaped(s, |c| match c {
+        '"' => Some("\\\""),
+        '\\' => Some("\\\\"),
+        _ => None,
+    })
 }
 
 /// The edges, `(from id, status, to id)`, in the graph's order.
