@@ -74,6 +74,7 @@ pub mod node;
 mod record;
 pub mod salvage;
 pub mod store;
+pub mod telemetry;
 pub mod thread;
 pub mod usage;
 pub mod verify;

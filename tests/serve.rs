@@ -757,7 +757,133 @@ fn a_child_thread_answers_with_its_parent_context(b: TestBackend) {
     assert!(top.get("parent_context").is_none(), "{top}");
 }
 
+/// `GET /metrics`: what a text line of the OpenMetrics answer says, `0.0`
+/// when the series is absent.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+fn metrics_text(server: &Server) -> String {
+    let mut r = agent().get(&server.url("/metrics")).call().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let ct = r.headers().get("content-type").unwrap().to_str().unwrap();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    r.body_mut().read_to_string().unwrap()
+}
+
+/// The server's own drives, counted for a Prometheus scrape: steps by
+/// workflow, role and outcome, their latency, tokens reported, drives, and
+/// none in flight once they end.
+fn metrics_count_the_servers_steps(b: TestBackend) {
+    let env = setup(b);
+    let failing = env.file("fail.sh", "echo 'out of quota' >&2; exit 3\n");
+    let usage = env.file(
+        "usage.sh",
+        "case \"$UWF_ROLE\" in developer) s=review_needed ;; *) s=approved ;; esac\n\
+         printf -- '---\\n$status: %s\\n$usage: {input_tokens: 100, output_tokens: 7}\\n---\\nok\\n' \"$s\"\n",
+    );
+    let server = Server::start(
+        &env,
+        &[
+            "--agent",
+            &format!("default=cmd:sh {usage}"),
+            "--agent",
+            &format!("broken=cmd:sh {failing}"),
+        ],
+    );
+    let before = metrics_text(&server);
+    // Counters appear with their first series; the gauge at once.
+    assert!(
+        before.contains("# TYPE uwf_steps_in_flight gauge"),
+        "{before}"
+    );
+    assert!(!before.contains("uwf_steps_total"), "{before}");
+
+    let (status, ok) = server.post(
+        "/api/threads",
+        json!({"workflow": "review", "prompt": "Add a flag", "drive": true}),
+    );
+    assert_eq!(status, 201, "{ok}");
+    wait_for(&server, &thread_of(&ok["thread"]), "completed");
+    let (status, bad) = server.post(
+        "/api/threads",
+        json!({"workflow": "review", "prompt": "Fails", "drive": true, "agent": "broken"}),
+    );
+    assert_eq!(status, 201, "{bad}");
+    let bad_id = thread_of(&bad["thread"]);
+    let deadline = Instant::now() + PATIENCE;
+    let text = loop {
+        let text = metrics_text(&server);
+        if metric(
+            &text,
+            r#"uwf_drives_total{workflow="review",outcome="step_failed"}"#,
+        ) >= 1.0
+        {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{bad_id}: no failed drive counted: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let ok_steps = |role: &str| {
+        metric(
+            &text,
+            &format!(r#"uwf_steps_total{{workflow="review",role="{role}",outcome="ok"}}"#),
+        )
+    };
+    assert_eq!(
+        (ok_steps("developer"), ok_steps("reviewer")),
+        (1.0, 1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"uwf_steps_total{workflow="review",role="developer",outcome="step_failed"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, r#"uwf_drives_total{workflow="review",outcome="ok"}"#),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"uwf_step_duration_seconds_count{workflow="review",role="developer"}"#
+        ),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"uwf_agent_tokens_total{workflow="review",role="developer",token_type="input"}"#
+        ),
+        100.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"uwf_agent_tokens_total{workflow="review",role="reviewer",token_type="output"}"#
+        ),
+        7.0,
+        "{text}"
+    );
+    assert!(text.contains("# TYPE uwf_steps counter"), "{text}");
+    assert!(text.contains("\nuwf_steps_in_flight 0\n"), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+}
+
 process_conformance!(
+    metrics_count_the_servers_steps,
     a_child_thread_answers_with_its_parent_context,
     every_read_endpoint_answers_with_its_contract_type,
     threads_page_by_cursor_without_gaps_or_repeats,
@@ -793,6 +919,15 @@ fn the_guard_refuses_what_it_must() {
     };
     assert_eq!(with(token).0, 200);
     assert_eq!(with("0123456789abcdef0124").0, 401);
+    // The metrics are behind the same token.
+    let (status, e) = server.get("/metrics");
+    assert_eq!((status, kind(&e)), (401, "unauthorized"), "{e}");
+    let r = agent()
+        .get(&server.url("/metrics"))
+        .header("Authorization", &format!("Bearer {token}"))
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     // In the query only for an event stream (browsers open those without
     // headers), not for anything else.
     let (status, e) = server.get(&format!("/api/threads?token={token}"));

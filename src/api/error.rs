@@ -66,6 +66,31 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind's name, as in JSON (`not_found`, `step_failed`, ...).
+    ///
+    /// ```
+    /// use uwf_db::api::ErrorKind;
+    /// assert_eq!(ErrorKind::StepFailed.as_str(), "step_failed");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Ambiguous => "ambiguous",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::StepFailed => "step_failed",
+            ErrorKind::Damaged => "damaged",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Full => "full",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Interrupted => "interrupted",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::Failed => "failed",
+        }
+    }
+
     /// The HTTP status `uwf-db serve` answers with (SPEC §12).
     ///
     /// ```
@@ -280,4 +305,34 @@ pub struct ErrorBody {
     pub hint: Option<String>,
     /// The process's exit code: 1 a failure, 3 a damaged data file.
     pub exit_code: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorKind;
+
+    /// `as_str` names each kind as its JSON does.
+    #[test]
+    fn as_str_is_the_json_name() {
+        let all = [
+            ErrorKind::NotFound,
+            ErrorKind::Ambiguous,
+            ErrorKind::Invalid,
+            ErrorKind::Conflict,
+            ErrorKind::TooLarge,
+            ErrorKind::StepFailed,
+            ErrorKind::Damaged,
+            ErrorKind::Corrupt,
+            ErrorKind::Full,
+            ErrorKind::Unavailable,
+            ErrorKind::Interrupted,
+            ErrorKind::Unauthorized,
+            ErrorKind::Forbidden,
+            ErrorKind::Failed,
+        ];
+        for kind in all {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json.as_str(), Some(kind.as_str()));
+        }
+    }
 }

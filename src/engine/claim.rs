@@ -224,7 +224,9 @@ impl Engine {
                     r.stop_requested_at = None;
                     match (r.status, r.claimed_status) {
                         // A dead driver's claim: keep the status underneath.
-                        (ThreadStatus::Running, Some(_)) => {}
+                        (ThreadStatus::Running, Some(_)) => {
+                            tracing::debug!(thread = %r.id, "a dead driver's thread taken over");
+                        }
                         (s, _) if s.is_done() => {}
                         (s, _) => {
                             r.claimed_status = Some(s);

@@ -31,9 +31,12 @@ impl Engine {
             return Ok(false);
         }
         if let Err(e) = self.compact_now(wf, c, record, agent, cancel) {
+            tracing::warn!(thread = %record.id, error = %e, "automatic compaction failed");
             self.threads()
                 .low_level()
                 .record_failure(record.id, &format!("automatic compaction failed: {e}"))?;
+        } else {
+            tracing::info!(thread = %record.id, rounds, "thread compacted");
         }
         Ok(true)
     }

@@ -231,11 +231,25 @@ impl Engine {
         options: &DriveOptions,
         agent: &mut dyn Agent,
     ) -> DriveReport {
-        let mut report = DriveReport {
+        let report = DriveReport {
             results: Vec::new(),
             error: None,
             stopped_by_request: false,
         };
+        let span = self.workflow_span(id);
+        let report = span.in_scope(|| self.drive_claimed(id, options, agent, report));
+        self.close_workflow_span(&span, id, &report);
+        report
+    }
+
+    /// [`Self::drive`] inside its span.
+    fn drive_claimed(
+        &self,
+        id: ThreadId,
+        options: &DriveOptions,
+        agent: &mut dyn Agent,
+        mut report: DriveReport,
+    ) -> DriveReport {
         let max_steps = options.max_steps.unwrap_or(usize::MAX);
         let cancel = &options.cancel;
         // Hold the thread for the whole drive, not per step.
@@ -262,7 +276,7 @@ impl Engine {
             }
         }
         if report.results.len() < max_steps && !report.stopped() {
-            let more = self.run_thread(id, max_steps - report.results.len(), agent, cancel);
+            let more = self.run_steps(id, max_steps - report.results.len(), agent, cancel);
             report.results.extend(more.results);
             report.error = more.error;
             report.stopped_by_request = more.stopped_by_request;
@@ -511,8 +525,65 @@ impl Engine {
     }
 
     /// Steps until the thread ends or suspends, or `max_steps` steps ran,
-    /// or a step fails (the steps before it stay committed).
+    /// or a step fails (the steps before it stay committed); in an
+    /// `invoke_workflow` span (`crate::telemetry`).
     pub(crate) fn run_thread(
+        &self,
+        id: ThreadId,
+        max_steps: usize,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> DriveReport {
+        let span = self.workflow_span(id);
+        let report = span.in_scope(|| self.run_steps(id, max_steps, agent, cancel));
+        self.close_workflow_span(&span, id, &report);
+        report
+    }
+
+    /// The `invoke_workflow` span of a drive of `id`, named after its
+    /// workflow (read only when something listens).
+    fn workflow_span(&self, id: ThreadId) -> tracing::Span {
+        let span = crate::telemetry::workflow_span(id);
+        if span.is_disabled() {
+            return span;
+        }
+        if let Ok(Some(record)) = self.threads().get(id) {
+            if let Ok(wf) = self.store.workflows().load(record.workflow_hash) {
+                crate::telemetry::name_workflow(&span, &wf.name);
+            }
+            if let Some(parent) = record.parent_thread {
+                span.record("uwf.thread.parent", tracing::field::display(parent));
+            }
+            if let Some(origin) = &record.forked_from {
+                span.record(
+                    "uwf.thread.forked_from",
+                    tracing::field::display(origin.thread),
+                );
+            }
+        }
+        span
+    }
+
+    /// Records a drive's outcome on its span.
+    fn close_workflow_span(&self, span: &tracing::Span, id: ThreadId, report: &DriveReport) {
+        if span.is_disabled() {
+            return;
+        }
+        span.record(
+            "uwf.steps",
+            crate::telemetry::int(report.results.len() as u64),
+        );
+        if let Some(last) = report.results.last() {
+            span.record("uwf.thread.status", last.status.as_str());
+        }
+        if let Some(e) = &report.error {
+            crate::telemetry::record_error(span, e.into());
+            tracing::debug!(thread = %id, error = %e, "drive ended with an error");
+        }
+    }
+
+    /// [`Self::run_thread`] without its span.
+    fn run_steps(
         &self,
         id: ThreadId,
         max_steps: usize,

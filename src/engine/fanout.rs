@@ -448,12 +448,16 @@ impl Engine {
                 stopped.store(true, Ordering::SeqCst);
             }
         };
+        // Children driven on worker threads stay children of this step's
+        // span (`crate::telemetry`).
+        let span = tracing::Span::current();
         let made = std::thread::scope(|s| {
             let work = &work;
             let maker = s.spawn(make);
             for a in forks.iter_mut() {
                 let a: &mut dyn Agent = a.as_mut();
-                s.spawn(move || work(a));
+                let span = span.clone();
+                s.spawn(move || span.in_scope(|| work(a)));
             }
             work(agent);
             maker.join()

@@ -64,6 +64,7 @@ impl Engine {
         cause: StepFailure,
         usage: Option<StepUsage>,
     ) -> EngineError {
+        tracing::warn!(thread = %id, error = %cause, "step failed");
         match self
             .threads()
             .low_level()
@@ -165,7 +166,34 @@ impl Engine {
         }
     }
 
+    /// One role step, in an `invoke_agent` span (`crate::telemetry`).
     pub(super) fn run_step(
+        &self,
+        record: &ThreadRecord,
+        role: &str,
+        instruction: &str,
+        mode: Mode,
+        agent: &mut dyn Agent,
+        cancel: &Cancel,
+    ) -> Result<StepResult, EngineError> {
+        let span = crate::telemetry::agent_span(record.id, role);
+        let result =
+            span.in_scope(|| self.run_step_here(record, role, instruction, mode, agent, cancel));
+        if !span.is_disabled() {
+            match &result {
+                Ok(r) => {
+                    if let Some(next) = &r.current_role {
+                        span.record("uwf.next_role", next.as_str());
+                    }
+                }
+                Err(e) => crate::telemetry::record_error(&span, e.into()),
+            }
+        }
+        result
+    }
+
+    /// [`Self::run_step`] inside its span.
+    fn run_step_here(
         &self,
         record: &ThreadRecord,
         role: &str,
@@ -250,6 +278,8 @@ impl Engine {
             prompt: sent,
             stderr,
         } = answered;
+        crate::telemetry::record_usage(&usage, attempts.len());
+        crate::telemetry::record_content(&sent, &extracted.body);
         let route = match wf.route_in(
             Some(&self.engine_state().templates),
             role,
@@ -259,6 +289,13 @@ impl Engine {
             Ok(r) => r,
             Err(e) => return Err(self.fail(id, StepFailure::Route(e))),
         };
+        let span = tracing::Span::current();
+        if !span.is_disabled() {
+            span.record(
+                "uwf.status",
+                crate::workflow::status_of(&extracted.meta).as_str(),
+            );
+        }
         let rounds = match mode {
             Mode::ResumeEnded => 1,
             _ => record.rounds() + 1,
@@ -319,6 +356,13 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
+        tracing::debug!(
+            thread = %id,
+            role,
+            seq = written.record.seq,
+            status = %written.record.status,
+            "step committed"
+        );
         if self.maybe_compact(&wf, &written.record, agent, cancel)? {
             let latest = self.threads().get(id)?.unwrap_or(written.record);
             return Ok(StepResult::of(&latest));
@@ -412,6 +456,15 @@ impl Engine {
                 return Err(self.fail_counted(id, failure, Some(usage)));
             };
             let delay = policy.delay(attempt, super::retry::jitter(id, attempt));
+            tracing::info!(
+                thread = %id,
+                role,
+                attempt,
+                cause = cause.as_str(),
+                delay_ms = delay.as_millis() as u64,
+                error = %failure,
+                "attempt failed; trying again"
+            );
             failed.push(FailedAttempt {
                 at_ms: started,
                 cause,

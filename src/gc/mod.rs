@@ -241,14 +241,29 @@ pub fn collect_garbage(
     options: &GcOptions,
     progress: &(dyn Fn(GcProgress) + Sync),
 ) -> Result<GcReport, GcError> {
-    match options.threads {
+    let span = tracing::info_span!("uwf.gc", dry_run = options.dry_run);
+    let _entered = span.enter();
+    let report = match options.threads {
         None => collect(store, options, progress),
         Some(threads) => rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .map_err(|source| GcError::Pool { threads, source })?
             .install(|| collect(store, options, progress)),
+    };
+    match &report {
+        Ok(r) => tracing::info!(
+            dry_run = r.dry_run,
+            blobs = r.blobs,
+            marked = r.marked,
+            swept = r.swept,
+            bytes_freed = r.bytes_freed,
+            elapsed_ms = r.elapsed_ms,
+            "garbage collected"
+        ),
+        Err(e) => tracing::warn!(error = %e, "garbage collection failed"),
     }
+    report
 }
 
 fn collect(

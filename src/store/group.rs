@@ -304,6 +304,10 @@ fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreEr
             // nothing was applied, all run again on a new connection.
             Some(_) if txn.connection_lost() && lost < super::LOST_CONNECTION_TRIES => {
                 lost += 1;
+                tracing::warn!(
+                    requests = batch.len(),
+                    "connection lost under a group commit; running the group again"
+                );
             }
             // A deadlock with another group (or another process's
             // writer): not the request's fault either; all run again.
@@ -322,7 +326,14 @@ fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreEr
                 })) if conflicts < super::SERIALIZATION_RETRIES => {
                     conflicts += 1;
                 }
-                done => return done,
+                done => {
+                    tracing::trace!(
+                        requests = batch.len(),
+                        left_out = left_out.iter().filter(|o| **o).count(),
+                        "group committed"
+                    );
+                    return done;
+                }
             },
         }
     }

@@ -85,6 +85,10 @@ impl Cli {
         c.arg("--store")
             .arg(self.store_arg())
             .env_remove("UWF_STORE")
+            // Logs and traces only where a test asks for them.
+            .env_remove("RUST_LOG")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             .current_dir(root());
         c
     }

@@ -239,8 +239,17 @@ impl PostgresBackend {
             match self.config.connect(NoTls) {
                 Ok(client) => return Ok(Reused::Fresh(Box::new(client))),
                 Err(e) if too_many_connections(&e) && started.elapsed() < CONNECT_PATIENCE => {
-                    self.connect_waits
+                    let waits = self
+                        .connect_waits
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if waits.is_multiple_of(100) {
+                        // Said once, then every hundredth wait.
+                        tracing::warn!(
+                            waits = waits + 1,
+                            pause_ms = pause.as_millis() as u64,
+                            "PostgreSQL refuses new connections (too many clients); waiting to connect"
+                        );
+                    }
                     // Spread the retries of many waiting threads.
                     let jitter = u64::from(started.elapsed().subsec_nanos() % 50);
                     std::thread::sleep(pause + std::time::Duration::from_millis(jitter));

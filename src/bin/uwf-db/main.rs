@@ -22,6 +22,7 @@ mod render;
 mod salvage;
 #[cfg(feature = "serve")]
 mod serve;
+mod telemetry;
 mod thread;
 mod watch;
 mod workflow;
@@ -49,7 +50,7 @@ struct Cli {
     /// Print machine-readable JSON
     #[arg(long, global = true)]
     json: bool,
-    /// Say more: `prune` lists every thread it unlinks (-v)
+    /// Say more: logs on stderr (-v info, -vv debug, -vvv trace; RUST_LOG overrides) and `prune` lists every thread it unlinks
     #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
     verbose: u8,
     /// Say less: no progress bars and no notes on stderr (answers and errors still print)
@@ -555,9 +556,15 @@ fn main() -> ExitCode {
     };
     handle_signals(&cancel, mode);
     output::set_quiet(cli.quiet);
+    #[cfg(feature = "serve")]
+    let serving = matches!(cli.command, Command::Serve(_));
+    #[cfg(not(feature = "serve"))]
+    let serving = false;
+    telemetry::init(cli.verbose, cli.quiet, serving);
     let mut out = Output::new(cli.json);
     out.verbose = cli.verbose;
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));
+    telemetry::flush();
     // The signal thread cancelled the work, which may end here before that
     // thread calls `exit`: the signal's exit code wins either way.
     let signal = SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);

@@ -5,7 +5,8 @@
 //!    name the server (its bind address, `localhost`, `127.0.0.1`, `[::1]`
 //!    on its port, or an `--allow-host`): a page on another site that
 //!    rebinds its DNS name to 127.0.0.1 is refused (DNS rebinding).
-//! 2. **Token.** With `--token`, every `/api/` request carries it, as
+//! 2. **Token.** With `--token`, every `/api/` request (and `/metrics`)
+//!    carries it, as
 //!    `Authorization: Bearer TOKEN`, or `?token=TOKEN` on a GET of an event
 //!    stream only (browsers open those without headers); compared in
 //!    constant time.
@@ -30,7 +31,9 @@ use super::Shared;
 use super::error::ApiError;
 
 pub async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    let is_api = request.uri().path().starts_with("/api/");
+    // `/metrics` (a Prometheus scrape) is data like the API's, guarded alike.
+    let path = request.uri().path();
+    let is_api = path.starts_with("/api/") || path == "/metrics";
     let mut response = match check(&state, &request, is_api) {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),

@@ -12,6 +12,7 @@ mod assets;
 pub(crate) mod error;
 mod events;
 mod guard;
+pub mod metrics;
 mod openapi;
 mod params;
 pub(crate) mod reads;

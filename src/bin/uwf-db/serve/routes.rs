@@ -381,6 +381,7 @@ pub fn router(state: Shared) -> Router {
         }
     }
     api.merge(streams)
+        .route("/metrics", get(super::metrics::serve))
         .route("/", get(assets::index))
         .route("/assets/{*path}", get(assets::asset))
         .fallback(not_found)
