@@ -634,7 +634,82 @@ fn a_fan_out_cut_off_while_making_children_makes_only_the_rest(b: TestBackend) {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
+/// Answers every call with a reported cost, after `gate` lets it.
+struct Costly {
+    inner: Box<dyn Agent>,
+    gate: Arc<std::sync::Barrier>,
+    first: bool,
+}
+
+impl Agent for Costly {
+    fn call(&mut self, req: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+        if std::mem::take(&mut self.first) {
+            // Each driver's first call waits until the test has looked.
+            self.gate.wait();
+            self.gate.wait();
+        }
+        let mut reply = self.inner.call(req)?;
+        reply.usage = Some(uwf_db::usage::Usage {
+            cost_usd: Some(0.25),
+            ..Default::default()
+        });
+        Ok(reply)
+    }
+    fn needs_step_count(&self) -> bool {
+        self.inner.needs_step_count()
+    }
+}
+
+/// `BatchOptions::progress`: threads running while their drivers work,
+/// every agent call counted and its cost summed, as the report says at
+/// the end.
+fn a_batch_reports_its_progress_live(b: TestBackend) {
+    let store = b.durable();
+    let wf = review(&store);
+    let prompts: Vec<String> = (0..12).map(|i| format!("change {i}")).collect();
+    let live = Arc::new(uwf_db::engine::batch::BatchProgress::default());
+    let options = BatchOptions {
+        progress: Some(live.clone()),
+        ..BatchOptions::default()
+    };
+    let gate = Arc::new(std::sync::Barrier::new(4));
+    let drivers: Vec<Box<dyn Agent>> = agents(3)
+        .into_iter()
+        .map(|inner| {
+            Box::new(Costly {
+                inner,
+                gate: gate.clone(),
+                first: true,
+            }) as Box<dyn Agent>
+        })
+        .collect();
+    let report = std::thread::scope(|s| {
+        let batch = s.spawn(|| {
+            store
+                .engine()
+                .run_batch(wf, &prompts, &options, drivers, &mut |_| {})
+                .unwrap()
+        });
+        // Every driver is inside its first call: three threads running.
+        gate.wait();
+        assert_eq!(live.running(), 3);
+        assert_eq!((live.calls(), live.cost_usd()), (0, None));
+        gate.wait();
+        batch.join().unwrap()
+    });
+    assert_eq!(report.completed, 12);
+    assert_eq!(live.running(), 0);
+    assert_eq!(live.calls(), 48, "four calls a thread");
+    assert_eq!(live.calls(), report.usage.calls);
+    assert!(
+        (live.cost_usd().unwrap() - 12.0).abs() < 1e-9,
+        "{:?}",
+        live.cost_usd()
+    );
+}
+
 conformance!(
+    a_batch_reports_its_progress_live,
     a_fan_out_cut_off_while_making_children_makes_only_the_rest,
     a_durable_batch_commits_every_step_in_groups,
     a_failing_request_is_rolled_back_alone,

@@ -288,3 +288,56 @@ process_conformance!(
     batch_reads_multi_line_prompts_from_json_lines,
     batch_json_stops_starting_threads_when_its_reader_is_gone,
 );
+
+/// On a terminal (`script` gives the batch one), the progress line says
+/// threads done, failed and running, calls per second, the cost reported
+/// so far and an ETA; `-q` draws none; without a terminal there is none.
+#[test]
+fn the_progress_line_on_a_terminal() {
+    let env = Cli::new(TestBackend::Lmdb);
+    env.json(&["workflow", "add", "examples/review.yaml"]);
+    let agent = env.file(
+        "agent.sh",
+        "sleep 0.4\n\
+         case \"$UWF_ROLE\" in developer) s=review_needed ;; *) s=approved ;; esac\n\
+         [ \"$UWF_ROLE\" = developer ] && case \"$(cat)\" in *'prompt 3'*) exit 7 ;; esac\n\
+         printf -- '---\\n$status: %s\\n$usage: {cost_usd: 0.01}\\n---\\nok\\n' \"$s\"\n",
+    );
+    let store = env.store_arg().into_string().unwrap();
+    let bin = env!("CARGO_BIN_EXE_uwf-db");
+    let run = |quiet: &str| {
+        let line = format!(
+            "{bin} --store {store} {quiet} batch review --prompts {prompts} --agent 'cmd:sh {agent}' --jobs 4",
+            prompts = env.file(
+                "p.txt",
+                &(0..16).map(|i| format!("prompt {i}\n")).collect::<String>()
+            ),
+        );
+        let typescript = env.path("typescript");
+        let o = std::process::Command::new("script")
+            .args(["-qfec", &line])
+            .arg(&typescript)
+            .env_remove("UWF_STORE")
+            .current_dir(root())
+            .output()
+            .expect("`script` (util-linux) gives the batch a terminal");
+        assert_eq!(o.status.code(), Some(1), "one thread fails: exit 1");
+        let raw = std::fs::read_to_string(&typescript).unwrap();
+        raw.replace('\r', "\n")
+    };
+    let shown = run("");
+    let frames: Vec<&str> = shown
+        .lines()
+        .filter(|l| l.contains("review threads ["))
+        .collect();
+    assert!(frames.len() >= 3, "{shown}");
+    assert!(frames.iter().any(|f| f.contains(" running")), "{frames:?}");
+    assert!(frames.iter().any(|f| f.contains("1 failed")), "{frames:?}");
+    assert!(frames.iter().any(|f| f.contains("calls/s")), "{frames:?}");
+    assert!(frames.iter().any(|f| f.contains("$0.")), "{frames:?}");
+    assert!(frames.iter().any(|f| f.contains("ETA")), "{frames:?}");
+    // The summary after it.
+    assert!(shown.contains("16: 15 completed"), "{shown}");
+    let quiet = run("-q");
+    assert!(!quiet.contains("review threads ["), "{quiet}");
+}

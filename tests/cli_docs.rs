@@ -221,3 +221,36 @@ fn manual_pages_cover_every_visible_command() {
         "{top}"
     );
 }
+
+/// `docs/cli.md` is what `uwf-db man --markdown` prints (regenerate with
+/// `UWF_BLESS_DOCS=1 cargo test --test cli_docs`), and it has a section
+/// for every visible command.
+#[test]
+fn the_cli_reference_is_generated_and_current() {
+    let o = std::process::Command::new(BIN)
+        .args(["man", "--markdown"])
+        .env_remove("UWF_STORE")
+        .env_remove("UWF_MAX_MAP_SIZE")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let generated = String::from_utf8(o.stdout).unwrap();
+    let path = root().join("docs/cli.md");
+    if std::env::var_os("UWF_BLESS_DOCS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/cli.md is not what `uwf-db man --markdown` prints: regenerate it with \
+         UWF_BLESS_DOCS=1 cargo test --test cli_docs"
+    );
+    for cmd in visible_commands() {
+        let heading = format!("\n## uwf-db {cmd}\n");
+        assert!(generated.contains(&heading), "no section {heading:?}");
+    }
+    assert!(
+        !generated.contains("salvage-read"),
+        "hidden commands stay out"
+    );
+}

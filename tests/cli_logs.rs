@@ -166,3 +166,50 @@ fn rust_log_overrides_and_a_bad_one_is_named() {
     );
     assert!(stderr(&o).contains("RUST_LOG ignored"), "{}", stderr(&o));
 }
+
+/// `--color always` colours the logs even off a terminal; `never` and
+/// `NO_COLOR` keep them plain; a bad value is bad usage, and clap's own
+/// errors follow the flag too.
+#[test]
+fn color_is_asked_for_or_not() {
+    let cli = review_store();
+    let run = |args: &[&str], no_color: bool| {
+        let mut c = cli.cmd();
+        if no_color {
+            c.env("NO_COLOR", "1");
+        }
+        c.args(args).output().unwrap()
+    };
+    let always = run(
+        &[
+            "--color", "always", "-vv", "run", "review", "-p", "x", "--agent", AGENT,
+        ],
+        false,
+    );
+    assert!(always.status.success());
+    assert!(stderr(&always).contains('\u{1b}'), "{}", stderr(&always));
+    let never = run(
+        &[
+            "--color=never",
+            "-vv",
+            "run",
+            "review",
+            "-p",
+            "x",
+            "--agent",
+            AGENT,
+        ],
+        false,
+    );
+    assert!(!stderr(&never).contains('\u{1b}'));
+    let plain = run(&["-vv", "run", "review", "-p", "x", "--agent", AGENT], true);
+    assert!(!stderr(&plain).contains('\u{1b}'));
+    let bad = run(&["--color", "sometimes", "thread", "list"], false);
+    assert_eq!(code(&bad), Some(2));
+    assert!(stderr(&bad).contains("sometimes"), "{}", stderr(&bad));
+    // clap's error for an unknown flag, coloured only when asked.
+    let err = run(&["--color", "always", "thread", "list", "--bogus"], false);
+    assert!(stderr(&err).contains('\u{1b}'), "{}", stderr(&err));
+    let err = run(&["thread", "list", "--bogus"], false);
+    assert!(!stderr(&err).contains('\u{1b}'), "{}", stderr(&err));
+}

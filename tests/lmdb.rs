@@ -457,3 +457,107 @@ fn a_full_map_fails_its_request_and_the_store_stays_usable() {
     );
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
+
+/// The newest meta page's `mm_last_pg` and the page size (4096 here).
+fn last_page_of(data: &Path) -> u64 {
+    let bytes = std::fs::read(data).unwrap();
+    let field = |page: usize, at: usize| {
+        u64::from_le_bytes(
+            bytes[page * 4096 + at..page * 4096 + at + 8]
+                .try_into()
+                .unwrap(),
+        )
+    };
+    // mm_last_pg at 136, mm_txnid at 144 of each meta page.
+    if field(1, 144) > field(0, 144) {
+        field(1, 136)
+    } else {
+        field(0, 136)
+    }
+}
+
+/// A data file may end before LMDB's last page: a transaction that
+/// takes pages and gives them back before it commits (its "loose" pages;
+/// `prune` then `gc` did it) counts them in the meta page's last page but
+/// never writes them. Such a store is whole, and was once refused as
+/// truncated by every command. Here the file is cut by the free pages at
+/// its end (a large value written, then deleted, leaves them): every cut
+/// that opens must verify, take writes and reopen (a used page cut away
+/// would fail `verify` or the mapping's reads); the first cut into a used
+/// page is refused as truncated; and at least one cut opens.
+#[test]
+fn a_data_file_short_by_free_pages_only_is_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = {
+        let store = open(dir.path());
+        store.put(&Blob::content("kept", [])).unwrap()
+    };
+    {
+        let env = raw_env(dir.path());
+        let meta = |w: &heed::RwTxn| -> heed::Database<heed::types::Str, Bytes> {
+            env.open_database(w, Some("meta")).unwrap().unwrap()
+        };
+        // Free pages to take from first (so the deletion below writes
+        // nothing past the large value's pages), then the large value at
+        // the end of the file.
+        let mut w = env.write_txn().unwrap();
+        for i in 0..200 {
+            meta(&w)
+                .put(&mut w, &format!("churn{i:04}"), &[1u8; 500])
+                .unwrap();
+        }
+        w.commit().unwrap();
+        let mut w = env.write_txn().unwrap();
+        for i in 0..200 {
+            meta(&w).delete(&mut w, &format!("churn{i:04}")).unwrap();
+        }
+        w.commit().unwrap();
+        let mut w = env.write_txn().unwrap();
+        meta(&w)
+            .put(&mut w, "scratch", &vec![7u8; 400 * 1024])
+            .unwrap();
+        w.commit().unwrap();
+        let mut w = env.write_txn().unwrap();
+        meta(&w).delete(&mut w, "scratch").unwrap();
+        w.commit().unwrap();
+    }
+    let data = dir.path().join("data.mdb");
+    let whole = std::fs::read(&data).unwrap();
+    assert_eq!((last_page_of(&data) + 1) * 4096, whole.len() as u64);
+    let mut opened = 0;
+    for cut in 1..=whole.len() / 4096 - 3 {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("data.mdb"),
+            &whole[..whole.len() - cut * 4096],
+        )
+        .unwrap();
+        match Store::open(dir.path(), StoreOptions::default()) {
+            Ok(store) => {
+                assert!(store.contains(&kept).unwrap());
+                assert!(verify(&store, |_| {}).unwrap().is_ok(), "cut {cut}");
+                if cut % 25 == 1 {
+                    // It grows again over the pages it lacked.
+                    drop(store);
+                    let store = fast_store(dir.path());
+                    for i in 0..150 {
+                        let text = format!("more {i} {}", "x".repeat(3000));
+                        store.put(&Blob::content(text, [])).unwrap();
+                    }
+                    drop(store);
+                    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+                    assert!(verify(&store, |_| {}).unwrap().is_ok(), "cut {cut}, grown");
+                }
+                opened += 1;
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("truncated"), "cut {cut}: {e}");
+                break;
+            }
+        }
+    }
+    assert!(
+        opened >= 1,
+        "no free page at the end: the setup did not make one"
+    );
+}

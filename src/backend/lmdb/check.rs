@@ -210,15 +210,16 @@ fn data_file_once(dir: &Path) -> Result<(), BackendError> {
             .ok()
             .and_then(|()| meta(&second))
     };
-    let current = match (meta0, meta1) {
+    let (current, current_page) = match (meta0, meta1) {
         (Some(a), Some(b)) => {
             if b.txnid > a.txnid {
-                b
+                (b, &second)
             } else {
-                a
+                (a, &first)
             }
         }
-        (Some(m), None) | (None, Some(m)) => m,
+        (Some(m), None) => (m, &first),
+        (None, Some(m)) => (m, &second),
         (None, None) => {
             return Err(damaged(format!(
                 "it is {size} bytes and neither of its two meta pages is valid (no LMDB magic number)"
@@ -246,6 +247,20 @@ fn data_file_once(dir: &Path) -> Result<(), BackendError> {
     } else {
         size
     };
+    // A healthy file may end before its last page by pages the last
+    // transaction took and gave back, which LMDB never writes: short by
+    // free pages only is whole (`pages::missing_pages_are_free`).
+    if size < needed
+        && super::pages::missing_pages_are_free(
+            &file,
+            current.page_size,
+            current_page,
+            size / current.page_size,
+            current.last_page,
+        )
+    {
+        return Ok(());
+    }
     if size < needed {
         return Err(damaged(format!(
             "it is {size} bytes, but its last committed transaction (id {}) uses pages up to {} of {} bytes, so LMDB expects at least {needed} bytes: it was truncated",

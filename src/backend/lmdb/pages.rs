@@ -228,6 +228,50 @@ fn walk(
     }
 }
 
+/// Most pages a data file may lack at its end and still be whole: the
+/// free pages [`missing_pages_are_free`] looks for (more is a truncation).
+const MOST_MISSING_FREE: u64 = 1 << 16;
+
+/// Whether the pages `first..=last` — pages the snapshot whose meta page
+/// is `meta` counts (`last` is its last page) but the data file `file`
+/// does not have — are all free in that snapshot's free tree. LMDB
+/// counts in its last page the pages a transaction took and gave back
+/// before committing (its "loose" pages, saved into the free list), and
+/// never writes them: a healthy file may end before its last page, by
+/// free pages only (`check.rs`).
+pub(crate) fn missing_pages_are_free(
+    file: &std::fs::File,
+    page_size: u64,
+    meta: &[u8],
+    first: u64,
+    last: u64,
+) -> bool {
+    if first > last || last - first >= MOST_MISSING_FREE || page_size == 0 {
+        return first > last;
+    }
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    let file_pages = len / page_size;
+    let pages = Pages {
+        file,
+        page_size,
+        last_page: last.min(file_pages.saturating_sub(1)),
+    };
+    let mut reached = PageSet::new(pages.last_page.saturating_add(1));
+    let mut missing: std::collections::BTreeSet<u64> = (first..=last).collect();
+    let free_root = u64_at(meta, FREE_DB + DB_ROOT).unwrap_or(NO_PAGE);
+    walk(&pages, free_root, &mut reached, &mut |_, value| {
+        let Some(value) = value else { return };
+        let mut ids = value.chunks_exact(8).filter_map(|c| u64_at(c, 0));
+        let count = ids.next().unwrap_or(0);
+        for p in ids.take(usize::try_from(count).unwrap_or(0)) {
+            missing.remove(&p);
+        }
+    });
+    missing.is_empty()
+}
+
 /// What a scan found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Scan {

@@ -8,7 +8,7 @@ use uwf_db::engine::batch::{BatchItem, BatchOptions, BatchPrompt, BatchReport};
 use uwf_db::thread::Labels;
 
 use crate::drive::AgentArgs;
-use crate::output::{self, Output};
+use crate::output::Output;
 use crate::{Cli, CliError};
 
 /// What a batch drives.
@@ -114,6 +114,8 @@ pub fn run(
         }
         return Ok(());
     }
+    let live = std::sync::Arc::new(uwf_db::engine::batch::BatchProgress::default());
+    let failed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let options = BatchOptions {
         max_group: source.max_group,
         agent_spec: Some(spec.clone()),
@@ -121,8 +123,14 @@ pub fn run(
         cwd: Some(source.cwd.clone()),
         cancel: cancel.clone(),
         labels: source.labels.clone(),
+        progress: Some(live.clone()),
     };
-    let bar = output::progress_bar(total as u64, &format!("{} threads", wf.name));
+    let bar = crate::progress::batch_bar(
+        total as u64,
+        &format!("{} threads", wf.name),
+        live,
+        failed.clone(),
+    );
     // One agent per driver, built before any thread starts, so a bad spec
     // fails cleanly.
     let jobs = match work {
@@ -138,6 +146,9 @@ pub fn run(
     let mut on_item = |item: &BatchItem| {
         if bar.length().is_some_and(|len| bar.position() >= len) {
             bar.inc_length(1);
+        }
+        if item.error.is_some() || item.status == Some(uwf_db::thread::ThreadStatus::Failed) {
+            failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         bar.inc(1);
         if out.json && written.is_ok() {

@@ -18,6 +18,7 @@ mod generate;
 #[cfg(feature = "mcp")]
 mod mcp;
 mod output;
+mod progress;
 mod render;
 mod salvage;
 #[cfg(feature = "serve")]
@@ -56,6 +57,9 @@ struct Cli {
     /// Say less: no progress bars and no notes on stderr (answers and errors still print)
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// Colour in help, errors and logs: `auto` on a terminal unless NO_COLOR is set
+    #[arg(long, global = true, value_enum, value_name = "WHEN", default_value_t = ColorWhen::Auto)]
+    color: ColorWhen,
     /// Commit durability: `none` skips fsync (a machine crash may lose recent commits)
     #[arg(long, global = true, value_enum, default_value_t = DurabilityArg::Sync)]
     durability: DurabilityArg,
@@ -67,6 +71,44 @@ struct Cli {
     pg_connections: Option<u16>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--color`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ColorWhen {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorWhen {
+    /// `--color` as given on the command line, read before clap parses it
+    /// (clap colours its own help and errors while parsing).
+    fn from_args() -> Option<ColorWhen> {
+        let mut args = std::env::args_os().skip(1);
+        let mut found = None;
+        while let Some(a) = args.next() {
+            let value = match a.to_str() {
+                Some("--") => break,
+                Some("--color") => args.next(),
+                Some(s) => match s.strip_prefix("--color=") {
+                    Some(v) => Some(v.into()),
+                    None => continue,
+                },
+                None => continue,
+            };
+            found = value.and_then(|v| ColorWhen::from_str(v.to_str()?, true).ok());
+        }
+        found
+    }
+
+    fn clap(self) -> clap::ColorChoice {
+        match self {
+            ColorWhen::Auto => clap::ColorChoice::Auto,
+            ColorWhen::Always => clap::ColorChoice::Always,
+            ColorWhen::Never => clap::ColorChoice::Never,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -312,8 +354,11 @@ enum Command {
     /// uwf-db(1) on stdout (`uwf-db man | man -l -`).
     Man {
         /// Write every page into this directory
-        #[arg(long, value_name = "DIR")]
+        #[arg(long, value_name = "DIR", conflicts_with = "markdown")]
         out: Option<PathBuf>,
+        /// Print the whole CLI reference as one Markdown document instead (docs/cli.md)
+        #[arg(long)]
+        markdown: bool,
     },
     /// One read of `salvage` (internal: streams a table's rows to stdout)
     #[command(hide = true)]
@@ -523,7 +568,8 @@ fn run(cli: &Cli, cancel: &Cancel, out: &mut Output) -> Result<(), CliError> {
             destination,
         } => salvage::run(cli, source, destination, out),
         Command::Completions { shell } => generate::completions(*shell, out),
-        Command::Man { out: dir } => generate::man(dir.as_deref(), out),
+        Command::Man { markdown: true, .. } => generate::markdown(out),
+        Command::Man { out: dir, .. } => generate::man(dir.as_deref(), out),
         Command::SalvageRead { table, from } => salvage::read_worker(cli, table, from.as_deref()),
     }
 }
@@ -542,7 +588,12 @@ fn says_nothing(cause: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = {
+        use clap::{CommandFactory, FromArgMatches};
+        let color = ColorWhen::from_args().unwrap_or(ColorWhen::Auto);
+        let matches = Cli::command().color(color.clap()).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    };
     // One token per command; SIGINT, SIGTERM and SIGHUP cancel it.
     let cancel = Cancel::new();
     // A batch stops gracefully on a first Ctrl-C (SPEC §11).
@@ -560,7 +611,11 @@ fn main() -> ExitCode {
     let serving = matches!(cli.command, Command::Serve(_));
     #[cfg(not(feature = "serve"))]
     let serving = false;
-    telemetry::init(cli.verbose, cli.quiet, serving);
+    let color = match cli.color {
+        ColorWhen::Auto => None,
+        when => Some(when == ColorWhen::Always),
+    };
+    telemetry::init(cli.verbose, cli.quiet, color, serving);
     let mut out = Output::new(cli.json);
     out.verbose = cli.verbose;
     let result = run(&cli, &cancel, &mut out).and_then(|()| out.flush().map_err(CliError::from));

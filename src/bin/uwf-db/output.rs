@@ -106,7 +106,7 @@ impl Output {
 /// A progress bar on stderr when it is a terminal and `-q` was not given;
 /// hidden otherwise.
 pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
-    if !io::stderr().is_terminal() || QUIET.load(Ordering::Relaxed) {
+    if !shows_progress() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
@@ -117,6 +117,11 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
     }
     bar.set_message(what.to_owned());
     bar
+}
+
+/// Whether progress bars are drawn: stderr is a terminal and not `-q`.
+pub fn shows_progress() -> bool {
+    io::stderr().is_terminal() && !QUIET.load(Ordering::Relaxed)
 }
 
 /// `1536` → `1.5 KiB`.

@@ -28,11 +28,12 @@ pub fn metrics() -> Option<&'static crate::serve::metrics::Metrics> {
     METRICS.get().map(|m| &**m)
 }
 
-/// Installs what the environment and the flags ask for, and with `metrics`
+/// Installs what the environment and the flags ask for (`color`: `--color
+/// always|never`, `None` for auto), and with `metrics`
 /// (`serve`) the layer that counts steps for `GET /metrics`. Problems (a
 /// bad `RUST_LOG`, an OTLP endpoint that is not a URL) are said on stderr
 /// and leave that part off; they never stop the command.
-pub fn init(verbose: u8, quiet: bool, metrics: bool) {
+pub fn init(verbose: u8, quiet: bool, color: Option<bool>, metrics: bool) {
     let mut layers: Vec<Boxed> = Vec::new();
     #[cfg(feature = "serve")]
     if metrics {
@@ -48,7 +49,11 @@ pub fn init(verbose: u8, quiet: bool, metrics: bool) {
     #[cfg(not(feature = "serve"))]
     let _ = metrics;
     if let Some(filter) = log_filter(verbose, quiet) {
-        let color = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        // `--color always|never`, else a terminal without NO_COLOR.
+        let color = color.unwrap_or_else(|| {
+            std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        });
         // Events only: each names its thread and role itself, and the
         // spans' GenAI fields would make every line three lines long.
         let events = tracing_subscriber::filter::filter_fn(|meta| meta.is_event());

@@ -6,7 +6,7 @@ use super::Engine;
 use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -42,6 +42,83 @@ pub struct BatchOptions {
     /// [`Engine::continue_workflow`], the labels a thread must carry to be
     /// taken (`batch --continue --label K=V`).
     pub labels: Labels,
+    /// Live figures for a progress display, updated while the batch runs.
+    pub progress: Option<Arc<BatchProgress>>,
+}
+
+/// What a running batch is doing now, for a progress display: threads
+/// being driven, agent calls made and the cost they reported. Shared with
+/// the batch through [`BatchOptions::progress`] and read from any thread
+/// while it runs (finished threads come through the batch's `on_item`).
+///
+/// ```
+/// use std::sync::Arc;
+/// use uwf_db::engine::batch::{BatchOptions, BatchProgress};
+///
+/// let live = Arc::new(BatchProgress::default());
+/// let options = BatchOptions { progress: Some(live.clone()), ..BatchOptions::default() };
+/// // ... run_batch_prompts(.., &options, ..) on one thread, and on another:
+/// assert_eq!((live.running(), live.calls(), live.cost_usd()), (0, 0, None));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Default)]
+pub struct BatchProgress {
+    running: AtomicU64,
+    calls: AtomicU64,
+    /// Reported cost in nano-dollars (summed as integers: no lock).
+    cost_nanos: AtomicU64,
+    /// Whether any call reported a cost.
+    costed: AtomicBool,
+}
+
+impl BatchProgress {
+    /// Threads being driven now.
+    pub fn running(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Agent calls made so far (each step's, its re-asks and retries
+    /// included).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// The cost the calls reported so far (`None`: none reported one).
+    pub fn cost_usd(&self) -> Option<f64> {
+        self.costed
+            .load(Ordering::Relaxed)
+            .then(|| self.cost_nanos.load(Ordering::Relaxed) as f64 / 1e9)
+    }
+
+    fn call(&self, usage: &StepUsage) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if let Some(cost) = usage.cost_usd {
+            // Finite and non-negative (`Usage::from_json`); saturating.
+            let nanos = (cost * 1e9).round().min(u64::MAX as f64) as u64;
+            self.cost_nanos.fetch_add(nanos, Ordering::Relaxed);
+            self.costed.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Counts a driver's thread as running while it lives.
+struct Running<'a>(Option<&'a BatchProgress>);
+
+impl<'a> Running<'a> {
+    fn new(progress: Option<&'a BatchProgress>) -> Self {
+        if let Some(p) = progress {
+            p.running.fetch_add(1, Ordering::Relaxed);
+        }
+        Running(progress)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            p.running.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// One prompt of [`Engine::run_batch_prompts`]: the task and the labels of
@@ -347,6 +424,7 @@ impl Engine {
                             inner: AgentHold::Borrowed(&mut **agent),
                             totals: UsageTotals::default(),
                             sink: Arc::clone(usage),
+                            live: options.progress.clone(),
                         };
                         loop {
                             if options.cancel.is_stopping() || stop.load(Ordering::SeqCst) {
@@ -356,7 +434,10 @@ impl Engine {
                             let Some(item) = items.get(index) else {
                                 break;
                             };
-                            let Some(done) = work(engine, index, item, &mut agent) else {
+                            let running = Running::new(options.progress.as_deref());
+                            let done = work(engine, index, item, &mut agent);
+                            drop(running);
+                            let Some(done) = done else {
                                 skipped.fetch_add(1, Ordering::Relaxed);
                                 continue;
                             };
@@ -434,6 +515,8 @@ struct Metered<'a> {
     totals: UsageTotals,
     /// The batch's totals.
     sink: Arc<std::sync::Mutex<UsageTotals>>,
+    /// The batch's live figures, when asked for.
+    live: Option<Arc<BatchProgress>>,
 }
 
 /// A metered agent: a driver's own, or a fork of it.
@@ -478,6 +561,9 @@ impl Agent for Metered<'_> {
         };
         step.add_call(wall_ms, reported.as_ref());
         self.totals.add_step(&step);
+        if let Some(live) = &self.live {
+            live.call(&step);
+        }
         reply
     }
 
@@ -498,6 +584,7 @@ impl Agent for Metered<'_> {
             inner: AgentHold::Owned(self.inner.get().fork()?),
             totals: UsageTotals::default(),
             sink: Arc::clone(&self.sink),
+            live: self.live.clone(),
         }))
     }
 }
