@@ -254,3 +254,86 @@ fn the_cli_reference_is_generated_and_current() {
         "hidden commands stay out"
     );
 }
+
+/// The ```sh block under `heading` in `doc`.
+fn sh_block<'a>(doc: &'a str, heading: &str) -> &'a str {
+    let at = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("no {heading:?}"));
+    let start = doc[at..].find("```sh\n").expect("a ```sh block") + at + "```sh\n".len();
+    let len = doc[start..].find("```").expect("closed");
+    &doc[start..start + len]
+}
+
+/// The README's five-minute tour, run as a newcomer would: every line in
+/// order in one shell (`bash -e`: the first failing command fails the
+/// test), from the repository root, with `uwf-db` on the PATH and a fresh
+/// HOME (so the default store, `~/.uwf`, is new).
+#[test]
+fn the_readme_tour_runs_on_a_fresh_home() {
+    let tour = sh_block(README, "\n## A five-minute tour\n");
+    assert!(
+        tour.lines().filter(|l| l.starts_with("uwf-db ")).count() >= 10,
+        "{tour}"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let bin_dir = home.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    std::os::unix::fs::symlink(BIN, bin_dir.join("uwf-db")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = std::process::Command::new("bash")
+        .args(["-e", "-o", "pipefail", "-c", tour])
+        .env("HOME", home.path())
+        .env("PATH", path)
+        .env_remove("UWF_STORE")
+        .env_remove("RUST_LOG")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "the tour failed: {}\n--- stdout\n{out}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        home.path().join(".uwf/data.mdb").exists(),
+        "the default store, ~/.uwf"
+    );
+    assert!(out.contains("flowchart"), "the Mermaid drawing: {out}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("verified ") && last.ends_with(": ok"),
+        "{last}"
+    );
+}
+
+/// Every complete workflow in `docs/workflows.md` (a ```yaml block with a
+/// top-level `name:`) is accepted by `workflow add`, in the page's order,
+/// in a fresh store; and the page has such examples.
+#[test]
+fn the_workflow_reference_examples_register() {
+    let doc = std::fs::read_to_string(root().join("docs/workflows.md")).unwrap();
+    let env = Cli::new(TestBackend::Lmdb);
+    let mut added = 0;
+    for block in doc.split("```yaml\n").skip(1) {
+        let block = &block[..block.find("```").expect("closed")];
+        let Some(name) = block
+            .lines()
+            .find_map(|l| l.strip_prefix("name: "))
+            .map(str::trim)
+        else {
+            continue;
+        };
+        let file = env.file(&format!("{name}.yaml"), block);
+        let o = env.uwf(&["workflow", "add", &file]);
+        assert!(o.status.success(), "{name}: {}\n{block}", stderr(&o));
+        added += 1;
+    }
+    assert!(added >= 5, "only {added} complete examples");
+}

@@ -226,6 +226,27 @@ fn every_read_endpoint_answers_with_its_contract_type(b: TestBackend) {
     let (status, e) = server.get(&format!("/api/nodes/{}", "0".repeat(64)));
     assert_eq!((status, kind(&e)), (404, "not_found"), "{e}");
 
+    // A step by its hash, with the exact prompt its agent was sent.
+    let dev = oldest["hash"].as_str().unwrap();
+    let step = server.ok(&format!("/api/steps/{}", &dev[..12]), "LogEntry");
+    assert_eq!(
+        (&step["hash"], &step["role"]),
+        (&oldest["hash"], &json!("developer"))
+    );
+    assert_eq!(step["prompt_kept"], true);
+    let sent = step["sent_prompt"].as_str().unwrap();
+    assert!(sent.contains("Implement the change"), "{sent}");
+    assert!(
+        oldest["sent_prompt"].is_null(),
+        "a log page carries no texts: {oldest}"
+    );
+    // The start node, or any blob that is not a step: refused.
+    let start = server.ok(&format!("/api/threads/{done}"), "ThreadDetail")["start"].clone();
+    let (status, e) = server.get(&format!("/api/steps/{}", start.as_str().unwrap()));
+    assert_eq!(status / 100, 4, "{e}");
+    let (status, e) = server.get(&format!("/api/steps/{}", "0".repeat(64)));
+    assert_eq!((status, kind(&e)), (404, "not_found"), "{e}");
+
     let wfs = server.ok("/api/workflows", "WorkflowList");
     assert_eq!(wfs["workflows"].as_array().unwrap().len(), 2);
     let wf = server.ok("/api/workflows/planner", "WorkflowView");
@@ -253,6 +274,7 @@ fn every_read_endpoint_answers_with_its_contract_type(b: TestBackend) {
     for path in [
         "/api/threads",
         "/api/threads/{id}/log",
+        "/api/steps/{hash}",
         "/api/events",
         "/api/diff",
     ] {

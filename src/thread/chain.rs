@@ -216,6 +216,37 @@ impl Threads<'_> {
         })
     }
 
+    /// One step by its state node's hash (a role step or an end node), as
+    /// [`log`](Self::log) gives it; [`ThreadError::WrongKind`] for a blob
+    /// that is not a state node.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let started = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let id = started.id;
+    /// # struct Echo;
+    /// # impl uwf_db::engine::agent::Agent for Echo {
+    /// #     fn call(&mut self, _: &uwf_db::engine::agent::AgentRequest<'_>) -> Result<uwf_db::engine::agent::AgentReply, uwf_db::engine::agent::AgentError> { Ok("done".to_owned().into()) }
+    /// # }
+    /// store.engine().drive(id, &Default::default(), &mut Echo).into_result()?;
+    /// let newest = store.threads().log(id, 1, None)?.remove(0);
+    /// assert_eq!(store.threads().step(newest.hash)?, newest);
+    /// // The start node is not a step.
+    /// assert!(store.threads().step(started.start).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn step(&self, hash: Hash) -> Result<LogEntry, ThreadError> {
+        self.store.read(|r| {
+            Ok(LogEntry {
+                hash,
+                node: state_at(r, &hash)?,
+            })
+        })
+    }
+
     /// The steps of a thread after `after_seq`, oldest first, at most
     /// `limit` of them (the oldest), with the record they were read with,
     /// all in one snapshot: what `thread watch` prints each time the head

@@ -289,6 +289,14 @@ test('a thread page shows the record and the steps; a step opens to its prompt a
   const meta = await step.locator('table.kv').textContent();
   assert.match(meta, /reason/);
   assert.match(meta, /the README does not mention --json/);
+  // The exact prompt its agent was sent, fetched when asked, as text.
+  await step.locator('button.kept-show').click();
+  const sent = step.locator('pre.sent-prompt');
+  await sent.waitFor({ timeout: TIMEOUT });
+  const text = await sent.textContent();
+  assert.match(text, /Add a --json flag/, 'the task');
+  assert.match(text, /Review the change/, 'the instruction');
+  assert.match(text, /\$status/, 'the output format');
   await shot(page, 'thread');
   await page.context().close();
 
@@ -391,6 +399,13 @@ test('hostile agent output is shown as text and runs nothing', async () => {
   await page.goto(`${server.base}/#/t/${ids.xss}`);
   await until(page, 'three steps', () => document.querySelectorAll('details.step').length === 3);
   for (const seq of [1, 2, 3]) await openStep(page, seq);
+  // The kept prompts too: the hostile task is in each, shown as text.
+  for (const seq of [1, 2]) {
+    const step = page.locator(`details.step[data-seq="${seq}"]`);
+    await step.locator('button.kept-show').click();
+    await step.locator('pre.sent-prompt').waitFor({ timeout: TIMEOUT });
+    assert.match(await step.locator('pre.sent-prompt').textContent(), /<img src=x onerror="window.__xss=1">/);
+  }
   await until(page, 'the task', () => document.querySelector('.task .md'));
   await until(page, 'the safe part of the reply', () => document.querySelector('details.step[data-seq="1"] .reply')?.textContent.includes('SAFE-MARKER'));
 

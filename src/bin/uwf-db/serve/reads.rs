@@ -217,6 +217,28 @@ pub async fn get_node(
     .await
 }
 
+/// `GET /api/steps/{hash}`: a step with its kept texts (the dashboard
+/// fetches them when asked: a log page does not carry them).
+pub async fn get_step(
+    State(state): State<Shared>,
+    Path(hash): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<api::LogEntry>> {
+    Params::parse(q.as_deref(), &[], &[])?;
+    let prefix = hash_prefix(&hash, "path")?;
+    blocking(move || {
+        let store = &state.store;
+        let hash = store.resolve(&prefix)?;
+        let entry = store.threads().step(hash)?;
+        let texts = api::KeptTexts {
+            prompt: true,
+            stderr: true,
+        };
+        Ok(Json(api::LogEntry::read_with(store, &entry, texts)?))
+    })
+    .await
+}
+
 pub async fn diff(
     State(state): State<Shared>,
     RawQuery(q): RawQuery,

@@ -283,6 +283,20 @@ pub static ROUTES: &[Route] = &[
     },
     Route {
         method: "get",
+        path: "/api/steps/{hash}",
+        operation: "getStep",
+        summary: "One step by its node's hash, with the exact prompt its agent was sent and its stderr when kept",
+        params: &[path(
+            "hash",
+            "A step's node hash, or a unique prefix of one",
+            HASH,
+        )],
+        body: None,
+        answer: Answer::Json(200, schema::<api::LogEntry>),
+        handler: || get(reads::get_step),
+    },
+    Route {
+        method: "get",
         path: "/api/diff",
         operation: "diffThreads",
         summary: "Two threads (a fork and its source, say) step by step after what they share",

@@ -1,7 +1,8 @@
 // One step of a thread's log (a LogEntry) as a collapsible card; used by the
 // thread timeline and the diff. The body (markdown of the prompt and the
 // reply) is built when the card is first opened, so long timelines stay fast.
-import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, renderMarkdown, shortHash, timeEl } from './ui.js';
+import { api, seg } from './api.js';
+import { fmtCost, fmtDuration, fmtTime, fmtTokens, h, renderMarkdown, shortHash, showError, timeEl } from './ui.js';
 
 /** End nodes are `__end__` in the log (`$end` in older drafts of the API). */
 export const isEnd = (e) => e.role === '__end__' || e.role === '$end';
@@ -20,6 +21,32 @@ function metaTable(meta) {
   return h('table', { class: 'kv' }, h('tbody', {}, entries.map(([k, v]) =>
     h('tr', {}, h('th', { scope: 'row', class: 'mono', text: k }),
       h('td', {}, typeof v === 'string' ? v : h('code', { text: JSON.stringify(v) }))))));
+}
+
+/**
+ * What was kept with the step (`prompt_kept`, `stderr`): a button that
+ * fetches the exact prompt the agent was sent and its stderr
+ * (GET /api/steps/{hash}); shown as plain text, never as markdown.
+ */
+function keptSection(entry) {
+  const box = h('div', { class: 'kept' });
+  const what = [entry.prompt_kept && 'the exact prompt sent', entry.stderr && "the agent's stderr"].filter(Boolean).join(' and ');
+  const b = h('button', { type: 'button', class: 'kept-show', text: `Show ${what}` });
+  b.addEventListener('click', async () => {
+    b.disabled = true;
+    try {
+      const s = await api(`/api/steps/${seg(entry.hash)}`);
+      const parts = [];
+      if (s.sent_prompt != null) parts.push(h('h4', { text: 'Exact prompt sent' }), h('pre', { class: 'plain sent-prompt', text: s.sent_prompt }));
+      if (s.stderr_text != null) parts.push(h('h4', { text: 'Agent stderr' }), h('pre', { class: 'plain agent-stderr', text: s.stderr_text }));
+      box.replaceChildren(...parts);
+    } catch (err) {
+      b.disabled = false;
+      showError(err);
+    }
+  });
+  box.append(b);
+  return box;
 }
 
 /**
@@ -56,6 +83,7 @@ export function stepCard(entry, opts = {}) {
     if (!end) parts.push(h('h4', { text: 'Frontmatter' }), metaTable(entry.meta));
     parts.push(h('h4', { text: end ? 'Instruction' : 'Prompt' }), h('div', { class: 'prompt' }, renderMarkdown(entry.input)));
     parts.push(h('h4', { text: end ? 'Summary' : 'Reply' }), h('div', { class: 'reply' }, renderMarkdown(entry.content)));
+    if (!end && (entry.prompt_kept || entry.stderr)) parts.push(keptSection(entry));
     if (end) parts.push(h('h4', { text: 'End' }), metaTable(entry.meta));
     const foot = h('div', { class: 'step-foot' },
       h('span', { class: 'muted' }, 'node ', h('code', { title: entry.hash, text: shortHash(entry.hash) })),
