@@ -159,7 +159,103 @@ fn compaction_manual_and_automatic(b: TestBackend) {
     assert_eq!(env.show(&id)["staged_compact"], by_hand);
 }
 
+/// `thread tree --forks`: a thread's forks and theirs, depth first, each
+/// with the node it was forked at, in text and JSON; an ended fork too
+/// (found in history); `--forks` with no fork says so; without the flag,
+/// the tree is as before.
+fn thread_tree_shows_forks(b: TestBackend) {
+    let env = Cli::new(b);
+    let run = |p: &str| {
+        env.json(&[
+            "run",
+            "examples/review.yaml",
+            "-p",
+            p,
+            "--agent",
+            "script:examples/review.scenario.yaml",
+        ])["thread"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let origin = run("origin");
+    let other = run("unrelated");
+    let fork = |from: &str, role: &str| {
+        env.json(&["thread", "fork", from, "--from-role", role])["thread"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let a = fork(&origin, "reviewer");
+    let b2 = fork(&origin, "developer");
+    let a1 = fork(&a, "developer");
+    // A fork of the unrelated thread is not shown.
+    fork(&other, "reviewer");
+    // An ended fork (driven to completion, in history) is still one.
+    env.json(&[
+        "thread",
+        "step",
+        &b2,
+        "--count",
+        "10",
+        "--agent",
+        "script:examples/review.scenario.yaml",
+    ]);
+
+    let v = env.json(&["thread", "tree", &origin, "--forks"]);
+    let forks: Vec<(u64, String, String)> = v["forks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["depth"].as_u64().unwrap(),
+                f["thread"].as_str().unwrap().to_owned(),
+                f["forked_from"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        forks,
+        [
+            (1, a.clone(), origin.clone()),
+            (2, a1.clone(), a.clone()),
+            (1, b2.clone(), origin.clone())
+        ]
+    );
+    let ended = &v["forks"][2];
+    assert_eq!(ended["status"], "completed");
+    let a_show = env.show(&a);
+    assert_eq!(
+        v["forks"][0]["forked_at"], a_show["forked_from"]["node"],
+        "{a_show}"
+    );
+
+    let o = env.uwf(&["thread", "tree", &origin, "--forks"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[1], "forks: 3", "{text}");
+    assert!(lines[2].starts_with(&format!("  {a}  review  ")), "{text}");
+    assert!(lines[2].contains("(forked at "), "{text}");
+    assert!(lines[3].starts_with(&format!("    {a1}  ")), "{text}");
+    assert!(
+        lines[4].starts_with(&format!("  {b2}  review  completed")),
+        "{text}"
+    );
+
+    let none = env.uwf(&["thread", "tree", &a1, "--forks"]);
+    assert!(
+        stdout(&none).ends_with("forks: none\n"),
+        "{}",
+        stdout(&none)
+    );
+    let plain = env.json(&["thread", "tree", &origin]);
+    assert!(plain.get("forks").is_none(), "{plain}");
+}
+
 process_conformance!(
+    thread_tree_shows_forks,
     fork_computes_its_state_from_the_node_and_the_workflow,
     fork_from_a_role_that_did_not_run_lists_the_roles_that_did,
     compaction_manual_and_automatic,

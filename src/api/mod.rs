@@ -42,7 +42,7 @@ pub use store::{
 pub use thread::{
     ForkedFrom, KeptTexts, LabelsSet, LogEntry, StepUsageEntry, StopRequested, SummaryStaged,
     ThreadActivity, ThreadDetail, ThreadForked, ThreadRemoved, ThreadStarted, ThreadSummary,
-    TreeNode, TreeParent, TreeView, resume_command,
+    TreeFork, TreeNode, TreeParent, TreeView, resume_command,
 };
 pub use time::Timestamp;
 pub use workflow::{WorkflowAdded, WorkflowDetail, WorkflowEntry, WorkflowValidation};

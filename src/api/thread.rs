@@ -345,10 +345,49 @@ impl StepUsageEntry {
 /// A thread's place in its call tree (`thread tree`).
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct TreeView {
+    /// Its forks, and theirs, depth first (only when asked for:
+    /// `thread tree --forks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forks: Option<Vec<TreeFork>>,
     /// Its parents, from the top-level thread down to the direct parent.
     pub parents: Vec<TreeParent>,
     /// The thread, with its children below it.
     pub thread: TreeNode,
+}
+
+/// A fork in a [`TreeView`].
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct TreeFork {
+    /// How many forks down (1: forked from the thread itself).
+    pub depth: usize,
+    /// The node it was forked at.
+    pub forked_at: Option<Hash>,
+    /// The thread it was forked from.
+    pub forked_from: Option<ThreadId>,
+    /// Its head.
+    pub head: Hash,
+    /// Its status.
+    pub status: ThreadStatus,
+    /// Its id.
+    pub thread: ThreadId,
+    /// Its workflow's name.
+    pub workflow: String,
+}
+
+impl TreeFork {
+    /// The view of `fork`.
+    pub fn of(fork: &crate::thread::Fork) -> Self {
+        let t = &fork.thread;
+        TreeFork {
+            depth: fork.depth,
+            forked_at: t.forked_from.as_ref().map(|o| o.node),
+            forked_from: t.forked_from.as_ref().map(|o| o.thread),
+            head: t.head,
+            status: t.status,
+            thread: t.id,
+            workflow: t.workflow.clone(),
+        }
+    }
 }
 
 /// A parent in a [`TreeView`].
@@ -392,6 +431,7 @@ impl TreeView {
             }
         }
         TreeView {
+            forks: None,
             parents: tree
                 .parents
                 .iter()

@@ -26,7 +26,7 @@ pub use labels::{
     check_labels, parse_label,
 };
 pub use prune::{PruneReport, RetentionPolicy};
-pub use read::{ActivityCursor, HistoryPage, ParseCursorError, ThreadQuery, ThreadTree};
+pub use read::{ActivityCursor, Fork, HistoryPage, ParseCursorError, ThreadQuery, ThreadTree};
 pub use record::{ForkOrigin, ThreadRecord, ThreadStatus, utc_day};
 pub use write::{LowLevel, MAX_LAST_ERROR};
 pub use writes::{EndSpec, JOIN_META, NewThread, Next, StepWrite, Written};

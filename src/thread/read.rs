@@ -157,7 +157,92 @@ pub struct ThreadTree {
     pub children: Vec<ThreadTree>,
 }
 
+/// A fork found by [`Threads::forks`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fork {
+    /// How many forks down from the thread asked about (1: forked from it).
+    pub depth: usize,
+    /// The fork's record (`forked_from` names its origin and node).
+    pub thread: ThreadRecord,
+}
+
 impl Threads<'_> {
+    /// The forks of thread `id`, and theirs, depth first: each fork right
+    /// after the thread it was forked from, siblings oldest first. Every
+    /// record of the store (active and ended) is read to find them — no
+    /// index names a thread's forks (a record names its origin) — so this
+    /// costs O(threads in the store), in pages of 4,096 records.
+    ///
+    /// ```
+    /// use uwf_db::engine::ForkAt;
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// let origin = store.engine().start_workflow(hash, "task", &Default::default())?;
+    /// let fork = store.engine().fork(origin.id, ForkAt::Head)?;
+    /// let fork_of_fork = store.engine().fork(fork.id, ForkAt::Head)?;
+    /// let found = store.threads().forks(origin.id)?;
+    /// let found: Vec<_> = found.iter().map(|f| (f.depth, f.thread.id)).collect();
+    /// assert_eq!(found, [(1, fork.id), (2, fork_of_fork.id)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn forks(&self, id: ThreadId) -> Result<Vec<Fork>, ThreadError> {
+        let mut by_origin: std::collections::BTreeMap<ThreadId, Vec<ThreadRecord>> =
+            std::collections::BTreeMap::new();
+        for table in [Table::Threads, Table::History] {
+            self.store
+                .scan_table::<ThreadError>(table, |_, key, value| {
+                    let Some(tid) = key
+                        .get(key.len().saturating_sub(16)..)
+                        .and_then(ThreadId::from_slice)
+                    else {
+                        return Ok(());
+                    };
+                    let record =
+                        ThreadRecord::decode(value).map_err(|e| ThreadError::CorruptRecord {
+                            thread: tid.to_string(),
+                            detail: e.to_string(),
+                        })?;
+                    if let Some(origin) = &record.forked_from {
+                        by_origin.entry(origin.thread).or_default().push(record);
+                    }
+                    Ok(())
+                })?;
+        }
+        for forks in by_origin.values_mut() {
+            forks.sort_by_key(|r| (r.created_at, r.id));
+        }
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::from([id]);
+        // (depth, thread) still to list, the next on top.
+        let mut stack: Vec<(usize, ThreadRecord)> = by_origin
+            .remove(&id)
+            .unwrap_or_default()
+            .into_iter()
+            .rev()
+            .map(|r| (1, r))
+            .collect();
+        while let Some((depth, record)) = stack.pop() {
+            if !seen.insert(record.id) {
+                continue;
+            }
+            for next in by_origin
+                .remove(&record.id)
+                .unwrap_or_default()
+                .into_iter()
+                .rev()
+            {
+                stack.push((depth + 1, next));
+            }
+            out.push(Fork {
+                depth,
+                thread: record,
+            });
+        }
+        Ok(out)
+    }
+
     /// The records of `ids`, in their order, read in one transaction (a
     /// fan-out's children: one read, not one per child); an unknown id is an
     /// error.

@@ -198,6 +198,10 @@ pub enum ThreadCommand {
         /// Thread id or unique prefix
         #[arg(value_parser = parse_id)]
         id: IdPrefix,
+        /// Also its forks, and theirs, each with the step it was forked at (reads every
+        /// record of the store: no index names a thread's forks)
+        #[arg(long)]
+        forks: bool,
     },
     /// Ask the live driver of a thread to stop after the step in flight (the step is kept, the
     /// thread left idle, the driver exits 0); `pause` is the same command
@@ -346,7 +350,7 @@ pub fn run(
             log(&store, &entries, texts, out)
         }
         ThreadCommand::Watch { id, after } => crate::watch::thread(cli, id, *after, cancel, out),
-        ThreadCommand::Tree { id } => tree(cli, id, out),
+        ThreadCommand::Tree { id, forks } => tree(cli, id, *forks, out),
         ThreadCommand::Stop { id } => stop(cli, id, out),
         ThreadCommand::Rm { id } => rm(cli, id, out),
     }
@@ -468,12 +472,20 @@ fn label(
 }
 
 /// `thread tree`.
-fn tree(cli: &Cli, id: &IdPrefix, out: &mut Output) -> Result<(), CliError> {
+fn tree(cli: &Cli, id: &IdPrefix, with_forks: bool, out: &mut Output) -> Result<(), CliError> {
     let store = cli.open(false)?;
     let id = store.threads().resolve(id)?;
     let tree = store.threads().tree(id)?;
+    let forks = match with_forks {
+        true => Some(store.threads().forks(id)?),
+        false => None,
+    };
     if out.json {
-        return Ok(out.json_value(&api::TreeView::of(&tree))?);
+        let mut view = api::TreeView::of(&tree);
+        view.forks = forks
+            .as_deref()
+            .map(|f| f.iter().map(api::TreeFork::of).collect());
+        return Ok(out.json_value(&view)?);
     }
     let mut depth = 0;
     for p in &tree.parents {
@@ -485,7 +497,27 @@ fn tree(cli: &Cli, id: &IdPrefix, out: &mut Output) -> Result<(), CliError> {
         "  ".repeat(depth),
         tree_line(&tree.thread)
     ))?;
-    print_children(&tree.children, depth + 1, out)
+    print_children(&tree.children, depth + 1, out)?;
+    if let Some(forks) = forks {
+        out.line(match forks.len() {
+            0 => "forks: none".to_owned(),
+            n => format!("forks: {n}"),
+        })?;
+        for f in &forks {
+            let at = f
+                .thread
+                .forked_from
+                .as_ref()
+                .map(|o| format!("  (forked at {})", o.node.short(12)))
+                .unwrap_or_default();
+            out.line(format_args!(
+                "{}{}{at}",
+                "  ".repeat(f.depth),
+                tree_line(&f.thread)
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// `thread stop`.
