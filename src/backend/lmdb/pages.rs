@@ -260,16 +260,25 @@ pub(crate) fn missing_pages_are_free(
     };
     let mut reached = PageSet::new(pages.last_page.saturating_add(1));
     let mut missing: std::collections::BTreeSet<u64> = (first..=last).collect();
+    free_pages(&pages, meta, &mut reached, &mut |p| {
+        missing.remove(&p);
+    });
+    missing.is_empty()
+}
+
+/// Gives `free` every page the free tree of the snapshot whose meta page
+/// is `meta` lists (its values are lists of page numbers, a count first),
+/// marking the tree's own pages in `reached`.
+fn free_pages(pages: &Pages<'_>, meta: &[u8], reached: &mut PageSet, free: &mut dyn FnMut(u64)) {
     let free_root = u64_at(meta, FREE_DB + DB_ROOT).unwrap_or(NO_PAGE);
-    walk(&pages, free_root, &mut reached, &mut |_, value| {
+    walk(pages, free_root, reached, &mut |_, value| {
         let Some(value) = value else { return };
         let mut ids = value.chunks_exact(8).filter_map(|c| u64_at(c, 0));
         let count = ids.next().unwrap_or(0);
         for p in ids.take(usize::try_from(count).unwrap_or(0)) {
-            missing.remove(&p);
+            free(p);
         }
     });
-    missing.is_empty()
 }
 
 /// What a scan found.
@@ -307,15 +316,8 @@ pub(crate) fn orphan_rows(
     let mut reached = PageSet::new(total);
     let mut free = PageSet::new(total);
 
-    // The free pages: lists of page numbers, a count first.
-    let free_root = u64_at(meta, FREE_DB + DB_ROOT).unwrap_or(NO_PAGE);
-    walk(&pages, free_root, &mut reached, &mut |_, value| {
-        let Some(value) = value else { return };
-        let mut ids = value.chunks_exact(8).filter_map(|c| u64_at(c, 0));
-        let count = ids.next().unwrap_or(0);
-        for p in ids.take(usize::try_from(count).unwrap_or(0)) {
-            free.insert(p);
-        }
+    free_pages(&pages, meta, &mut reached, &mut |p| {
+        free.insert(p);
     });
     // The tables, named by the main tree's leaves.
     let mut roots = Vec::new();
