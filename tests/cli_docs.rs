@@ -313,12 +313,19 @@ fn the_readme_tour_runs_on_a_fresh_home() {
     );
 }
 
-/// Every complete workflow in `docs/workflows.md` (a ```yaml block with a
-/// top-level `name:`) is accepted by `workflow add`, in the page's order,
-/// in a fresh store; and the page has such examples.
+/// Every complete workflow in `docs/workflows.md` and `docs/cookbook.md`
+/// (a ```yaml block with a top-level `name:`) is accepted by `workflow
+/// add`, in the page's order, in a fresh store; and each page has such
+/// examples.
 #[test]
-fn the_workflow_reference_examples_register() {
-    let doc = std::fs::read_to_string(root().join("docs/workflows.md")).unwrap();
+fn the_workflow_examples_in_the_docs_register() {
+    for (page, least) in [("docs/workflows.md", 5), ("docs/cookbook.md", 3)] {
+        examples_register(page, least);
+    }
+}
+
+fn examples_register(page: &str, least: usize) {
+    let doc = std::fs::read_to_string(root().join(page)).unwrap();
     let env = Cli::new(TestBackend::Lmdb);
     let mut added = 0;
     for block in doc.split("```yaml\n").skip(1) {
@@ -332,8 +339,12 @@ fn the_workflow_reference_examples_register() {
         };
         let file = env.file(&format!("{name}.yaml"), block);
         let o = env.uwf(&["workflow", "add", &file]);
-        assert!(o.status.success(), "{name}: {}\n{block}", stderr(&o));
+        assert!(
+            o.status.success(),
+            "{page}: {name}: {}\n{block}",
+            stderr(&o)
+        );
         added += 1;
     }
-    assert!(added >= 5, "only {added} complete examples");
+    assert!(added >= least, "{page}: only {added} complete examples");
 }

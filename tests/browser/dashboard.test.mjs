@@ -276,6 +276,8 @@ test('a thread page shows the record and the steps; a step opens to its prompt a
   await page.goto(`${server.base}/#/t/${ids.review.slice(0, 16)}`);
   await until(page, 'the full id in the title', (id) => document.querySelector('h1')?.textContent.includes(id), ids.review);
   assert.equal(await titleStatus(page), 'completed');
+  // Its head is the end node: no fork there (the API would refuse it).
+  assert.equal(await page.locator('button', { hasText: 'Fork at head' }).isDisabled(), true);
   assert.equal(await page.getAttribute('.facts-grid a[href^="#/w/"]', 'href'), '#/w/review');
   assert.equal((await page.textContent('.facts-grid .chip > span')).trim(), 'team=cli');
   await until(page, 'the task', () => document.querySelector('.task .md')?.textContent.includes('Add a --json flag'));

@@ -171,7 +171,12 @@ export async function threadView(main, [idParam]) {
     const live = d.status === 'running' || d.driver_alive;
     const stop = h('button', { type: 'button', text: 'Stop', disabled: !live, title: 'Ask the driver to stop after the step in flight' });
     const cancel = h('button', { type: 'button', class: 'danger', text: 'Cancel', disabled: !!d.done, title: 'End the thread (return code 2)' });
-    const fork = h('button', { type: 'button', text: 'Fork at head', title: 'A new thread sharing this history' });
+    // An ended thread's head is its end node, which cannot be forked:
+    // fork at one of its steps (below) or resume it instead.
+    const fork = h('button', {
+      type: 'button', text: 'Fork at head', disabled: !!d.done,
+      title: d.done ? 'An ended thread forks at one of its steps ("Fork here" below), or resumes' : 'A new thread sharing this history',
+    });
     stop.addEventListener('click', async () => {
       if (await post('stop', {}, stop)) { showInfo('Stop requested: the driver stops after the step in flight.'); refresh(); }
     });
