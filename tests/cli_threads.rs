@@ -193,8 +193,8 @@ fn rm_refuses_a_driven_thread(b: TestBackend) {
     assert_eq!(o["removed"], true);
 }
 
-/// `thread list --cursor`: a full page names where the next starts (on
-/// stderr); following it lists every thread once, newest first.
+/// `thread list --cursor`: a page with more after it names where the next
+/// starts (on stderr); following it lists every thread once, newest first.
 fn list_pages_by_cursor(b: TestBackend) {
     let cli = Cli::new(b);
     let mut started = Vec::new();
@@ -231,6 +231,21 @@ fn list_pages_by_cursor(b: TestBackend) {
     // way nothing is missed or repeated.
     started.reverse();
     assert_eq!(seen, started);
+    // A page that holds the last thread names no next page; one short of
+    // it does.
+    let o = cli.uwf(&["thread", "list", "--limit", "5"]);
+    assert!(
+        !stderr(&o).contains("more:"),
+        "nothing follows: {}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o).lines().count(), 6, "a header and five threads");
+    let o = cli.uwf(&["thread", "list", "--limit", "4"]);
+    assert!(
+        stderr(&o).contains("more: uwf-db thread list --cursor "),
+        "{}",
+        stderr(&o)
+    );
     let o = cli.uwf(&["thread", "list", "--cursor", "nope"]);
     assert_eq!(code(&o), Some(2), "bad usage: {}", stderr(&o));
     assert!(stderr(&o).contains("is not a cursor"), "{}", stderr(&o));

@@ -308,13 +308,17 @@ pub fn run(
             if *watch {
                 return crate::watch::list(&store, &query, cancel, out);
             }
-            let records = store.threads().list(&query)?;
+            // One more than the page, to know whether another follows.
+            let mut records = store.threads().list(&ThreadQuery {
+                limit: limit.saturating_add(1),
+                ..query
+            })?;
+            let more = records.len() > *limit;
+            records.truncate(*limit);
             list(&records, out)?;
-            // A full page: where the next one starts (on stderr, so that
-            // stdout stays the page alone).
-            if records.len() == *limit
-                && let Some(last) = records.last()
-            {
+            // Where the next page starts, when there is one (on stderr, so
+            // that stdout stays the page alone).
+            if more && let Some(last) = records.last() {
                 output::note(format_args!(
                     "more: uwf-db thread list --cursor {} (with the same filters)",
                     uwf_db::thread::ActivityCursor::of(last)
