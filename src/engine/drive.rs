@@ -231,13 +231,8 @@ impl Engine {
         options: &DriveOptions,
         agent: &mut dyn Agent,
     ) -> DriveReport {
-        let report = DriveReport {
-            results: Vec::new(),
-            error: None,
-            stopped_by_request: false,
-        };
         let span = self.workflow_span(id);
-        let report = span.in_scope(|| self.drive_claimed(id, options, agent, report));
+        let report = span.in_scope(|| self.drive_claimed(id, options, agent));
         self.close_workflow_span(&span, id, &report);
         report
     }
@@ -248,8 +243,12 @@ impl Engine {
         id: ThreadId,
         options: &DriveOptions,
         agent: &mut dyn Agent,
-        mut report: DriveReport,
     ) -> DriveReport {
+        let mut report = DriveReport {
+            results: Vec::new(),
+            error: None,
+            stopped_by_request: false,
+        };
         let max_steps = options.max_steps.unwrap_or(usize::MAX);
         let cancel = &options.cancel;
         // Hold the thread for the whole drive, not per step.

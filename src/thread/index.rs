@@ -27,7 +27,8 @@ impl Location {
     }
 }
 
-fn decode(id: ThreadId, bytes: &[u8]) -> Result<ThreadRecord, ThreadError> {
+/// Decodes thread `id`'s record (a corrupt one is named by its id).
+pub(crate) fn decode(id: ThreadId, bytes: &[u8]) -> Result<ThreadRecord, ThreadError> {
     ThreadRecord::decode(bytes).map_err(|e| ThreadError::CorruptRecord {
         thread: id.to_string(),
         detail: e.to_string(),

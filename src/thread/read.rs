@@ -199,11 +199,7 @@ impl Threads<'_> {
                     else {
                         return Ok(());
                     };
-                    let record =
-                        ThreadRecord::decode(value).map_err(|e| ThreadError::CorruptRecord {
-                            thread: tid.to_string(),
-                            detail: e.to_string(),
-                        })?;
+                    let record = index::decode(tid, value)?;
                     if let Some(origin) = &record.forked_from {
                         by_origin.entry(origin.thread).or_default().push(record);
                     }
