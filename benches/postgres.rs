@@ -649,6 +649,9 @@ impl Backend for Counted {
     fn durability(&self) -> Durability {
         self.inner.durability()
     }
+    fn reads_cost_round_trips(&self) -> bool {
+        self.inner.reads_cost_round_trips()
+    }
     fn try_lock_claim(
         &self,
         id: uwf_db::backend::ClaimKey,

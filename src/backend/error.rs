@@ -159,6 +159,11 @@ pub enum BackendError {
         /// The backend's message.
         detail: String,
     },
+    /// A read begun with [`crate::backend::Backend::begin_read_once`]
+    /// needed a second statement; the store runs it again in a read
+    /// transaction, so callers of the store never see this.
+    #[error("a one-statement read needed another statement (it runs again in a transaction)")]
+    NeedsTransaction,
     /// A PostgreSQL statement or connection failed; the transaction in
     /// flight was not applied.
     #[cfg(feature = "postgres")]

@@ -247,6 +247,13 @@ pub trait ReadTables {
         false
     }
 
+    /// Whether this read, begun by [`Backend::begin_read_once`], needed a
+    /// second statement and so was refused: whatever error the caller got
+    /// from it, the read may run again in an ordinary read transaction.
+    fn needs_transaction(&self) -> bool {
+        false
+    }
+
     /// Whether one [`ReadTables::get_many`] of several keys is much cheaper
     /// than a `get` of each (a client–server backend: one round trip
     /// instead of many), so a caller should fetch together what it will
@@ -441,6 +448,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// ordinary one, the default.
     fn begin_write_exclusive(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         self.begin_write()
+    }
+
+    /// A read that may send one statement: on a server backend that
+    /// statement runs without `BEGIN` (a single statement sees one
+    /// snapshot), so the read costs one round trip and no `ROLLBACK`; a
+    /// second statement is refused with [`BackendError::NeedsTransaction`]
+    /// and [`ReadTables::needs_transaction`] says so, and the caller runs
+    /// the read again with [`Backend::begin_read`]. The default is an
+    /// ordinary read transaction (a read of an embedded engine costs none).
+    fn begin_read_once(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
+        self.begin_read()
+    }
+
+    /// Whether every read costs a round trip to a server (PostgreSQL):
+    /// the store then keeps the chain nodes it writes and reads in memory
+    /// for its chain walks (`store::txn::RecentNodes`). `false` for a
+    /// backend reading its own map (LMDB, memory).
+    fn reads_cost_round_trips(&self) -> bool {
+        false
     }
 
     /// How many write transactions a group-commit handle should keep in

@@ -215,7 +215,10 @@ impl Engine {
         options: &StartOptions,
     ) -> Result<ThreadRecord, EngineError> {
         let new = self.top_level_thread(workflow, prompt, options)?;
-        Ok(self.threads().low_level().start_thread(new)?)
+        let task = (Arc::from(new.prompt.as_str()), new.max_rounds);
+        let record = self.threads().low_level().start_thread(new)?;
+        self.engine_state().tasks.insert(record.start, task);
+        Ok(record)
     }
 
     /// Starts a thread and drives it until it ends or suspends (what
@@ -263,12 +266,15 @@ impl Engine {
         agent: &mut dyn agent::Agent,
     ) -> Result<(ThreadRecord, DriveReport), EngineError> {
         let new = self.top_level_thread(workflow, prompt, options)?;
+        // The first step's prompt shows the task: known here, not read back.
+        let task = (Arc::from(new.prompt.as_str()), new.max_rounds);
         let id = ThreadId::generate();
         let claim = self.claim_new(id, &options.cancel)?;
         let record = self
             .threads()
             .low_level()
             .start_thread_generated(new, id, true)?;
+        self.engine_state().tasks.insert(record.start, task);
         let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {

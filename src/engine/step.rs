@@ -338,6 +338,7 @@ impl Engine {
         let written = self.threads().low_level().append_step_kept(
             id,
             record.head,
+            record.start,
             kept,
             step,
             after,

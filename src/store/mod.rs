@@ -83,13 +83,20 @@ pub(crate) struct StoreInner {
     /// claim bookkeeping), one value per type, made on first use: the store
     /// names none of their types ([`Store::layer_state`]).
     pub(crate) layers: std::sync::Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
+    /// The chain nodes this handle wrote or walked lately, when reads cost
+    /// round trips ([`txn::RecentNodes`]).
+    pub(crate) recent: Option<txn::RecentNodes>,
 }
 
 impl StoreInner {
     pub(crate) fn new(backend: Box<dyn Backend>) -> StoreInner {
+        let recent = backend
+            .reads_cost_round_trips()
+            .then(|| txn::RecentNodes::new(txn::RECENT_NODES));
         StoreInner {
             backend,
             layers: std::sync::Mutex::new(Vec::new()),
+            recent,
         }
     }
 }
@@ -217,8 +224,34 @@ impl Store {
         &self,
         f: impl FnOnce(&ReadTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
-        let txn = begin_with_retries(|| ReadTxn::begin(&*self.inner.backend))?;
+        let txn = begin_with_retries(|| ReadTxn::begin(&self.inner))?;
         f(&txn)
+    }
+
+    /// Whether naming the keys a write reads first pays
+    /// ([`Store::write_op_reading`]): on a backend whose reads cost round
+    /// trips.
+    pub(crate) fn prefetches(&self) -> bool {
+        self.inner.backend.reads_cost_round_trips()
+    }
+
+    /// [`Store::read`] for a short read that usually needs one statement
+    /// (a thread's record, a blob): on a server backend `f` first runs on a
+    /// read that sends its one statement without `BEGIN` (one round trip,
+    /// no `ROLLBACK`), and, should it need a second, runs again in a read
+    /// transaction. So `f` must do nothing but read (it may run twice).
+    pub(crate) fn read_once<R, E: From<StoreError>>(
+        &self,
+        f: impl Fn(&ReadTxn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        if self.inner.backend.reads_cost_round_trips() {
+            let txn = begin_with_retries(|| ReadTxn::begin_once(&self.inner))?;
+            match f(&txn) {
+                Err(_) if txn.needs_transaction() => {}
+                out => return out,
+            }
+        }
+        self.read(f)
     }
 
     /// Runs `f` in one write transaction and commits it if `f` succeeds;
@@ -244,7 +277,17 @@ impl Store {
         &self,
         f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
-        self.write_as(false, f)
+        self.write_as(false, &[], f)
+    }
+
+    /// [`Store::write`] for `f` that reads `reads` first: a server backend
+    /// fetches them with `BEGIN` (`Store::write_op_reading`).
+    pub(crate) fn write_reading<R, E: From<StoreError>>(
+        &self,
+        reads: &[(Table, Vec<u8>)],
+        f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        self.write_as(false, reads, f)
     }
 
     /// [`Store::write`] in a transaction no other writer interleaves with
@@ -256,19 +299,21 @@ impl Store {
         &self,
         f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
-        self.write_as(true, f)
+        self.write_as(true, &[], f)
     }
 
     fn write_as<R, E: From<StoreError>>(
         &self,
         exclusive: bool,
+        reads: &[(Table, Vec<u8>)],
         mut f: impl FnMut(&mut WriteTxn<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
+        let reads: Vec<(Table, &[u8])> = reads.iter().map(|(t, k)| (*t, k.as_slice())).collect();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut txn =
-                begin_with_retries(|| WriteTxn::begin_as(&*self.inner.backend, exclusive))?;
+            let mut txn = begin_with_retries(|| WriteTxn::begin_as(&self.inner, exclusive))?;
+            txn.prefetch(&reads)?;
             let out = match f(&mut txn) {
                 // Lost before the commit: nothing was applied.
                 Err(_) if txn.connection_lost() && attempt < LOST_CONNECTION_TRIES => continue,
@@ -313,7 +358,7 @@ impl Store {
     /// # Ok::<(), uwf_db::StoreError>(())
     /// ```
     pub fn get(&self, hash: &Hash) -> Result<Option<Blob>, StoreError> {
-        self.read(|r| r.get_blob(hash))
+        self.read_once(|r| r.get_blob(hash))
     }
 
     /// Reads one blob's record: header fields and canonical bytes.

@@ -2,15 +2,35 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
-use super::{GC_EPOCH_KEY, StoreError, now_ms, parse_gc_epoch, read_format_version};
+use super::{GC_EPOCH_KEY, StoreError, StoreInner, now_ms, parse_gc_epoch, read_format_version};
 use crate::backend::{Backend, Direction, KeyRange, ReadTables, Refresh, Table, WriteTables};
 use crate::hash::{Hash, HashPrefix};
 use crate::node::{Blob, EncodedBlob, Kind};
 
 /// Most candidates listed in an ambiguous-prefix error.
 const MAX_CANDIDATES: usize = 5;
+
+/// The chain nodes (state and start nodes) a store handle wrote or walked
+/// lately, as stored records by hash, kept when every read costs a round
+/// trip (`Backend::reads_cost_round_trips`): a driver's next step walks
+/// back over the nodes its last steps wrote (the prompt's recent steps),
+/// and reading them again would be a read transaction a step. A node is
+/// content-addressed, so an entry is never stale; its record's stamps
+/// (`touched_at`) may be older than the stored ones, which is why only the
+/// chain walks read it ([`ReadTxn::get_chain_records`]). Written nodes are
+/// added when their transaction commits (`docs/design.md` §8f).
+pub(crate) type RecentNodes = crate::cache::Bounded<Hash, Arc<[u8]>>;
+
+/// Most nodes [`RecentNodes`] keeps (a few MiB).
+pub(crate) const RECENT_NODES: usize = 16_384;
+
+/// Whether a record of `kind` belongs in [`RecentNodes`].
+fn is_chain_node(kind: Kind) -> bool {
+    matches!(kind, Kind::State | Kind::Start)
+}
 
 /// A blob as stored: its record header fields and canonical bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +85,7 @@ impl RecordRef<'_> {
 pub struct ReadTxn<'s> {
     txn: Box<dyn ReadTables + 's>,
     backend: &'s dyn Backend,
+    recent: Option<&'s RecentNodes>,
 }
 
 /// Reads shared by read and write transactions.
@@ -188,11 +209,74 @@ macro_rules! blob_reads {
 }
 
 impl<'s> ReadTxn<'s> {
-    pub(super) fn begin(backend: &'s dyn Backend) -> Result<Self, StoreError> {
+    pub(super) fn begin(inner: &'s StoreInner) -> Result<Self, StoreError> {
         Ok(ReadTxn {
-            txn: backend.begin_read()?,
-            backend,
+            txn: inner.backend.begin_read()?,
+            backend: &*inner.backend,
+            recent: inner.recent.as_ref(),
         })
+    }
+
+    /// A read that may send one statement ([`Backend::begin_read_once`]).
+    pub(super) fn begin_once(inner: &'s StoreInner) -> Result<Self, StoreError> {
+        Ok(ReadTxn {
+            txn: inner.backend.begin_read_once()?,
+            backend: &*inner.backend,
+            recent: inner.recent.as_ref(),
+        })
+    }
+
+    /// Whether this read, begun by [`Self::begin_once`], needed a second
+    /// statement (and must run again in a transaction).
+    pub(super) fn needs_transaction(&self) -> bool {
+        self.txn.needs_transaction()
+    }
+
+    /// [`Self::get_records`] for a chain walk: a node the store handle
+    /// wrote or walked lately ([`RecentNodes`], on a server backend) is not
+    /// read again, the others are read in one round trip and kept. The
+    /// records' kinds and bytes are the stored ones; their stamps may be
+    /// older (callers read nodes, not stamps).
+    pub(crate) fn get_chain_records(
+        &self,
+        hashes: &[Hash],
+    ) -> Result<Vec<Option<RecordRef<'_>>>, StoreError> {
+        let Some(recent) = self.recent else {
+            return self.get_records(hashes);
+        };
+        let mut out: Vec<Option<RecordRef<'_>>> = Vec::with_capacity(hashes.len());
+        let mut missing = Vec::new();
+        for (i, hash) in hashes.iter().enumerate() {
+            match recent.get(hash) {
+                Some(value) => out.push(Some(RecordRef {
+                    hash: *hash,
+                    value: Cow::Owned(value.to_vec()),
+                })),
+                None => {
+                    out.push(None);
+                    missing.push(i);
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let wanted: Vec<Hash> = missing
+            .iter()
+            .filter_map(|&i| hashes.get(i))
+            .copied()
+            .collect();
+        for (i, found) in missing.into_iter().zip(self.get_records(&wanted)?) {
+            if let Some(found) = &found
+                && is_chain_node(found.record()?.kind)
+            {
+                recent.insert(found.hash, Arc::from(&*found.value));
+            }
+            if let Some(slot) = out.get_mut(i) {
+                *slot = found;
+            }
+        }
+        Ok(out)
     }
 
     /// The tables, for the modules that own them (threads, workflows, GC).
@@ -223,16 +307,21 @@ pub struct WriteTxn<'s> {
     /// reads nothing while no GC runs (while one runs, the barrier must
     /// still look at its `touched_at`).
     seen: HashSet<Hash>,
+    /// Where the chain nodes this transaction writes go when it commits
+    /// (a server backend), and those nodes.
+    recent: Option<&'s RecentNodes>,
+    fresh: Vec<(Hash, Arc<[u8]>)>,
 }
 
 impl<'s> WriteTxn<'s> {
-    pub(super) fn begin(backend: &'s dyn Backend) -> Result<Self, StoreError> {
-        Self::begin_as(backend, false)
+    pub(super) fn begin(inner: &'s StoreInner) -> Result<Self, StoreError> {
+        Self::begin_as(inner, false)
     }
 
     /// A write transaction; `exclusive`: one no other writer interleaves
     /// with ([`Backend::begin_write_exclusive`]).
-    pub(super) fn begin_as(backend: &'s dyn Backend, exclusive: bool) -> Result<Self, StoreError> {
+    pub(super) fn begin_as(inner: &'s StoreInner, exclusive: bool) -> Result<Self, StoreError> {
+        let backend = &*inner.backend;
         let txn = if exclusive {
             backend.begin_write_exclusive()?
         } else {
@@ -249,7 +338,25 @@ impl<'s> WriteTxn<'s> {
             gc_epoch: None,
             written: HashSet::new(),
             seen: HashSet::new(),
+            recent: inner.recent.as_ref(),
+            fresh: Vec::new(),
         })
+    }
+
+    /// Keys this transaction will read first: a server backend fetches
+    /// them with its `BEGIN` (taking the order locks they need), unless a
+    /// statement was sent already ([`ReadTables::prefetch`]).
+    pub(crate) fn prefetch(&self, keys: &[(Table, &[u8])]) -> Result<(), StoreError> {
+        Ok(self.txn.prefetch(keys)?)
+    }
+
+    /// Keeps a chain node this transaction writes (its record is in
+    /// `self.buf`), for [`RecentNodes`] once the transaction commits.
+    fn keep_fresh(&mut self, blob: &EncodedBlob) {
+        if self.recent.is_some() && is_chain_node(blob.kind()) {
+            self.fresh
+                .push((blob.hash(), Arc::from(self.buf.as_slice())));
+        }
     }
 
     /// Whether the transaction's server connection was lost (before its
@@ -423,6 +530,7 @@ impl<'s> WriteTxn<'s> {
         };
         self.txn
             .insert_or_refresh(Table::Blobs, hash.as_bytes(), &self.buf, refresh)?;
+        self.keep_fresh(blob);
         // Stored now, with a `touched_at` at or after `below`: no barrier
         // or refresh of it is due in this transaction.
         self.written.insert(hash);
@@ -449,6 +557,7 @@ impl<'s> WriteTxn<'s> {
             .insert(Table::Blobs, blob.hash().as_bytes(), &self.buf)?
         {
             self.written.insert(blob.hash());
+            self.keep_fresh(blob);
             return Ok(true);
         }
         // Content addressing: same key, same bytes. Only the record's
@@ -459,6 +568,12 @@ impl<'s> WriteTxn<'s> {
 
     /// Commits: durable on return when the store's durability is `sync`.
     pub fn commit(self) -> Result<(), StoreError> {
-        Ok(self.txn.commit()?)
+        self.txn.commit()?;
+        if let Some(recent) = self.recent {
+            for (hash, record) in self.fresh {
+                recent.insert(hash, record);
+            }
+        }
+        Ok(())
     }
 }

@@ -71,7 +71,7 @@ fn visit_chain<E: From<ThreadError> + From<StoreError>>(
         // On a server backend, the batch's nodes in one read (one round
         // trip); on LMDB, each as it is visited.
         let mut fetched = if r.tables().prefers_batches() {
-            Some(r.get_records(&batch)?.into_iter())
+            Some(r.get_chain_records(&batch)?.into_iter())
         } else {
             None
         };

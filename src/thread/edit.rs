@@ -46,21 +46,22 @@ impl Threads<'_> {
         usage: Option<StepUsage>,
     ) -> Result<(Hash, ThreadRecord), ThreadError> {
         let summary = summary.to_owned();
-        self.store.write_op(move |w| {
-            let (mut record, location) = load_checked(w, id, expected_head)?;
-            let old = record.clone();
-            let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
-            if let Some(u) = &usage {
-                record
-                    .usage
-                    .get_or_insert_with(UsageTotals::default)
-                    .add_step(u);
-            }
-            record.staged_compact = Some(hash);
-            record.updated_at = w.now_ms();
-            index::put(w, Some((&old, location)), &record)?;
-            Ok((hash, record))
-        })
+        self.store
+            .write_op_reading(super::index::record_reads_for(self.store, id), move |w| {
+                let (mut record, location) = load_checked(w, id, expected_head)?;
+                let old = record.clone();
+                let hash = w.put_blob(&Blob::content(summary.as_str(), []))?;
+                if let Some(u) = &usage {
+                    record
+                        .usage
+                        .get_or_insert_with(UsageTotals::default)
+                        .add_step(u);
+                }
+                record.staged_compact = Some(hash);
+                record.updated_at = w.now_ms();
+                index::put(w, Some((&old, location)), &record)?;
+                Ok((hash, record))
+            })
     }
 
     /// Changes a thread's labels: sets every pair of `set` (replacing the

@@ -35,6 +35,23 @@ pub(crate) fn decode(id: ThreadId, bytes: &[u8]) -> Result<ThreadRecord, ThreadE
     })
 }
 
+/// The keys [`find`] reads first for thread `id` (a write prefetches them:
+/// `Store::write_op_reading`); none where that would not pay (LMDB,
+/// memory: `Store::prefetches`).
+pub(crate) fn record_reads(id: ThreadId) -> Vec<(Table, Vec<u8>)> {
+    let key = id.to_bytes().to_vec();
+    vec![(Table::Threads, key.clone()), (Table::HistoryIds, key)]
+}
+
+/// [`record_reads`] when `store` prefetches, else nothing.
+pub(crate) fn record_reads_for(store: &crate::Store, id: ThreadId) -> Vec<(Table, Vec<u8>)> {
+    if store.prefetches() {
+        record_reads(id)
+    } else {
+        Vec::new()
+    }
+}
+
 /// Finds a thread's record, active or in history: two O(log n) lookups at most.
 pub(crate) fn find(
     t: &dyn ReadTables,

@@ -318,7 +318,11 @@ impl Threads<'_> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get(&self, id: ThreadId) -> Result<Option<ThreadRecord>, ThreadError> {
-        self.store.read(|r| Ok(find_in(r, id)?.map(|(rec, _)| rec)))
+        // One round trip for an active thread (its record and
+        // `history_ids` in one statement); an ended one reads again in a
+        // transaction.
+        self.store
+            .read_once(|r| Ok(find_in(r, id)?.map(|(rec, _)| rec)))
     }
 
     /// Resolves a full thread id or a unique prefix.

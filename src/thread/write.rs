@@ -17,6 +17,7 @@ use super::{
     END_ROLE, EndSpec, MAX_ANCESTORS, NewThread, Next, StepWrite, ThreadError, ThreadId,
     ThreadRecord, ThreadStatus, Threads, Written,
 };
+use crate::backend::Table;
 use crate::hash::Hash;
 use crate::node::{Blob, EncodedBlob, Kind, StartNode, StateNode, Value, state_ancestors_raw};
 use crate::store::{Store, WriteTxn};
@@ -70,6 +71,26 @@ impl<'s> Threads<'s> {
     pub fn low_level(&self) -> LowLevel<'s> {
         LowLevel(self.store)
     }
+}
+
+/// What a step's write reads first: the thread's record, its head (the
+/// new node's parent) and, when the caller knows it, its start node
+/// (`next_position` looks both up). None where naming them would not pay
+/// (LMDB, memory).
+fn step_reads(
+    store: &Store,
+    id: ThreadId,
+    head: Hash,
+    start: Option<Hash>,
+) -> Vec<(Table, Vec<u8>)> {
+    if !store.prefetches() {
+        return Vec::new();
+    }
+    let mut reads = index::record_reads(id);
+    for node in std::iter::once(head).chain(start) {
+        reads.push((Table::Blobs, node.as_bytes().to_vec()));
+    }
+    reads
 }
 
 /// `seq` and `ancestors` for the node after the record's head. The head's
@@ -348,8 +369,21 @@ impl LowLevel<'_> {
         source: IdSource,
     ) -> Result<ThreadRecord, ThreadError> {
         check_labels(&new.labels)?;
+        // What the start reads: the workflow and parent state its start
+        // node names (ref checks) and, for a given id, the id's record.
+        let mut reads: Vec<(Table, Vec<u8>)> = Vec::new();
+        if self.0.prefetches() {
+            reads.extend(
+                std::iter::once(new.workflow_hash)
+                    .chain(new.parent_state)
+                    .map(|h| (Table::Blobs, h.as_bytes().to_vec())),
+            );
+            if source == IdSource::Given {
+                reads.extend(index::record_reads(id));
+            }
+        }
         self.0
-            .write_op(move |w| start_in(w, &new, id, claimed, source))
+            .write_op_reading(reads, move |w| start_in(w, &new, id, claimed, source))
     }
 
     /// Starts `children` of thread `parent` (a fan-out role's) and appends
@@ -369,35 +403,36 @@ impl LowLevel<'_> {
         for c in &children {
             check_labels(&c.labels)?;
         }
-        self.0.write_op(move |w| {
-            let (mut record, location) = load_checked(w, parent, expected_head)?;
-            let actual = record.fan_out.as_ref().map_or(0, Vec::len);
-            if actual != named {
-                return Err(ThreadError::ChildrenConflict {
-                    thread: parent,
-                    expected: named,
-                    actual,
-                });
-            }
-            let old = record.clone();
-            let mut made = Vec::with_capacity(children.len());
-            for new in &children {
-                made.push(start_in(
-                    w,
-                    new,
-                    ThreadId::generate(),
-                    false,
-                    IdSource::Generated,
-                )?);
-            }
-            record
-                .fan_out
-                .get_or_insert_with(Vec::new)
-                .extend(made.iter().map(|r| r.id));
-            record.updated_at = w.now_ms().max(old.updated_at);
-            index::put(w, Some((&old, location)), &record)?;
-            Ok(made)
-        })
+        self.0
+            .write_op_reading(index::record_reads_for(self.0, parent), move |w| {
+                let (mut record, location) = load_checked(w, parent, expected_head)?;
+                let actual = record.fan_out.as_ref().map_or(0, Vec::len);
+                if actual != named {
+                    return Err(ThreadError::ChildrenConflict {
+                        thread: parent,
+                        expected: named,
+                        actual,
+                    });
+                }
+                let old = record.clone();
+                let mut made = Vec::with_capacity(children.len());
+                for new in &children {
+                    made.push(start_in(
+                        w,
+                        new,
+                        ThreadId::generate(),
+                        false,
+                        IdSource::Generated,
+                    )?);
+                }
+                record
+                    .fan_out
+                    .get_or_insert_with(Vec::new)
+                    .extend(made.iter().map(|r| r.id));
+                record.updated_at = w.now_ms().max(old.updated_at);
+                index::put(w, Some((&old, location)), &record)?;
+                Ok(made)
+            })
     }
 
     /// Removes thread `id` if its head is still `expected_head`, in one
@@ -502,7 +537,8 @@ impl LowLevel<'_> {
             .map(Blob::encode)
             .collect::<Result<Vec<EncodedBlob>, _>>()?;
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
-        self.append_encoded(id, expected_head, extra, blobs, step, after, false)
+        let reads = step_reads(self.0, id, expected_head, None);
+        self.append_encoded(id, expected_head, extra, blobs, step, after, false, reads)
     }
 
     /// A role step with what the engine keeps of its agent call (`kept`:
@@ -512,10 +548,14 @@ impl LowLevel<'_> {
     /// node, so GC, export and `verify` treat them as the rest of the
     /// chain (`docs/design.md` §5e "Kept with a step"). `resume` appends to
     /// an ended thread ([`resume_ended`](Self::resume_ended)) instead.
+    /// `start`: the thread's start node, which the step's write looks up
+    /// (fetched with the transaction's first statement).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn append_step_kept(
         &self,
         id: ThreadId,
         expected_head: Hash,
+        start: Hash,
         kept: Vec<EncodedBlob>,
         step: StepWrite,
         after: Next,
@@ -524,7 +564,8 @@ impl LowLevel<'_> {
         let refs: Vec<Hash> = kept.iter().map(EncodedBlob::hash).collect();
         let blobs =
             StepBlobs::with_input_refs(&step.reply, &step.artifacts, &step.instruction, &refs)?;
-        self.append_encoded(id, expected_head, kept, blobs, step, after, resume)
+        let reads = step_reads(self.0, id, expected_head, Some(start));
+        self.append_encoded(id, expected_head, kept, blobs, step, after, resume, reads)
     }
 
     /// Stores `extra`, then appends `step` (to an active thread, or with
@@ -539,8 +580,9 @@ impl LowLevel<'_> {
         step: StepWrite,
         after: Next,
         resume: bool,
+        reads: Vec<(Table, Vec<u8>)>,
     ) -> Result<Written, ThreadError> {
-        self.0.write_op(move |w| {
+        self.0.write_op_reading(reads, move |w| {
             for e in &extra {
                 w.store_encoded(e)?;
             }
@@ -602,7 +644,17 @@ impl LowLevel<'_> {
         after: Next,
     ) -> Result<Written, ThreadError> {
         let blobs = StepBlobs::new(&step.reply, &step.artifacts, &step.instruction)?;
-        self.append_encoded(id, expected_head, Vec::new(), blobs, step, after, true)
+        let reads = step_reads(self.0, id, expected_head, None);
+        self.append_encoded(
+            id,
+            expected_head,
+            Vec::new(),
+            blobs,
+            step,
+            after,
+            true,
+            reads,
+        )
     }
 
     /// Ends an active thread without a step (cancel, or an end decided
@@ -630,25 +682,26 @@ impl LowLevel<'_> {
         expected_head: Hash,
         end: EndSpec,
     ) -> Result<Written, ThreadError> {
-        self.0.write_op(move |w| {
-            let (mut record, location) = load_checked(w, id, expected_head)?;
-            if location != Location::Active {
-                return Err(ThreadError::WrongStatus {
-                    thread: id,
-                    status: record.status,
-                    action: "end it again",
-                });
-            }
-            let old = record.clone();
-            let end_hash = write_end(w, &mut record, &end)?;
-            record.updated_at = w.now_ms();
-            index::put(w, Some((&old, location)), &record)?;
-            Ok(Written {
-                record,
-                step: None,
-                end: Some(end_hash),
+        self.0
+            .write_op_reading(index::record_reads_for(self.0, id), move |w| {
+                let (mut record, location) = load_checked(w, id, expected_head)?;
+                if location != Location::Active {
+                    return Err(ThreadError::WrongStatus {
+                        thread: id,
+                        status: record.status,
+                        action: "end it again",
+                    });
+                }
+                let old = record.clone();
+                let end_hash = write_end(w, &mut record, &end)?;
+                record.updated_at = w.now_ms();
+                index::put(w, Some((&old, location)), &record)?;
+                Ok(Written {
+                    record,
+                    step: None,
+                    end: Some(end_hash),
+                })
             })
-        })
     }
 
     /// Records a failed attempt on the thread (no node, no head move): the
@@ -737,18 +790,19 @@ impl LowLevel<'_> {
         id: ThreadId,
         mut change: impl FnMut(&mut ThreadRecord) -> Result<(), ThreadError> + Send + 'static,
     ) -> Result<ThreadRecord, ThreadError> {
-        self.0.write_op(move |w| {
-            let (mut record, location) =
-                index::find(w.tables(), id)?.ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
-            let old = record.clone();
-            change(&mut record)?;
-            record.id = old.id;
-            record.head = old.head;
-            record.start = old.start;
-            record.updated_at = w.now_ms().max(old.updated_at);
-            index::put(w, Some((&old, location)), &record)?;
-            Ok(record)
-        })
+        self.0
+            .write_op_reading(index::record_reads_for(self.0, id), move |w| {
+                let (mut record, location) = index::find(w.tables(), id)?
+                    .ok_or_else(|| ThreadError::Unknown(id.to_string()))?;
+                let old = record.clone();
+                change(&mut record)?;
+                record.id = old.id;
+                record.head = old.head;
+                record.start = old.start;
+                record.updated_at = w.now_ms().max(old.updated_at);
+                index::put(w, Some((&old, location)), &record)?;
+                Ok(record)
+            })
     }
 }
 

@@ -31,6 +31,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use postgres::Client;
 
@@ -74,6 +75,10 @@ struct Session {
     generation: u64,
     /// The keys held in the current connection.
     held: HashSet<i64>,
+    /// When the newest statement that succeeded on the current connection
+    /// was sent: a [`HeldLock::check`] asked before it needs no ping of
+    /// its own (see `check`).
+    answered: Option<Instant>,
 }
 
 impl LockSession {
@@ -107,7 +112,14 @@ fn first_value(messages: &[postgres::SimpleQueryMessage]) -> Option<String> {
 }
 
 impl HeldLock for AdvisoryLock {
+    /// Whether the session still holds the lock: a ping (`SELECT 1`) of
+    /// its connection. Drivers of many threads share one session, so the
+    /// checks of a busy runner queue on it; a check that finds a statement
+    /// sent *after* it was asked has already been answered on this
+    /// connection (the session was alive after the check began, which is
+    /// all a ping would prove) and sends none (`docs/design.md` §8f).
     fn check(&self) -> Result<(), BackendError> {
+        let asked = Instant::now();
         let mut session = self.session.lock();
         let lost = |detail: String| BackendError::LockLost {
             location: self.location.clone(),
@@ -116,12 +128,19 @@ impl HeldLock for AdvisoryLock {
         if session.generation != self.generation || !session.held.contains(&self.key) {
             return Err(lost("the connection was lost earlier and given up".into()));
         }
+        if session.answered.is_some_and(|at| at >= asked) {
+            return Ok(());
+        }
+        let sent = Instant::now();
         let alive = match session.client.as_mut() {
             Some(client) => client
                 .batch_execute("SELECT 1")
                 .map_err(|e| super::lock_lost_detail(&e)),
             None => Err("the connection was lost earlier and given up".into()),
         };
+        if alive.is_ok() {
+            session.answered = Some(sent);
+        }
         alive.map_err(|detail| {
             // The server ended the session with the connection: every lock
             // of it is gone; this connection is never reused.
@@ -179,6 +198,7 @@ impl PostgresBackend {
                 .map_err(|e| self.error("opening the lock session".into(), e))?;
             session.client = Some(*client);
             session.generation += 1;
+            session.answered = None;
         }
         if session.held.contains(&key) {
             return Ok(None);
@@ -192,6 +212,7 @@ impl PostgresBackend {
                 op: "taking an advisory lock".into(),
             });
         };
+        let sent = Instant::now();
         let answer = client.simple_query(&format!("SELECT pg_try_advisory_lock({key})"));
         let taken = match answer {
             Ok(messages) => first_value(&messages).is_some_and(|v| v == "t"),
@@ -203,6 +224,7 @@ impl PostgresBackend {
                 return Err(self.error("taking an advisory lock".into(), e));
             }
         };
+        session.answered = Some(sent);
         if !taken {
             return Ok(None);
         }

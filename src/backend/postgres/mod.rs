@@ -402,12 +402,22 @@ impl Backend for PostgresBackend {
         )?)))
     }
 
+    fn begin_read_once(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
+        let txn = self.begin(String::new(), false)?;
+        txn.state.borrow_mut().once = true;
+        Ok(Box::new(PgRead(txn)))
+    }
+
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         self.begin_writer("_shared")
     }
 
     fn begin_write_exclusive(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         self.begin_writer("")
+    }
+
+    fn reads_cost_round_trips(&self) -> bool {
+        true
     }
 
     fn parallel_writers(&self) -> usize {

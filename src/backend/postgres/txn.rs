@@ -48,6 +48,12 @@ pub(super) struct TxnState {
     /// A statement failed for a serialization failure or a deadlock: the
     /// transaction is over and may be run again from the start.
     pub(super) serialization_failed: bool,
+    /// A one-statement read ([`Backend::begin_read_once`]): its statement
+    /// is sent without `BEGIN` (`started` then means it was sent), and a
+    /// second one is refused.
+    pub(super) once: bool,
+    /// A one-statement read was refused a second statement.
+    pub(super) needs_transaction: bool,
 }
 
 /// The transaction-scoped advisory lock (two `int4` keys, a lock space of
@@ -144,13 +150,33 @@ impl Txn<'_> {
         f: impl FnOnce(&mut Client) -> Result<R, postgres::Error>,
     ) -> Result<R, BackendError> {
         let mut state = self.state.borrow_mut();
-        self.start(&mut state, None)?;
+        if state.once {
+            // The one statement, unless it was sent.
+            Self::once_more(&mut state)?;
+            state.started = true;
+        } else {
+            self.start(&mut state, None)?;
+        }
         let Some(client) = state.client.as_mut() else {
             return Err(self.lost(op()));
         };
         self.backend.round_trip();
         let out = f(client);
         out.map_err(|e| self.fail(&mut state, op(), e))
+    }
+
+    /// Refuses a second statement to a one-statement read.
+    pub(super) fn once_more(state: &mut TxnState) -> Result<(), BackendError> {
+        if state.once && state.started {
+            state.needs_transaction = true;
+            return Err(BackendError::NeedsTransaction);
+        }
+        Ok(())
+    }
+
+    /// Whether a one-statement read was refused a second statement.
+    pub(super) fn needs_transaction(&self) -> bool {
+        self.state.try_borrow().is_ok_and(|s| s.needs_transaction)
     }
 
     /// The error of a statement; a connection it says is lost is given up
@@ -236,6 +262,12 @@ impl Txn<'_> {
         });
         if state.started && keys.is_empty() && locks.is_empty() {
             return Ok(());
+        }
+        if state.once {
+            if keys.is_empty() {
+                return Ok(());
+            }
+            Self::once_more(state)?;
         }
         let mut sql = if state.started {
             String::new()
@@ -437,6 +469,7 @@ impl Txn<'_> {
             .filter(|key| Self::known(&state, table, key).is_none())
             .collect();
         if !missing.is_empty() {
+            Self::once_more(&mut state)?;
             let sql = format!("SELECT k, v FROM {} WHERE k = ANY($1)", sql_table(table));
             let Some(client) = state.client.as_mut() else {
                 return Err(self.lost(format!("reading {table}")));
@@ -526,7 +559,8 @@ impl Drop for Txn<'_> {
         let Some(mut client) = state.client.take() else {
             return;
         };
-        if !state.started {
+        if !state.started || state.once {
+            // Nothing begun (a one-statement read began nothing).
             self.backend.release(client);
             return;
         }
@@ -602,6 +636,10 @@ macro_rules! pg_reads {
 
             fn serialization_failed(&self) -> bool {
                 self.0.serialization_failed()
+            }
+
+            fn needs_transaction(&self) -> bool {
+                self.0.needs_transaction()
             }
 
             fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
