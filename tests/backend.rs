@@ -222,6 +222,31 @@ fn insert_or_refresh_inserts_or_moves_the_field_forward(b: TestBackend) {
     // An insert of a key held as a refresh: it exists.
     assert!(!w.insert(t, &key("zz-new"), b"other").unwrap());
     w.commit().unwrap();
+
+    // Refreshes that are not required (a re-put's), several in one
+    // transaction (PostgreSQL sends them as one statement): the same
+    // outcome when no other writer holds the rows.
+    let lazy = |below, stamp| Refresh {
+        required: false,
+        ..refresh(below, stamp)
+    };
+    let mut w = backend.begin_write().unwrap();
+    for k in ["old", "recent", "fresh-1", "fresh-2"] {
+        w.insert_or_refresh(t, &key(k), &valued(5000), lazy(950, 2000))
+            .unwrap();
+    }
+    w.commit().unwrap();
+    let r = backend.begin_read().unwrap();
+    // "old" was refreshed to 1000 above: below 950 it is not; "recent"
+    // (500) is.
+    for (k, v) in [
+        ("old", valued(1000)),
+        ("recent", valued(2000)),
+        ("fresh-1", valued(5000)),
+        ("fresh-2", valued(5000)),
+    ] {
+        assert_eq!(owned(r.get(t, &key(k)).unwrap()).as_ref(), Some(&v), "{k}");
+    }
 }
 
 /// More than the PostgreSQL backend holds back before sending early

@@ -9,23 +9,132 @@ use super::*;
 pub(super) const HELD_SQL_LIMIT: usize = 4 << 20;
 
 /// A write held back until the commit (or until something must see it
-/// on the server).
+/// on the server), as the literals of its row: the held writes of a
+/// table are sent as one statement per kind ([`held_statements`]), so a
+/// group of steps costs the server a few statements to parse and plan,
+/// not a few per step.
 #[derive(Debug)]
 pub(super) enum Held {
-    /// The key's value becomes this (`put`, or an `insert` known to write).
-    Put { value: Vec<u8>, sql: String },
-    /// The key is gone (`remove`, or a `delete` known to delete).
-    Remove { sql: String },
-    /// `insert_or_refresh`: the stored value is not known here.
-    Refresh { sql: String },
+    /// The key's value becomes this (`put`, or an `insert` known to
+    /// write); `row` is its `VALUES` tuple (key, value, typed columns).
+    Put { value: Vec<u8>, row: String },
+    /// The key is gone (`remove`, or a `delete` known to delete); `key`
+    /// is its literal.
+    Remove { key: String },
+    /// `insert_or_refresh`: the stored value is not known here. `row` is
+    /// the `(k, v)` tuple to insert.
+    Refresh { row: String, bounds: RefreshBounds },
+}
+
+/// What a held refresh rewrites: the 8-byte field at `from` (1-based),
+/// when it is below `below`, becomes `stamp`; `required` refreshes wait
+/// for a row another writer is refreshing, the others skip it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct RefreshBounds {
+    pub(super) from: usize,
+    pub(super) below: u64,
+    pub(super) stamp: u64,
+    pub(super) required: bool,
 }
 
 impl Held {
-    pub(super) fn sql(&self) -> &str {
+    /// Bytes of SQL it adds (for [`HELD_SQL_LIMIT`]).
+    pub(super) fn sql_len(&self) -> usize {
         match self {
-            Held::Put { sql, .. } | Held::Remove { sql } | Held::Refresh { sql } => sql,
+            Held::Put { row, .. } | Held::Refresh { row, .. } => row.len() + 2,
+            Held::Remove { key } => key.len() + 2,
         }
     }
+}
+
+/// The statements that apply `held`, table by table: one multi-row
+/// `INSERT … ON CONFLICT DO UPDATE` for the puts, one `DELETE … IN` for
+/// the removes, one insert-or-refresh per kind of refresh (in a
+/// transaction all have one kind). Each key is held once, so no
+/// statement writes a row twice; rows go in key order, as one statement
+/// each did before.
+pub(super) fn held_statements(held: &BTreeMap<(Table, Vec<u8>), Held>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut tables: Vec<Table> = held.keys().map(|(t, _)| *t).collect();
+    tables.dedup();
+    for table in tables {
+        let name = sql_table(table);
+        let of_table = held
+            .range((table, Vec::new())..)
+            .take_while(|((t, _), _)| *t == table)
+            .map(|(_, h)| h);
+        let mut puts: Vec<&str> = Vec::new();
+        let mut removes: Vec<&str> = Vec::new();
+        let mut refreshes: BTreeMap<RefreshBounds, Vec<&str>> = BTreeMap::new();
+        for h in of_table {
+            match h {
+                Held::Put { row, .. } => puts.push(row),
+                Held::Remove { key } => removes.push(key),
+                Held::Refresh { row, bounds } => refreshes.entry(*bounds).or_default().push(row),
+            }
+        }
+        if !puts.is_empty() {
+            let mut names = String::new();
+            let mut updates = String::new();
+            if columns::has_columns(table) {
+                for column in columns::columns_of(table) {
+                    names.push_str(", ");
+                    names.push_str(column.name);
+                    updates.push_str(&format!(", {0} = EXCLUDED.{0}", column.name));
+                }
+            }
+            out.push(format!(
+                "INSERT INTO {name} (k, v{names}) VALUES {} \
+                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}",
+                puts.join(", ")
+            ));
+        }
+        if !removes.is_empty() {
+            out.push(format!(
+                "DELETE FROM {name} WHERE k IN ({})",
+                removes.join(", ")
+            ));
+        }
+        for (b, rows) in refreshes {
+            // Statements that wait for no other writer in the common
+            // case, blobs stored already and refreshed recently (the same
+            // reply in many threads; §8f):
+            // - a row is inserted only when its key is absent from the
+            //   statement's snapshot, so a stored blob another transaction
+            //   is refreshing is not waited for (`ON CONFLICT` alone waits
+            //   for that transaction to end);
+            // - the refresh locks a row only when it is due (not `ON
+            //   CONFLICT DO UPDATE … WHERE`, which locks the stored row
+            //   even when it leaves it alone), and a refresh that is not
+            //   required skips a row another writer is refreshing now;
+            // - the `UPDATE` leaves alone the rows this statement inserted
+            //   (a new blob is stamped already).
+            let end = b.from + 7;
+            let due = format!(
+                "k IN (SELECT k FROM new) AND length(v) >= {end} \
+                 AND substring(v FROM {} FOR 8) < {}",
+                b.from,
+                bytea_literal(&b.below.to_be_bytes())
+            );
+            let target = if b.required {
+                due
+            } else {
+                format!("k IN (SELECT k FROM {name} WHERE {due} FOR UPDATE SKIP LOCKED)")
+            };
+            out.push(format!(
+                "WITH new (k, v) AS (VALUES {}), \
+                 inserted AS (INSERT INTO {name} (k, v) SELECT k, v FROM new \
+                 WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE {name}.k = new.k) \
+                 ON CONFLICT (k) DO NOTHING RETURNING k) \
+                 UPDATE {name} SET v = overlay(v PLACING {} FROM {} FOR 8) \
+                 WHERE {target} AND k NOT IN (SELECT k FROM inserted)",
+                rows.join(", "),
+                bytea_literal(&b.stamp.to_be_bytes()),
+                b.from,
+            ));
+        }
+    }
+    out
 }
 
 /// What a transaction knows and holds, beside its connection.
@@ -337,13 +446,13 @@ impl Txn<'_> {
     /// Sends the held writes (and `then`, say `COMMIT`) as one simple
     /// query; they become cached values.
     pub(super) fn send_held(&self, state: &mut TxnState, then: &str) -> Result<(), BackendError> {
-        let mut sql = String::with_capacity(state.held_sql + then.len() + 200);
+        let mut sql = String::with_capacity(state.held_sql + then.len() + 1000);
         if !state.started {
             sql.push_str(&self.begin);
             sql.push_str("; ");
         }
-        for held in state.held.values() {
-            sql.push_str(held.sql());
+        for statement in held_statements(&state.held) {
+            sql.push_str(&statement);
             sql.push_str("; ");
         }
         sql.push_str(then);

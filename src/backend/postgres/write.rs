@@ -18,40 +18,24 @@ impl PgWrite<'_> {
             .map(|rows| rows.len())
     }
 
-    /// The statement that writes a row (`replace`: over an existing one,
-    /// else `DO NOTHING RETURNING 1`), with literal values, for a held
-    /// write. The thread tables' typed columns are filled from `value`
-    /// ([`columns`]).
-    pub(super) fn literal_write(
+    /// The `VALUES` tuple of a held put: key, value and, for the thread
+    /// tables, their typed columns filled from `value` ([`columns`]), in
+    /// the order [`held_statements`] names them.
+    pub(super) fn literal_row(
         table: Table,
         key: &[u8],
         value: &[u8],
-        replace: bool,
     ) -> Result<String, BackendError> {
-        let mut names = String::new();
-        let mut values = String::new();
-        let mut updates = String::new();
+        let mut row = format!("({}, {}", bytea_literal(key), bytea_literal(value));
         if columns::has_columns(table) {
             let typed = columns::ThreadColumns::of(table, key, value)?;
-            for (column, literal) in columns::columns_of(table).zip(typed.literals(table)) {
-                names.push_str(", ");
-                names.push_str(column.name);
-                values.push_str(", ");
-                values.push_str(&literal);
-                updates.push_str(&format!(", {0} = EXCLUDED.{0}", column.name));
+            for literal in typed.literals(table) {
+                row.push_str(", ");
+                row.push_str(&literal);
             }
         }
-        let conflict = if replace {
-            format!("DO UPDATE SET v = EXCLUDED.v{updates}")
-        } else {
-            "DO NOTHING".into()
-        };
-        Ok(format!(
-            "INSERT INTO {} (k, v{names}) VALUES ({}, {}{values}) ON CONFLICT (k) {conflict}",
-            sql_table(table),
-            bytea_literal(key),
-            bytea_literal(value),
-        ))
+        row.push(')');
+        Ok(row)
     }
 
     /// Holds a write back until the commit (sending the held writes first
@@ -63,9 +47,9 @@ impl PgWrite<'_> {
         held: Held,
     ) -> Result<(), BackendError> {
         let state = self.0.state.get_mut();
-        let added = held.sql().len();
+        let added = held.sql_len();
         if let Some(old) = state.held.insert((table, key.to_vec()), held) {
-            state.held_sql -= old.sql().len().min(state.held_sql);
+            state.held_sql -= old.sql_len().min(state.held_sql);
         }
         state.cache.remove(&(table, key.to_vec()));
         state.held_sql += added;
@@ -82,13 +66,13 @@ impl PgWrite<'_> {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), BackendError> {
-        let sql = Self::literal_write(table, key, value, true)?;
+        let row = Self::literal_row(table, key, value)?;
         self.hold(
             table,
             key,
             Held::Put {
                 value: value.to_vec(),
-                sql,
+                row,
             },
         )
     }
@@ -169,12 +153,8 @@ impl WriteTables for PgWrite<'_> {
     }
 
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), BackendError> {
-        let sql = format!(
-            "DELETE FROM {} WHERE k = {}",
-            sql_table(table),
-            bytea_literal(key)
-        );
-        self.hold(table, key, Held::Remove { sql })
+        let key_literal = bytea_literal(key);
+        self.hold(table, key, Held::Remove { key: key_literal })
     }
 
     fn insert_or_refresh(
@@ -200,41 +180,14 @@ impl WriteTables for PgWrite<'_> {
             // Not a blob table: no held form; the boundary's default.
             return crate::backend::insert_then_refresh(self, table, key, value, refresh);
         }
-        let name = sql_table(table);
-        let (from, end) = (refresh.offset + 1, refresh.offset + 8);
-        // Statements that wait for no other writer in the common
-        // case, a blob stored already and refreshed recently (the same
-        // reply in many threads; §8f):
-        // - the insert is tried only when the key is absent from the
-        //   statement's snapshot, so a stored blob that another
-        //   transaction is refreshing is not waited for (`ON CONFLICT`
-        //   alone waits for that transaction to end);
-        // - the refresh locks the row only when it is due (not `ON
-        //   CONFLICT DO UPDATE … WHERE`, which locks the stored row even
-        //   when it leaves it alone), and a refresh that is not required
-        //   skips a row another writer is refreshing right now.
-        let k = bytea_literal(key);
-        let due = format!(
-            "k = {k} AND length(v) >= {end} AND substring(v FROM {from} FOR 8) < {}",
-            bytea_literal(&refresh.below.to_be_bytes())
-        );
-        let target = if refresh.required {
-            due
-        } else {
-            format!("k = (SELECT k FROM {name} WHERE {due} FOR UPDATE SKIP LOCKED)")
+        let bounds = RefreshBounds {
+            from: refresh.offset + 1,
+            below: refresh.below,
+            stamp: refresh.stamp,
+            required: refresh.required,
         };
-        // One statement: the `UPDATE` leaves alone a row this statement
-        // inserted (a new blob is stamped already).
-        let sql = format!(
-            "WITH inserted AS (INSERT INTO {name} (k, v) SELECT {k}, {} \
-             WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE k = {k}) \
-             ON CONFLICT (k) DO NOTHING RETURNING 1) \
-             UPDATE {name} SET v = overlay(v PLACING {} FROM {from} FOR 8) \
-             WHERE {target} AND NOT EXISTS (SELECT 1 FROM inserted)",
-            bytea_literal(value),
-            bytea_literal(&refresh.stamp.to_be_bytes()),
-        );
-        self.hold(table, key, Held::Refresh { sql })
+        let row = format!("({}, {})", bytea_literal(key), bytea_literal(value));
+        self.hold(table, key, Held::Refresh { row, bounds })
     }
 
     fn commit(self: Box<Self>) -> Result<(), BackendError> {
