@@ -247,6 +247,34 @@ fn insert_or_refresh_inserts_or_moves_the_field_forward(b: TestBackend) {
     ] {
         assert_eq!(owned(r.get(t, &key(k)).unwrap()).as_ref(), Some(&v), "{k}");
     }
+    drop(r);
+
+    // Puts, removes and refreshes of neighbouring keys in one commit
+    // (PostgreSQL sends each run of one kind as one statement, in key
+    // order): each key ends as its own write left it.
+    let mut w = backend.begin_write().unwrap();
+    w.put(t, &key("mix-a"), &valued(1)).unwrap();
+    w.insert_or_refresh(t, &key("mix-b"), &valued(2), refresh(3000, 3000))
+        .unwrap();
+    w.insert_or_refresh(t, &key("old"), &valued(9), refresh(3000, 3000))
+        .unwrap();
+    w.put(t, &key("mix-c"), &valued(4)).unwrap();
+    w.remove(t, &key("fresh-1")).unwrap();
+    w.remove(t, &key("fresh-2")).unwrap();
+    w.put(t, &key("mix-d"), &valued(5)).unwrap();
+    w.commit().unwrap();
+    let r = backend.begin_read().unwrap();
+    for (k, v) in [
+        ("mix-a", Some(valued(1))),
+        ("mix-b", Some(valued(2))),
+        ("old", Some(valued(3000))),
+        ("mix-c", Some(valued(4))),
+        ("fresh-1", None),
+        ("fresh-2", None),
+        ("mix-d", Some(valued(5))),
+    ] {
+        assert_eq!(owned(r.get(t, &key(k)).unwrap()), v, "{k}");
+    }
 }
 
 /// More than the PostgreSQL backend holds back before sending early

@@ -215,9 +215,11 @@ impl Engine {
         options: &StartOptions,
     ) -> Result<ThreadRecord, EngineError> {
         let new = self.top_level_thread(workflow, prompt, options)?;
-        let task = (Arc::from(new.prompt.as_str()), new.max_rounds);
+        let task = self.task_to_remember(&new);
         let record = self.threads().low_level().start_thread(new)?;
-        self.engine_state().tasks.insert(record.start, task);
+        if let Some(task) = task {
+            self.engine_state().tasks.insert(record.start, task);
+        }
         Ok(record)
     }
 
@@ -267,14 +269,16 @@ impl Engine {
     ) -> Result<(ThreadRecord, DriveReport), EngineError> {
         let new = self.top_level_thread(workflow, prompt, options)?;
         // The first step's prompt shows the task: known here, not read back.
-        let task = (Arc::from(new.prompt.as_str()), new.max_rounds);
+        let task = self.task_to_remember(&new);
         let id = ThreadId::generate();
         let claim = self.claim_new(id, &options.cancel)?;
         let record = self
             .threads()
             .low_level()
             .start_thread_generated(new, id, true)?;
-        self.engine_state().tasks.insert(record.start, task);
+        if let Some(task) = task {
+            self.engine_state().tasks.insert(record.start, task);
+        }
         let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {
@@ -556,5 +560,15 @@ fn fork_state(
             node,
         }),
         next => Ok(next),
+    }
+}
+
+impl Engine {
+    /// The task of a thread about to start, for the task cache (its first
+    /// step shows it), when it is short (`state::TEXT_CACHE_MAX`): a long
+    /// one is read back from the store when needed.
+    fn task_to_remember(&self, new: &NewThread) -> Option<state::Task> {
+        (new.prompt.len() <= state::TEXT_CACHE_MAX)
+            .then(|| (Arc::from(new.prompt.as_str()), new.max_rounds))
     }
 }

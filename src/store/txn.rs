@@ -24,12 +24,17 @@ const MAX_CANDIDATES: usize = 5;
 /// added when their transaction commits (`docs/design.md` §8f).
 pub(crate) type RecentNodes = crate::cache::Bounded<Hash, Arc<[u8]>>;
 
-/// Most nodes [`RecentNodes`] keeps (a few MiB).
-pub(crate) const RECENT_NODES: usize = 16_384;
+/// Most nodes [`RecentNodes`] keeps: with [`RECENT_NODE_MAX`], 64 MiB at
+/// the very most (a state node is usually well under 1 KiB).
+pub(crate) const RECENT_NODES: usize = 8192;
 
-/// Whether a record of `kind` belongs in [`RecentNodes`].
-fn is_chain_node(kind: Kind) -> bool {
-    matches!(kind, Kind::State | Kind::Start)
+/// The largest record [`RecentNodes`] keeps (a node with a large
+/// frontmatter is read from the store each time).
+pub(crate) const RECENT_NODE_MAX: usize = 8 << 10;
+
+/// Whether a record of `kind`, `len` bytes long, belongs in [`RecentNodes`].
+fn is_chain_node(kind: Kind, len: usize) -> bool {
+    matches!(kind, Kind::State | Kind::Start) && len <= RECENT_NODE_MAX
 }
 
 /// A blob as stored: its record header fields and canonical bytes.
@@ -268,7 +273,7 @@ impl<'s> ReadTxn<'s> {
             .collect();
         for (i, found) in missing.into_iter().zip(self.get_records(&wanted)?) {
             if let Some(found) = &found
-                && is_chain_node(found.record()?.kind)
+                && is_chain_node(found.record()?.kind, found.value.len())
             {
                 recent.insert(found.hash, Arc::from(&*found.value));
             }
@@ -353,7 +358,7 @@ impl<'s> WriteTxn<'s> {
     /// Keeps a chain node this transaction writes (its record is in
     /// `self.buf`), for [`RecentNodes`] once the transaction commits.
     fn keep_fresh(&mut self, blob: &EncodedBlob) {
-        if self.recent.is_some() && is_chain_node(blob.kind()) {
+        if self.recent.is_some() && is_chain_node(blob.kind(), self.buf.len()) {
             self.fresh
                 .push((blob.hash(), Arc::from(self.buf.as_slice())));
         }

@@ -47,33 +47,55 @@ impl Held {
     }
 }
 
-/// The statements that apply `held`, table by table: one multi-row
-/// `INSERT … ON CONFLICT DO UPDATE` for the puts, one `DELETE … IN` for
-/// the removes, one insert-or-refresh per kind of refresh (in a
-/// transaction all have one kind). Each key is held once, so no
-/// statement writes a row twice; rows go in key order, as one statement
-/// each did before.
+/// The statements that apply `held`, table by table and, within a table,
+/// in key order: each run of neighbouring keys held the same way is one
+/// statement — a multi-row `INSERT … ON CONFLICT DO UPDATE` of puts, a
+/// `DELETE … IN` of removes, an insert-or-refresh over a `VALUES` list —
+/// so a group of steps costs the server a few statements to parse and
+/// plan, not a few per step. Rows are written and locked in key order, as
+/// when each key was its own statement, so two transactions writing the
+/// same rows queue rather than deadlock. Each key is held once, so no
+/// statement writes a row twice.
 pub(super) fn held_statements(held: &BTreeMap<(Table, Vec<u8>), Held>) -> Vec<String> {
     let mut out = Vec::new();
-    let mut tables: Vec<Table> = held.keys().map(|(t, _)| *t).collect();
-    tables.dedup();
-    for table in tables {
-        let name = sql_table(table);
-        let of_table = held
-            .range((table, Vec::new())..)
-            .take_while(|((t, _), _)| *t == table)
-            .map(|(_, h)| h);
-        let mut puts: Vec<&str> = Vec::new();
-        let mut removes: Vec<&str> = Vec::new();
-        let mut refreshes: BTreeMap<RefreshBounds, Vec<&str>> = BTreeMap::new();
-        for h in of_table {
-            match h {
-                Held::Put { row, .. } => puts.push(row),
-                Held::Remove { key } => removes.push(key),
-                Held::Refresh { row, bounds } => refreshes.entry(*bounds).or_default().push(row),
+    let mut run: Option<(Table, RunKind)> = None;
+    let mut rows: Vec<&str> = Vec::new();
+    for ((table, _), h) in held {
+        let (kind, row) = match h {
+            Held::Put { row, .. } => (RunKind::Put, row.as_str()),
+            Held::Remove { key } => (RunKind::Remove, key.as_str()),
+            Held::Refresh { row, bounds } => (RunKind::Refresh(*bounds), row.as_str()),
+        };
+        let next = (*table, kind);
+        if run.as_ref() != Some(&next) {
+            if let Some((t, kind)) = run.take() {
+                out.push(run_statement(t, &kind, &rows));
             }
+            rows.clear();
+            run = Some(next);
         }
-        if !puts.is_empty() {
+        rows.push(row);
+    }
+    if let Some((t, kind)) = run {
+        out.push(run_statement(t, &kind, &rows));
+    }
+    out
+}
+
+/// How a run of held writes is written ([`held_statements`]).
+#[derive(PartialEq)]
+enum RunKind {
+    Put,
+    Remove,
+    Refresh(RefreshBounds),
+}
+
+/// One statement writing `rows` (in key order) of `table`.
+fn run_statement(table: Table, kind: &RunKind, rows: &[&str]) -> String {
+    let name = sql_table(table);
+    let list = rows.join(", ");
+    match kind {
+        RunKind::Put => {
             let mut names = String::new();
             let mut updates = String::new();
             if columns::has_columns(table) {
@@ -83,58 +105,47 @@ pub(super) fn held_statements(held: &BTreeMap<(Table, Vec<u8>), Held>) -> Vec<St
                     updates.push_str(&format!(", {0} = EXCLUDED.{0}", column.name));
                 }
             }
-            out.push(format!(
-                "INSERT INTO {name} (k, v{names}) VALUES {} \
-                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}",
-                puts.join(", ")
-            ));
+            format!(
+                "INSERT INTO {name} (k, v{names}) VALUES {list} \
+                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}"
+            )
         }
-        if !removes.is_empty() {
-            out.push(format!(
-                "DELETE FROM {name} WHERE k IN ({})",
-                removes.join(", ")
-            ));
-        }
-        for (b, rows) in refreshes {
-            // Statements that wait for no other writer in the common
+        // The index scan of an `IN` list visits the keys in order.
+        RunKind::Remove => format!("DELETE FROM {name} WHERE k IN ({list})"),
+        RunKind::Refresh(b) => {
+            // A statement that waits for no other writer in the common
             // case, blobs stored already and refreshed recently (the same
             // reply in many threads; §8f):
             // - a row is inserted only when its key is absent from the
             //   statement's snapshot, so a stored blob another transaction
             //   is refreshing is not waited for (`ON CONFLICT` alone waits
             //   for that transaction to end);
-            // - the refresh locks a row only when it is due (not `ON
-            //   CONFLICT DO UPDATE … WHERE`, which locks the stored row
-            //   even when it leaves it alone), and a refresh that is not
-            //   required skips a row another writer is refreshing now;
+            // - the refresh locks only the rows that are due (not `ON
+            //   CONFLICT DO UPDATE … WHERE`, which locks a stored row even
+            //   when it leaves it alone), in key order (`ORDER BY k FOR
+            //   UPDATE`), and one that is not required skips a row another
+            //   writer is refreshing now (`SKIP LOCKED`); a row locked
+            //   after a wait is checked again (READ COMMITTED re-reads it);
             // - the `UPDATE` leaves alone the rows this statement inserted
             //   (a new blob is stamped already).
-            let end = b.from + 7;
-            let due = format!(
-                "k IN (SELECT k FROM new) AND length(v) >= {end} \
-                 AND substring(v FROM {} FOR 8) < {}",
-                b.from,
-                bytea_literal(&b.below.to_be_bytes())
-            );
-            let target = if b.required {
-                due
-            } else {
-                format!("k IN (SELECT k FROM {name} WHERE {due} FOR UPDATE SKIP LOCKED)")
-            };
-            out.push(format!(
-                "WITH new (k, v) AS (VALUES {}), \
+            let skip = if b.required { "" } else { " SKIP LOCKED" };
+            format!(
+                "WITH new (k, v) AS (VALUES {list}), \
                  inserted AS (INSERT INTO {name} (k, v) SELECT k, v FROM new \
                  WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE {name}.k = new.k) \
                  ON CONFLICT (k) DO NOTHING RETURNING k) \
-                 UPDATE {name} SET v = overlay(v PLACING {} FROM {} FOR 8) \
-                 WHERE {target} AND k NOT IN (SELECT k FROM inserted)",
-                rows.join(", "),
-                bytea_literal(&b.stamp.to_be_bytes()),
-                b.from,
-            ));
+                 UPDATE {name} SET v = overlay(v PLACING {stamp} FROM {from} FOR 8) \
+                 WHERE k IN (SELECT k FROM {name} WHERE k IN (SELECT k FROM new) \
+                 AND length(v) >= {end} AND substring(v FROM {from} FOR 8) < {below} \
+                 ORDER BY k FOR UPDATE{skip}) \
+                 AND k NOT IN (SELECT k FROM inserted)",
+                stamp = bytea_literal(&b.stamp.to_be_bytes()),
+                from = b.from,
+                end = b.from + 7,
+                below = bytea_literal(&b.below.to_be_bytes()),
+            )
         }
     }
-    out
 }
 
 /// What a transaction knows and holds, beside its connection.
