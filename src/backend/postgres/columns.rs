@@ -160,24 +160,15 @@ impl ThreadColumns {
     }
 
     /// The values of `table`'s typed columns as SQL literals of a simple
-    /// query, in the order of [`columns_of`]: text as
-    /// `convert_from(decode('<hex>', 'hex'), 'UTF8')` (no quoting or
-    /// escaping to get wrong), times as exact milliseconds after the
-    /// epoch.
+    /// query, in the order of [`columns_of`]: typed constants the server
+    /// reads while parsing, with no function to look up and fold — text as
+    /// an `E''` string ([`text_literal`]), times as exact UTC milliseconds
+    /// ([`utc_literal`]).
     pub fn literals(&self, table: Table) -> Vec<String> {
-        fn text(s: &str) -> String {
-            use std::fmt::Write;
-            let mut out = String::with_capacity(2 * s.len() + 40);
-            out.push_str("convert_from(decode('");
-            for b in s.as_bytes() {
-                let _ = write!(out, "{b:02x}");
-            }
-            out.push_str("', 'hex'), 'UTF8')");
-            out
-        }
+        let text = text_literal;
         fn time(t: &SystemTime) -> String {
             let ms = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            format!("(TIMESTAMPTZ 'epoch' + {ms} * INTERVAL '1 millisecond')")
+            format!("'{}'::timestamptz", utc_literal(ms))
         }
         let optional = |s: &Option<String>| s.as_deref().map_or("NULL".to_owned(), text);
         let all: [String; COLUMN_COUNT] = [
@@ -210,6 +201,50 @@ impl ThreadColumns {
             .map(|(c, v)| (v, c.param_type.clone()))
             .collect()
     }
+}
+
+/// Text as an `E''` literal of a simple query: quotes doubled, backslashes
+/// escaped (nothing else is special in an `E''` string), and a NUL, which
+/// PostgreSQL's text cannot hold, as U+FFFD (the record's `v` bytes keep
+/// the exact text).
+fn text_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 12);
+    out.push_str("E'");
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            '\0' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out.push_str("'::text");
+    out
+}
+
+/// `ms` after the Unix epoch as a UTC timestamp PostgreSQL reads exactly:
+/// `YYYY-MM-DD HH:MM:SS.mmm+00` (days to a civil date by Howard Hinnant's
+/// algorithm, proleptic Gregorian).
+fn utc_literal(ms: u128) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
+    let rest = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03}+00",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        ms % 1000
+    )
 }
 
 /// The thread a key of `threads` (its id) or `history` (day, then id)
@@ -282,5 +317,18 @@ mod tests {
         );
         let err = ThreadColumns::of(Table::History, b"\x00\x01", b"").unwrap_err();
         assert!(err.to_string().contains("0001"), "{err}");
+    }
+
+    #[test]
+    fn literals_are_typed_constants() {
+        assert_eq!(utc_literal(0), "1970-01-01 00:00:00.000+00");
+        assert_eq!(utc_literal(1_795_798_799_976), "2026-11-27 16:59:59.976+00");
+        assert_eq!(utc_literal(951_782_400_000), "2000-02-29 00:00:00.000+00");
+        assert_eq!(utc_literal(4_102_444_799_999), "2099-12-31 23:59:59.999+00");
+        assert_eq!(text_literal("plain"), "E'plain'::text");
+        assert_eq!(
+            text_literal("it's a \\ and a \0; DROP"),
+            "E'it''s a \\\\ and a \u{fffd}; DROP'::text"
+        );
     }
 }
