@@ -253,6 +253,41 @@ fn connect(store: &common::backend::TestStore) -> postgres::Client {
     postgres::Client::connect(&url, postgres::NoTls).unwrap()
 }
 
+/// Text columns are written as literals of a simple query: a failure
+/// whose text holds quotes, backslashes, SQL, non-ASCII and a NUL (which
+/// PostgreSQL's text cannot hold) is stored exactly in the record, and its
+/// column says the same text with the NUL as U+FFFD; nothing else is run.
+#[test]
+fn awkward_text_reaches_the_columns_as_text() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let mut sql = connect(&store);
+    drive_some_threads(&store);
+    let t = new_thread(&store, "review");
+    let awkward = "it's \\'; DROP TABLE uwf_blobs; -- \\x00 ünï 🦀 \0 end";
+    store
+        .threads()
+        .low_level()
+        .record_failure(t.id, awkward)
+        .unwrap();
+    let record = store.threads().get(t.id).unwrap().unwrap();
+    assert_eq!(record.last_error.as_deref(), Some(awkward));
+    let (rows, _) = columns_of(&mut sql, t.id);
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some(awkward.replace('\0', "\u{fffd}").as_str())
+    );
+    let blobs: i64 = sql
+        .query_one("SELECT count(*) FROM uwf_blobs", &[])
+        .unwrap()
+        .get(0);
+    assert!(blobs > 0);
+    assert_eq!(rows[0].status, record.status.as_str());
+    assert_eq!(rows[0].updated_at, record.updated_at);
+}
+
 /// The typed columns say what the record bytes say, after every kind of
 /// write: start, step, failure, end (the row moves to `uwf_history`),
 /// resume from history (it moves back), rm (it goes).

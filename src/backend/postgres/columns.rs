@@ -131,7 +131,7 @@ impl ThreadColumns {
         Ok(ThreadColumns {
             id: record.id.to_string(),
             status: record.status.as_str(),
-            workflow: record.workflow,
+            workflow: without_nul(record.workflow),
             created_at: time("created_at", record.created_at)?,
             updated_at: time("updated_at", record.updated_at)?,
             completed_at,
@@ -139,7 +139,7 @@ impl ThreadColumns {
             seq: i64::try_from(record.seq)
                 .map_err(|_| bad(format!("seq {} does not fit a bigint", record.seq)))?,
             parent_thread: record.parent_thread.map(|p| p.to_string()),
-            last_error: record.last_error,
+            last_error: record.last_error.map(without_nul),
         })
     }
 
@@ -200,6 +200,18 @@ impl ThreadColumns {
             .filter(|(c, _)| table == Table::History || !c.history_only)
             .map(|(c, v)| (v, c.param_type.clone()))
             .collect()
+    }
+}
+
+/// `s` with each NUL as U+FFFD: PostgreSQL's text cannot hold a NUL, and
+/// a column is a projection for SQL readers (the record's `v` bytes keep
+/// the exact text), so an agent's error text with a NUL in it is still
+/// written, as a parameter or as a literal.
+fn without_nul(s: String) -> String {
+    if s.contains('\0') {
+        s.replace('\0', "\u{fffd}")
+    } else {
+        s
     }
 }
 
