@@ -483,6 +483,15 @@ fn counted_count(t: &dyn ReadTables, log: &Mutex<Log>, table: Table) -> Result<u
 }
 
 impl ReadTables for CountedRead<'_> {
+    fn connection_lost(&self) -> bool {
+        self.t.connection_lost()
+    }
+    fn serialization_failed(&self) -> bool {
+        self.t.serialization_failed()
+    }
+    fn needs_transaction(&self) -> bool {
+        self.t.needs_transaction()
+    }
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         counted_get(&*self.t, self.log, None, table, key)
     }
@@ -514,6 +523,15 @@ impl ReadTables for CountedRead<'_> {
 }
 
 impl ReadTables for CountedWrite<'_> {
+    fn connection_lost(&self) -> bool {
+        self.t.connection_lost()
+    }
+    fn serialization_failed(&self) -> bool {
+        self.t.serialization_failed()
+    }
+    fn needs_transaction(&self) -> bool {
+        self.t.needs_transaction()
+    }
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         counted_get(&*self.t, self.log, Some(&self.writes), table, key)
     }
@@ -632,6 +650,13 @@ impl Backend for Counted {
             log: &self.log,
         }))
     }
+    fn begin_read_once(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
+        self.log.lock().unwrap().counts.read_txns += 1;
+        Ok(Box::new(CountedRead {
+            t: self.inner.begin_read_once()?,
+            log: &self.log,
+        }))
+    }
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
         self.log.lock().unwrap().counts.write_txns += 1;
         Ok(Box::new(CountedWrite {
@@ -639,6 +664,17 @@ impl Backend for Counted {
             log: &self.log,
             writes: RefCell::new(Vec::new()),
         }))
+    }
+    fn begin_write_exclusive(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
+        self.log.lock().unwrap().counts.write_txns += 1;
+        Ok(Box::new(CountedWrite {
+            t: self.inner.begin_write_exclusive()?,
+            log: &self.log,
+            writes: RefCell::new(Vec::new()),
+        }))
+    }
+    fn parallel_writers(&self) -> usize {
+        self.inner.parallel_writers()
     }
     fn location(&self) -> &str {
         self.inner.location()

@@ -217,8 +217,11 @@ fn without_nul(s: String) -> String {
 
 /// Text as an `E''` literal of a simple query: quotes doubled, backslashes
 /// escaped (nothing else is special in an `E''` string), and a NUL, which
-/// PostgreSQL's text cannot hold, as U+FFFD (the record's `v` bytes keep
-/// the exact text).
+/// PostgreSQL's text cannot hold, as U+FFFD (a backstop: [`without_nul`]
+/// took them out already; the record's `v` bytes keep the exact text).
+/// Safe because the driver sets `client_encoding = UTF8` at connection:
+/// no byte of a multi-byte character can look like a quote or a
+/// backslash.
 fn text_literal(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 12);
     out.push_str("E'");
@@ -337,6 +340,9 @@ mod tests {
         assert_eq!(utc_literal(1_795_798_799_976), "2026-11-27 16:59:59.976+00");
         assert_eq!(utc_literal(951_782_400_000), "2000-02-29 00:00:00.000+00");
         assert_eq!(utc_literal(4_102_444_799_999), "2099-12-31 23:59:59.999+00");
+        // 2100 is not a leap year; the latest time a column takes.
+        assert_eq!(utc_literal(4_107_542_400_000), "2100-03-01 00:00:00.000+00");
+        assert_eq!(utc_literal(LATEST_MS.into()), "9999-12-31 23:59:59.999+00");
         assert_eq!(text_literal("plain"), "E'plain'::text");
         assert_eq!(
             text_literal("it's a \\ and a \0; DROP"),

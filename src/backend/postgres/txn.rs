@@ -203,6 +203,29 @@ pub(super) fn order_lock(table: Table, key: &[u8]) -> Option<(i32, i32)> {
     Some(((folded >> 32) as u32 as i32, folded as u32 as i32))
 }
 
+/// The statement taking `locks` (sorted) in order: one `SELECT` whatever
+/// their number — a function scan yields its rows in array order, and each
+/// row's lock is taken as the row is produced, so two transactions locking
+/// the same records take them in one order and cannot deadlock on them.
+pub(super) fn order_locks_statement(locks: &[(i32, i32)]) -> Option<String> {
+    match locks {
+        [] => None,
+        [(a, b)] => Some(format!("SELECT pg_advisory_xact_lock({a}, {b})")),
+        _ => {
+            let (a, b): (Vec<String>, Vec<String>) = locks
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .unzip();
+            Some(format!(
+                "SELECT pg_advisory_xact_lock(a, b) FROM \
+                 unnest('{{{}}}'::int4[], '{{{}}}'::int4[]) AS l (a, b)",
+                a.join(","),
+                b.join(",")
+            ))
+        }
+    }
+}
+
 /// A transaction: its connection, its read cache and its held writes
 /// (`docs/design.md` §4b, "Round trips"). Reads take `&self`, so the
 /// state is in a `RefCell`.
@@ -414,29 +437,8 @@ impl Txn<'_> {
             }
             sql.push_str(statement);
         }
-        // The order locks as one statement, taken in the order of the
-        // array (a function scan yields its rows in order, and each row's
-        // lock is taken as the row is produced).
-        match locks.as_slice() {
-            [] => {}
-            [(a, b)] => {
-                push_statement(&mut sql, &format!("SELECT pg_advisory_xact_lock({a}, {b})"));
-            }
-            _ => {
-                let (a, b): (Vec<String>, Vec<String>) = locks
-                    .iter()
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .unzip();
-                push_statement(
-                    &mut sql,
-                    &format!(
-                        "SELECT pg_advisory_xact_lock(a, b) FROM \
-                         unnest('{{{}}}'::int4[], '{{{}}}'::int4[]) AS l (a, b)",
-                        a.join(","),
-                        b.join(",")
-                    ),
-                );
-            }
+        if let Some(statement) = order_locks_statement(&locks) {
+            push_statement(&mut sql, &statement);
         }
         // The values as one statement, a `SELECT` per table (one snapshot,
         // taken after the locks were granted): a row says its table's
@@ -871,6 +873,22 @@ pg_reads!(PgWrite);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn order_locks_are_one_statement_in_order() {
+        assert_eq!(order_locks_statement(&[]), None);
+        assert_eq!(
+            order_locks_statement(&[(-5, 7)]).as_deref(),
+            Some("SELECT pg_advisory_xact_lock(-5, 7)")
+        );
+        assert_eq!(
+            order_locks_statement(&[(i32::MIN, -1), (-5, 7), (3, i32::MAX)]).as_deref(),
+            Some(
+                "SELECT pg_advisory_xact_lock(a, b) FROM unnest('{-2147483648,-5,3}'::int4[], \
+                 '{-1,7,2147483647}'::int4[]) AS l (a, b)"
+            )
+        );
+    }
 
     #[test]
     fn hex_literals_round_trip_every_byte() {
