@@ -482,16 +482,23 @@ fn counted_count(t: &dyn ReadTables, log: &Mutex<Log>, table: Table) -> Result<u
     t.count(table)
 }
 
+/// The flags of the wrapped transaction (`self.t`), forwarded.
+macro_rules! forward_flags {
+    () => {
+        fn connection_lost(&self) -> bool {
+            self.t.connection_lost()
+        }
+        fn serialization_failed(&self) -> bool {
+            self.t.serialization_failed()
+        }
+        fn needs_transaction(&self) -> bool {
+            self.t.needs_transaction()
+        }
+    };
+}
+
 impl ReadTables for CountedRead<'_> {
-    fn connection_lost(&self) -> bool {
-        self.t.connection_lost()
-    }
-    fn serialization_failed(&self) -> bool {
-        self.t.serialization_failed()
-    }
-    fn needs_transaction(&self) -> bool {
-        self.t.needs_transaction()
-    }
+    forward_flags!();
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         counted_get(&*self.t, self.log, None, table, key)
     }
@@ -523,15 +530,7 @@ impl ReadTables for CountedRead<'_> {
 }
 
 impl ReadTables for CountedWrite<'_> {
-    fn connection_lost(&self) -> bool {
-        self.t.connection_lost()
-    }
-    fn serialization_failed(&self) -> bool {
-        self.t.serialization_failed()
-    }
-    fn needs_transaction(&self) -> bool {
-        self.t.needs_transaction()
-    }
+    forward_flags!();
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, BackendError> {
         counted_get(&*self.t, self.log, Some(&self.writes), table, key)
     }
@@ -642,6 +641,20 @@ impl WriteTables for CountedWrite<'_> {
     }
 }
 
+impl Counted {
+    fn counted_write<'a>(
+        &'a self,
+        t: Box<dyn WriteTables + 'a>,
+    ) -> Result<Box<dyn WriteTables + 'a>, BackendError> {
+        self.log.lock().unwrap().counts.write_txns += 1;
+        Ok(Box::new(CountedWrite {
+            t,
+            log: &self.log,
+            writes: RefCell::new(Vec::new()),
+        }))
+    }
+}
+
 impl Backend for Counted {
     fn begin_read(&self) -> Result<Box<dyn ReadTables + '_>, BackendError> {
         self.log.lock().unwrap().counts.read_txns += 1;
@@ -658,20 +671,10 @@ impl Backend for Counted {
         }))
     }
     fn begin_write(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
-        self.log.lock().unwrap().counts.write_txns += 1;
-        Ok(Box::new(CountedWrite {
-            t: self.inner.begin_write()?,
-            log: &self.log,
-            writes: RefCell::new(Vec::new()),
-        }))
+        self.counted_write(self.inner.begin_write()?)
     }
     fn begin_write_exclusive(&self) -> Result<Box<dyn WriteTables + '_>, BackendError> {
-        self.log.lock().unwrap().counts.write_txns += 1;
-        Ok(Box::new(CountedWrite {
-            t: self.inner.begin_write_exclusive()?,
-            log: &self.log,
-            writes: RefCell::new(Vec::new()),
-        }))
+        self.counted_write(self.inner.begin_write_exclusive()?)
     }
     fn parallel_writers(&self) -> usize {
         self.inner.parallel_writers()
