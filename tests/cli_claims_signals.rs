@@ -278,7 +278,69 @@ fn an_agent_dies_with_a_driver_killed_with_kill_9(b: TestBackend) {
     assert_eq!(env.show(&id)["driver_alive"], false);
 }
 
+/// The value of a `/proc/PID/status` field (Linux).
+#[cfg(target_os = "linux")]
+fn proc_status(pid: u32, field: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// A quick command (no agent, no claim: here `cas put -`, waiting on its
+/// stdin) has no signal thread, yet says the same word and exits with the
+/// same code as any other command, and leaves the store whole.
+#[cfg(target_os = "linux")]
+fn a_quick_command_exits_on_a_signal_with_its_code_and_no_signal_thread(b: TestBackend) {
+    use nix::sys::signal::Signal;
+    use std::io::Write as _;
+    let env = Cli::new(b);
+    env.json(&["workflow", "add", "examples/review.yaml"]);
+    for (signal, exit, word) in [
+        (Signal::SIGINT, 130, "interrupted"),
+        (Signal::SIGTERM, 143, "terminated"),
+        (Signal::SIGHUP, 129, "hangup"),
+    ] {
+        let mut child = env
+            .std_cmd()
+            .args(["cas", "put", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"never stored: ").unwrap();
+        // Ready once the signal is caught (bit N-1 of the SigCgt mask).
+        let bit = 1u64 << (signal as i32 - 1);
+        wait_for("the handler to be installed", || {
+            proc_status(child.id(), "SigCgt")
+                .and_then(|m| u64::from_str_radix(&m, 16).ok())
+                .is_some_and(|m| m & bit != 0)
+        });
+        assert_eq!(
+            proc_status(child.id(), "Threads").as_deref(),
+            Some("1"),
+            "a quick command starts no signal thread"
+        );
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(exit), "{signal}: {err}");
+        assert_eq!(err.trim(), word, "{signal}");
+        assert!(out.stdout.is_empty(), "no hash printed");
+        drop(stdin);
+    }
+    // The store is as it was.
+    let o = env.uwf(&["verify"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+}
+
 process_conformance!(
+    #[cfg(target_os = "linux")]
+    a_quick_command_exits_on_a_signal_with_its_code_and_no_signal_thread,
     sigterm_kills_the_agent_releases_the_claim_and_exits_143,
     sighup_kills_the_agent_releases_the_claim_and_exits_129,
     #[cfg(target_os = "linux")]

@@ -591,7 +591,13 @@ fn main() -> ExitCode {
     let cli = {
         use clap::{CommandFactory, FromArgMatches};
         let color = ColorWhen::from_args().unwrap_or(ColorWhen::Auto);
-        let matches = Cli::command().color(color.clap()).get_matches();
+        let mut command = Cli::command().color(color.clap());
+        let matches = command.get_matches_mut();
+        // The command tree is thousands of small allocations: freeing them
+        // one by one cost about a fifth of a quick read command's own
+        // instructions (callgrind, `thread log`; issue 22), for memory the
+        // process returns when it ends anyway.
+        std::mem::forget(command);
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     };
     // One token per command; SIGINT, SIGTERM and SIGHUP cancel it.
@@ -603,9 +609,14 @@ fn main() -> ExitCode {
         Command::Serve(_) => SignalMode::Serve,
         #[cfg(feature = "mcp")]
         Command::Mcp(_) => SignalMode::Serve,
+        _ if quick(&cli.command) => SignalMode::Quick,
         _ => SignalMode::Exit,
     };
-    handle_signals(&cancel, mode);
+    if mode == SignalMode::Quick {
+        exit_on_signals();
+    } else {
+        handle_signals(&cancel, mode);
+    }
     output::set_quiet(cli.quiet);
     #[cfg(feature = "serve")]
     let serving = matches!(cli.command, Command::Serve(_));
@@ -735,12 +746,66 @@ static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::n
 enum SignalMode {
     /// Cancel the command and exit with 128 + the signal.
     Exit,
+    /// A command with nothing to cancel ([`quick`]): say so and exit with
+    /// 128 + the signal, from a handler, with no thread.
+    Quick,
     /// A first Ctrl-C stops after the steps in flight (SPEC §11).
     Batch,
     /// Any of them shuts the server down gracefully (it exits 0); a
     /// second one exits at once.
     #[cfg(feature = "serve")]
     Serve,
+}
+
+/// Whether a command only reads or writes the store, in this process,
+/// briefly: it runs no agent, holds no claim, starts no process and waits
+/// for nothing, so a signal has nothing to cancel and it need not pay for a
+/// signal thread (issue 22, "short commands stay short": agents and scripts
+/// run these many times a step).
+fn quick(command: &Command) -> bool {
+    use thread::ThreadCommand as T;
+    match command {
+        Command::Thread(t) => matches!(
+            t,
+            T::List { .. } | T::Show { .. } | T::Log { .. } | T::Tree { .. } | T::Label { .. }
+        ),
+        Command::Workflow(_) | Command::Cas(_) | Command::Usage { .. } => true,
+        Command::Completions { .. } | Command::Man { .. } => true,
+        _ => false,
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP for a [`quick`] command: the same word and
+/// exit code as [`handle_signals`] (130, 143, 129), from a handler. An open
+/// transaction dies with the process and the store discards it.
+#[allow(unsafe_code)]
+fn exit_on_signals() {
+    use nix::libc;
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    extern "C" fn on_signal(signal: libc::c_int) {
+        let said: &[u8] = match signal {
+            libc::SIGTERM => b"terminated\n",
+            libc::SIGHUP => b"hangup\n",
+            _ => b"interrupted\n",
+        };
+        let _ = nix::unistd::write(std::io::stderr(), said);
+        // SAFETY: _exit(2) is async-signal-safe and ends the process at
+        // once; nothing of the interrupted code runs after it.
+        unsafe { libc::_exit(128 + signal) }
+    }
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler calls only write(2) on the standard error's
+        // descriptor and _exit(2), both async-signal-safe; it touches no
+        // lock, allocation or state the interrupted code may hold. Failure
+        // (an invalid signal, which these are not) keeps the default
+        // action, which ends the process too.
+        let _ = unsafe { sigaction(signal, &action) };
+    }
 }
 
 fn handle_signals(cancel: &Cancel, mode: SignalMode) {
