@@ -543,18 +543,63 @@ impl<'de> Deserialize<'de> for DecodedBlob {
 
 struct BlobVisitor;
 
+/// A key expected to be `self.0`, read from the bytes without allocating:
+/// `None` when it is, the text found when not (kept for the message). Every
+/// decode reads four such words; reading them as `String`s cost four
+/// allocations a blob.
+struct Is(&'static str);
+
+impl<'de> de::DeserializeSeed<'de> for Is {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for Is {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the key '{}'", self.0)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok((v != self.0).then(|| v.to_owned()))
+    }
+}
+
+/// A blob's kind, read from its name without allocating.
+struct KindName;
+
+impl<'de> de::DeserializeSeed<'de> for KindName {
+    type Value = Kind;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Kind, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KindName {
+    type Value = Kind;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a blob kind's name")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Kind, E> {
+        Kind::from_name(v).ok_or_else(|| E::custom(format!("unknown blob kind '{v}'")))
+    }
+}
+
 impl BlobVisitor {
-    fn expect_key<'de, A: MapAccess<'de>>(map: &mut A, want: &str) -> Result<(), A::Error> {
-        match map.next_key::<String>()? {
-            Some(k) if k == want => Ok(()),
-            Some(k) => Err(de::Error::custom(format!(
+    fn expect_key<'de, A: MapAccess<'de>>(map: &mut A, want: &'static str) -> Result<(), A::Error> {
+        match map.next_key_seed(Is(want))? {
+            Some(None) => Ok(()),
+            Some(Some(k)) => Err(de::Error::custom(format!(
                 "expected key '{want}', found '{k}' (a blob is {{kind, payload, refs}} in that order)"
             ))),
-            None => Err(de::Error::missing_field(match want {
-                "kind" => "kind",
-                "payload" => "payload",
-                _ => "refs",
-            })),
+            None => Err(de::Error::missing_field(want)),
         }
     }
 }
@@ -568,9 +613,7 @@ impl<'de> Visitor<'de> for BlobVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DecodedBlob, A::Error> {
         Self::expect_key(&mut map, "kind")?;
-        let name: String = map.next_value()?;
-        let kind = Kind::from_name(&name)
-            .ok_or_else(|| de::Error::custom(format!("unknown blob kind '{name}'")))?;
+        let kind = map.next_value_seed(KindName)?;
         Self::expect_key(&mut map, "payload")?;
         let partial = match kind {
             Kind::Start => Blob::Start(map.next_value()?),
