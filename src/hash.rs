@@ -98,10 +98,29 @@ impl Hash {
     }
 }
 
-/// Lowercase hex of any bytes (for keys in messages).
 /// Lowercase hex of any bytes (a key in a message or a report).
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut out = String::new();
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// The lowercase hex digit of a nibble (`n < 16`).
+#[inline]
+fn digit(n: u8) -> u8 {
+    if n < 10 { b'0' + n } else { b'a' - 10 + n }
+}
+
+/// Appends the lowercase hex of `bytes` to `out`: two digits a byte, with
+/// no formatting machinery (a hash is printed in every log line, JSON
+/// answer and PostgreSQL row; `write!` a byte at a time cost a dozen
+/// formatter calls a hash).
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    out.reserve(bytes.len() * 2);
+    for &b in bytes {
+        out.push(char::from(digit(b >> 4)));
+        out.push(char::from(digit(b & 0x0f)));
+    }
 }
 
 /// The bytes of an even-length hex string (either case); `None` for
@@ -161,10 +180,15 @@ impl FromStr for Hash {
 
 impl fmt::Display for Hash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in &self.0 {
-            write!(f, "{b:02x}")?;
+        let mut text = [0u8; HASH_LEN * 2];
+        for (b, pair) in self.0.iter().zip(text.chunks_exact_mut(2)) {
+            if let [hi, lo] = pair {
+                *hi = digit(b >> 4);
+                *lo = digit(b & 0x0f);
+            }
         }
-        Ok(())
+        // Hex digits are ASCII: this cannot fail.
+        f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -304,6 +328,19 @@ impl fmt::Display for HashPrefix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_digits_match_the_formatter_for_every_byte() {
+        let all: Vec<u8> = (0..=255).collect();
+        let formatted: String = all.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex(&all), formatted);
+        let h = Hash::of(b"digits");
+        let formatted: String = h.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(h.to_string(), formatted);
+        assert_eq!(h.short(12), formatted[..12]);
+        assert_eq!(h.short(99), formatted);
+        assert_eq!(hex(&[]), "");
+    }
 
     #[test]
     fn hex_round_trip_and_known_digest() {
