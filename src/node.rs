@@ -545,8 +545,8 @@ struct BlobVisitor;
 
 /// A key expected to be `self.0`, read from the bytes without allocating:
 /// `None` when it is, the text found when not (kept for the message). Every
-/// decode reads four such words; reading them as `String`s cost four
-/// allocations a blob.
+/// decode reads three keys and a kind's name ([`KindName`]); reading them
+/// as `String`s cost four allocations a blob.
 struct Is(&'static str);
 
 impl<'de> de::DeserializeSeed<'de> for Is {

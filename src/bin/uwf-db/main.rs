@@ -757,17 +757,22 @@ enum SignalMode {
     Serve,
 }
 
-/// Whether a command only reads or writes the store, in this process,
-/// briefly: it runs no agent, holds no claim, starts no process and waits
-/// for nothing, so a signal has nothing to cancel and it need not pay for a
+/// Whether a command has nothing a signal must cancel: it only reads or
+/// writes the store, in this process, runs no agent, holds no claim,
+/// starts no process and has no watch to end, so it need not pay for a
 /// signal thread (issue 22, "short commands stay short": agents and scripts
-/// run these many times a step).
+/// run these many times a step). (`cas put -` may wait on its stdin, which
+/// needs no cancelling either.)
 fn quick(command: &Command) -> bool {
     use thread::ThreadCommand as T;
     match command {
         Command::Thread(t) => matches!(
             t,
-            T::List { .. } | T::Show { .. } | T::Log { .. } | T::Tree { .. } | T::Label { .. }
+            T::List { watch: false, .. }
+                | T::Show { .. }
+                | T::Log { .. }
+                | T::Tree { .. }
+                | T::Label { .. }
         ),
         Command::Workflow(_) | Command::Cas(_) | Command::Usage { .. } => true,
         Command::Completions { .. } | Command::Man { .. } => true,
@@ -788,16 +793,21 @@ fn exit_on_signals() {
             libc::SIGHUP => b"hangup\n",
             _ => b"interrupted\n",
         };
-        let _ = nix::unistd::write(std::io::stderr(), said);
-        // SAFETY: _exit(2) is async-signal-safe and ends the process at
-        // once; nothing of the interrupted code runs after it.
-        unsafe { libc::_exit(128 + signal) }
+        // SAFETY: write(2) on the standard error's descriptor and _exit(2)
+        // are async-signal-safe; `said` is static text, valid for its
+        // length. Nothing of the interrupted code runs after `_exit`.
+        unsafe {
+            libc::write(libc::STDERR_FILENO, said.as_ptr().cast(), said.len());
+            libc::_exit(128 + signal)
+        }
     }
-    let action = SigAction::new(
-        SigHandler::Handler(on_signal),
-        SaFlags::empty(),
-        SigSet::empty(),
-    );
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(signal);
+    }
+    // The three are blocked while the handler runs: a second one cannot
+    // interrupt it and print a second word.
+    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), signals);
     for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: the handler calls only write(2) on the standard error's
         // descriptor and _exit(2), both async-signal-safe; it touches no
