@@ -282,7 +282,65 @@ fn batch_json_stops_starting_threads_when_its_reader_is_gone(b: TestBackend) {
     // Drop runs `verify`.
 }
 
+/// `batch --continue` without `--agent` drives the idle threads with the
+/// agent they were started with when they share one (as `thread step`
+/// reuses a thread's), refuses when they differ (naming them) and drives
+/// nothing then; `--agent` still overrides.
+fn continue_reuses_the_agent_the_idle_threads_share(b: TestBackend) {
+    const SCRIPT: &str = "script:examples/review.scenario.yaml";
+    let env = Cli::new(b);
+    let start = |prompt: &str, agent: &str| {
+        env.json(&[
+            "thread",
+            "start",
+            "examples/review.yaml",
+            "-p",
+            prompt,
+            "--agent",
+            agent,
+        ])["thread"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let shared = [start("a", SCRIPT), start("b", SCRIPT)];
+    let o = env.uwf(&["batch", "examples/review.yaml", "--continue"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    for id in &shared {
+        assert_eq!(env.show(id)["status"], "completed", "thread {id}");
+    }
+    // Nothing idle: said, with or without an agent.
+    let o = env.uwf(&["batch", "examples/review.yaml", "--continue"]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("no idle thread"));
+    // Two agents among the idle threads: refused, nothing driven.
+    let mixed = [start("c", SCRIPT), start("d", "cmd:false")];
+    let o = env.uwf(&["batch", "examples/review.yaml", "--continue"]);
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("2 different agents") && err.contains("cmd:false") && err.contains(SCRIPT),
+        "{err}"
+    );
+    for id in &mixed {
+        assert_eq!(env.show(id)["seq"], 0, "thread {id} was not driven");
+    }
+    // --agent drives them all with the one it names.
+    let o = env.uwf(&[
+        "batch",
+        "examples/review.yaml",
+        "--continue",
+        "--agent",
+        SCRIPT,
+    ]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    for id in &mixed {
+        assert_eq!(env.show(id)["status"], "completed", "thread {id}");
+    }
+}
+
 process_conformance!(
+    continue_reuses_the_agent_the_idle_threads_share,
     batch_runs_threads_from_a_prompt_file_and_streams_json_lines,
     a_batch_killed_mid_run_keeps_every_acknowledged_step,
     batch_reads_multi_line_prompts_from_json_lines,

@@ -72,11 +72,11 @@ pub fn run(
     cancel: &Cancel,
     out: &mut Output,
 ) -> Result<(), CliError> {
-    let Some(spec) = agent.agent.clone() else {
-        return Err(CliError::Failed(
-            "batch needs an agent: pass --agent script:FILE, --agent 'cmd:PROGRAM ARGS' or --agent 'claude:[ARGS]'".into(),
-        ));
-    };
+    const NEEDS_AGENT: &str = "batch needs an agent: pass --agent script:FILE, --agent 'cmd:PROGRAM ARGS' or --agent 'claude:[ARGS]'";
+    if agent.agent.is_none() && !source.continue_ {
+        return Err(CliError::Failed(NEEDS_AGENT.into()));
+    }
+    let mut idle = Vec::new();
     let (store, hash, wf, work) = if source.continue_ {
         let store = cli.open(false)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
@@ -85,10 +85,11 @@ pub fn run(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let ids = store
+        idle = store
             .engine()
             .continuable_threads_labelled(&wf.name, &labels)?;
-        (store, hash, wf, Work::Continue(ids.len()))
+        let n = idle.len();
+        (store, hash, wf, Work::Continue(n))
     } else {
         let work = prompts(source.file, source.count, source.prompt)?;
         let store = cli.open(true)?;
@@ -114,6 +115,15 @@ pub fn run(
         }
         return Ok(());
     }
+    let spec = match agent.agent.clone() {
+        Some(spec) => spec,
+        None => shared_agent(&store, &idle, &wf.name)?.ok_or_else(|| {
+            CliError::Failed(format!(
+                "{NEEDS_AGENT} (no idle thread of {} has one stored to reuse)",
+                wf.name
+            ))
+        })?,
+    };
     let live = std::sync::Arc::new(uwf_db::engine::batch::BatchProgress::default());
     let failed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let options = BatchOptions {
@@ -201,6 +211,46 @@ pub fn run(
     let report = &summary.summary;
     print_summary(cli, &summary, &wf.name, hash, jobs, out)?;
     check_outcome(report, &work, &wf.name)
+}
+
+/// `batch --continue` without `--agent`: the agent the idle threads were
+/// driven with, when they all share one (a batch started them with one
+/// `--agent`), as `thread step` reuses a thread's. `None` when there is no
+/// idle thread; an error when one has no stored agent or they differ, since
+/// driving every thread with one of them would run some with an agent they
+/// were not started with. A thread that comes later (`--wait`) is driven
+/// with it too, as with `--agent`.
+fn shared_agent(
+    store: &uwf_db::Store,
+    idle: &[uwf_db::thread::ThreadId],
+    workflow: &str,
+) -> Result<Option<String>, CliError> {
+    let mut specs = std::collections::BTreeSet::new();
+    for &id in idle {
+        let Some(record) = store.threads().get(id)? else {
+            continue;
+        };
+        match record.agent {
+            Some(spec) => {
+                specs.insert(spec);
+            }
+            None => {
+                return Err(CliError::Failed(format!(
+                    "thread {id} of {workflow} has no stored agent to reuse: pass --agent"
+                )));
+            }
+        }
+    }
+    if specs.len() > 1 {
+        let listed: Vec<&str> = specs.iter().take(3).map(String::as_str).collect();
+        return Err(CliError::Failed(format!(
+            "the idle threads of {workflow} were driven with {} different agents ({}{}): pass --agent to drive them all with one",
+            specs.len(),
+            listed.join(", "),
+            if specs.len() > 3 { ", ..." } else { "" }
+        )));
+    }
+    Ok(specs.into_iter().next())
 }
 
 /// The batch's summary: JSON, or a table.
