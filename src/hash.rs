@@ -111,15 +111,20 @@ fn digit(n: u8) -> u8 {
     if n < 10 { b'0' + n } else { b'a' - 10 + n }
 }
 
+/// The two lowercase hex digits of each byte.
+#[inline]
+fn hex_pairs(bytes: &[u8]) -> impl Iterator<Item = [u8; 2]> + '_ {
+    bytes.iter().map(|b| [digit(b >> 4), digit(b & 0x0f)])
+}
+
 /// Appends the lowercase hex of `bytes` to `out`: two digits a byte, with
 /// no formatting machinery (a hash is printed in every log line, JSON
 /// answer and PostgreSQL row; `write!` a byte at a time cost a dozen
 /// formatter calls a hash).
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     out.reserve(bytes.len() * 2);
-    for &b in bytes {
-        out.push(char::from(digit(b >> 4)));
-        out.push(char::from(digit(b & 0x0f)));
+    for pair in hex_pairs(bytes) {
+        out.extend(pair.map(char::from));
     }
 }
 
@@ -181,11 +186,8 @@ impl FromStr for Hash {
 impl fmt::Display for Hash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut text = [0u8; HASH_LEN * 2];
-        for (b, pair) in self.0.iter().zip(text.chunks_exact_mut(2)) {
-            if let [hi, lo] = pair {
-                *hi = digit(b >> 4);
-                *lo = digit(b & 0x0f);
-            }
+        for (pair, slot) in hex_pairs(&self.0).zip(text.chunks_exact_mut(2)) {
+            slot.copy_from_slice(&pair);
         }
         // Hex digits are ASCII: this cannot fail.
         f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)

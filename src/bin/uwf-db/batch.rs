@@ -76,8 +76,8 @@ pub fn run(
     if agent.agent.is_none() && !source.continue_ {
         return Err(CliError::Failed(NEEDS_AGENT.into()));
     }
-    let mut idle = Vec::new();
-    let (store, hash, wf, work) = if source.continue_ {
+    // With --continue, the threads to drive first (their agent may be reused).
+    let (store, hash, wf, work, idle) = if source.continue_ {
         let store = cli.open(false)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
         let labels: Vec<(String, String)> = source
@@ -85,16 +85,15 @@ pub fn run(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        idle = store
+        let idle = store
             .engine()
             .continuable_threads_labelled(&wf.name, &labels)?;
-        let n = idle.len();
-        (store, hash, wf, Work::Continue(n))
+        (store, hash, wf, Work::Continue(idle.len()), idle)
     } else {
         let work = prompts(source.file, source.count, source.prompt)?;
         let store = cli.open(true)?;
         let (hash, wf) = crate::workflow::resolve(&store, workflow)?;
-        (store, hash, wf, work)
+        (store, hash, wf, work, Vec::new())
     };
     let total = match &work {
         Work::Start(p) => p.len(),

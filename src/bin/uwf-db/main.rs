@@ -780,19 +780,42 @@ fn quick(command: &Command) -> bool {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP for a [`quick`] command: the same word and
-/// exit code as [`handle_signals`] (130, 143, 129), from a handler. An open
+/// The signals that end a command: SIGINT (Ctrl-C), SIGTERM (`kill`) and
+/// SIGHUP (the terminal went away).
+const ENDING_SIGNALS: [nix::sys::signal::Signal; 3] = [
+    nix::sys::signal::Signal::SIGINT,
+    nix::sys::signal::Signal::SIGTERM,
+    nix::sys::signal::Signal::SIGHUP,
+];
+
+/// [`ENDING_SIGNALS`] as a set.
+fn ending_signals() -> nix::sys::signal::SigSet {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for signal in ENDING_SIGNALS {
+        set.add(signal);
+    }
+    set
+}
+
+/// What a command ended by `signal` says on stderr, with its newline (a
+/// plain match on static text: the quick handler calls it too).
+fn said(signal: nix::libc::c_int) -> &'static str {
+    match signal {
+        nix::libc::SIGTERM => "terminated\n",
+        nix::libc::SIGHUP => "hangup\n",
+        _ => "interrupted\n",
+    }
+}
+
+/// [`ENDING_SIGNALS`] for a [`quick`] command: the same word and exit code
+/// as [`handle_signals`] (130, 143, 129), from a handler. An open
 /// transaction dies with the process and the store discards it.
 #[allow(unsafe_code)]
 fn exit_on_signals() {
     use nix::libc;
-    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, sigaction};
     extern "C" fn on_signal(signal: libc::c_int) {
-        let said: &[u8] = match signal {
-            libc::SIGTERM => b"terminated\n",
-            libc::SIGHUP => b"hangup\n",
-            _ => b"interrupted\n",
-        };
+        let said = said(signal);
         // SAFETY: write(2) on the standard error's descriptor and _exit(2)
         // are async-signal-safe; `said` is static text, valid for its
         // length. Nothing of the interrupted code runs after `_exit`.
@@ -801,14 +824,14 @@ fn exit_on_signals() {
             libc::_exit(128 + signal)
         }
     }
-    let mut signals = SigSet::empty();
-    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        signals.add(signal);
-    }
     // The three are blocked while the handler runs: a second one cannot
     // interrupt it and print a second word.
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), signals);
-    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        ending_signals(),
+    );
+    for signal in ENDING_SIGNALS {
         // SAFETY: the handler calls only write(2) on the standard error's
         // descriptor and _exit(2), both async-signal-safe; it touches no
         // lock, allocation or state the interrupted code may hold. Failure
@@ -820,12 +843,9 @@ fn exit_on_signals() {
 
 fn handle_signals(cancel: &Cancel, mode: SignalMode) {
     let graceful = mode == SignalMode::Batch;
-    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signal::Signal;
     use std::io::Write;
-    let mut signals = SigSet::empty();
-    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        signals.add(signal);
-    }
+    let signals = ending_signals();
     if signals.thread_block().is_err() {
         // The default actions stay: the process dies, and the agents with
         // it (their parent-death signal), but claims wait for takeover.
@@ -855,14 +875,9 @@ fn handle_signals(cancel: &Cancel, mode: SignalMode) {
         }
         SIGNALLED.store(signal as i32, std::sync::atomic::Ordering::SeqCst);
         cancel.cancel();
-        let said = match signal {
-            Signal::SIGTERM => "terminated",
-            Signal::SIGHUP => "hangup",
-            _ => "interrupted",
-        };
         // Not `eprintln!`, which panics when stderr is gone (a hangup often
         // means the terminal is), and the exit below must happen.
-        let _ = writeln!(std::io::stderr(), "{said}");
+        let _ = write!(std::io::stderr(), "{}", said(signal as i32));
         std::process::exit(128 + signal as i32);
     });
 }
