@@ -29,6 +29,8 @@ pub(super) struct Column {
     pub sql_type: &'static str,
     /// The type its parameter is sent as.
     pub param_type: Type,
+    /// The SQL type of an array of it (a prepared statement's parameter).
+    pub array_type: &'static str,
     /// `NOT NULL`.
     pub required: bool,
     /// Only `uwf_history` has it.
@@ -45,8 +47,18 @@ const fn column(
         name,
         sql_type,
         param_type,
+        array_type: array_of(sql_type),
         required,
         history_only: false,
+    }
+}
+
+/// The array type of `sql_type` (one of the columns' types).
+const fn array_of(sql_type: &'static str) -> &'static str {
+    match sql_type.as_bytes() {
+        b"text" => "text[]",
+        b"timestamptz" => "timestamptz[]",
+        _ => "bigint[]",
     }
 }
 
@@ -64,6 +76,7 @@ pub(super) static COLUMNS: [Column; COLUMN_COUNT] = [
         name: "completed_at",
         sql_type: "timestamptz",
         param_type: Type::TIMESTAMPTZ,
+        array_type: "timestamptz[]",
         required: true,
         history_only: true,
     },
@@ -159,16 +172,16 @@ impl ThreadColumns {
         ]
     }
 
-    /// The values of `table`'s typed columns as SQL literals of a simple
-    /// query, in the order of [`columns_of`]: typed constants the server
-    /// reads while parsing, with no function to look up and fold — text as
-    /// an `E''` string ([`text_literal`]), times as exact UTC milliseconds
-    /// ([`utc_literal`]).
-    pub fn literals(&self, table: Table) -> Vec<String> {
-        let text = text_literal;
+    /// The values of `table`'s typed columns as elements of array
+    /// literals (a prepared statement's arguments), in the order of
+    /// [`columns_of`]: text as a quoted, escaped element
+    /// ([`text_element`]), times as exact UTC milliseconds
+    /// ([`utc_literal`]), no value as `NULL`.
+    pub fn elements(&self, table: Table) -> Vec<String> {
+        let text = |s: &str| super::prepared::text_element(s);
         fn time(t: &SystemTime) -> String {
             let ms = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-            format!("'{}'::timestamptz", utc_literal(ms))
+            format!("\"{}\"", utc_literal(ms))
         }
         let optional = |s: &Option<String>| s.as_deref().map_or("NULL".to_owned(), text);
         let all: [String; COLUMN_COUNT] = [
@@ -179,7 +192,7 @@ impl ThreadColumns {
             time(&self.updated_at),
             self.completed_at.as_ref().map_or("NULL".to_owned(), time),
             text(&self.head),
-            format!("{}::bigint", self.seq),
+            self.seq.to_string(),
             optional(&self.parent_thread),
             optional(&self.last_error),
         ];
@@ -213,28 +226,6 @@ fn without_nul(s: String) -> String {
     } else {
         s
     }
-}
-
-/// Text as an `E''` literal of a simple query: quotes doubled, backslashes
-/// escaped (nothing else is special in an `E''` string), and a NUL, which
-/// PostgreSQL's text cannot hold, as U+FFFD (a backstop: [`without_nul`]
-/// took them out already; the record's `v` bytes keep the exact text).
-/// Safe because the driver sets `client_encoding = UTF8` at connection:
-/// no byte of a multi-byte character can look like a quote or a
-/// backslash.
-fn text_literal(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 12);
-    out.push_str("E'");
-    for c in s.chars() {
-        match c {
-            '\'' => out.push_str("''"),
-            '\\' => out.push_str("\\\\"),
-            '\0' => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
-    }
-    out.push_str("'::text");
-    out
 }
 
 /// `ms` after the Unix epoch as a UTC timestamp PostgreSQL reads exactly:
@@ -335,7 +326,7 @@ mod tests {
     }
 
     #[test]
-    fn literals_are_typed_constants() {
+    fn times_are_exact_utc_text() {
         assert_eq!(utc_literal(0), "1970-01-01 00:00:00.000+00");
         assert_eq!(utc_literal(1_795_798_799_976), "2026-11-27 16:59:59.976+00");
         assert_eq!(utc_literal(951_782_400_000), "2000-02-29 00:00:00.000+00");
@@ -343,10 +334,5 @@ mod tests {
         // 2100 is not a leap year; the latest time a column takes.
         assert_eq!(utc_literal(4_107_542_400_000), "2100-03-01 00:00:00.000+00");
         assert_eq!(utc_literal(LATEST_MS.into()), "9999-12-31 23:59:59.999+00");
-        assert_eq!(text_literal("plain"), "E'plain'::text");
-        assert_eq!(
-            text_literal("it's a \\ and a \0; DROP"),
-            "E'it''s a \\\\ and a \u{fffd}; DROP'::text"
-        );
     }
 }

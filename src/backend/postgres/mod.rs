@@ -46,6 +46,7 @@ mod columns;
 mod error;
 mod locks;
 mod pool;
+mod prepared;
 mod schema;
 mod txn;
 mod write;
@@ -128,6 +129,9 @@ pub struct PostgresBackend {
     locks: locks::LockSession,
     /// Round trips of this handle's transactions ([`PostgresBackend::round_trips`]).
     round_trips: std::sync::atomic::AtomicU64,
+    /// Whether the hot statements are sent as prepared statements
+    /// (`prepared.rs`): until the server is found not to keep them.
+    prepares: std::sync::atomic::AtomicBool,
     /// Connection attempts refused for too many clients and retried.
     connect_waits: std::sync::atomic::AtomicU64,
 }
@@ -200,6 +204,7 @@ impl PostgresBackend {
             pool: pool::Pool::new(connections),
             locks: locks::LockSession::default(),
             round_trips: std::sync::atomic::AtomicU64::new(0),
+            prepares: std::sync::atomic::AtomicBool::new(true),
             connect_waits: std::sync::atomic::AtomicU64::new(0),
         };
         backend.migrate(create)?;
@@ -281,6 +286,28 @@ impl PostgresBackend {
     /// tests of the statements an operation costs.
     pub fn round_trips(&self) -> u64 {
         self.round_trips.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether this handle sends its hot statements as named prepared
+    /// statements (`docs/design.md` §8f): until a server connection is
+    /// found not to keep them between transactions (a pooler in
+    /// transaction mode), when they are sent in full from then on.
+    pub fn prepares(&self) -> bool {
+        self.prepares.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Prepared statements off for good, said once.
+    pub(super) fn stop_preparing(&self, e: &postgres::Error) {
+        if self
+            .prepares
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                error = %e,
+                "PostgreSQL did not keep this connection's prepared statements between transactions \
+                 (a pooler in transaction mode?); sending statements in full from now on"
+            );
+        }
     }
 
     fn round_trip(&self) {

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use postgres::Client;
 
+use super::prepared::Prepared;
+
 /// The connections a backend opens for transactions when not told.
 pub const DEFAULT_CONNECTIONS: usize = crate::store::DEFAULT_PG_CONNECTIONS;
 
@@ -24,7 +26,7 @@ thread_local! {
 /// What the pool has: idle connections and how many are open in all.
 #[derive(Default)]
 struct Slots {
-    idle: Vec<Client>,
+    idle: Vec<(Client, Prepared)>,
     /// Connections open: idle, lent out, or being opened.
     open: usize,
 }
@@ -40,6 +42,8 @@ pub(super) struct Pool {
 /// or closed (and its slot freed) when dropped.
 pub(super) struct Conn {
     client: Option<Client>,
+    /// The statements its session has prepared.
+    pub(super) prepared: Prepared,
     pool: Arc<Pool>,
     /// The thread that took it (the only one whose count it changes).
     taker: std::thread::ThreadId,
@@ -103,10 +107,11 @@ impl Pool {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn conn(self: &Arc<Self>, client: Client) -> Conn {
+    fn conn(self: &Arc<Self>, (client, prepared): (Client, Prepared)) -> Conn {
         HELD.with(|h| h.set(h.get() + 1));
         Conn {
             client: Some(client),
+            prepared,
             pool: Arc::clone(self),
             taker: std::thread::current().id(),
         }
@@ -121,7 +126,7 @@ impl Pool {
         let mut slots = self.lock();
         loop {
             while let Some(client) = slots.idle.pop() {
-                if client.is_closed() {
+                if client.0.is_closed() {
                     slots.open = slots.open.saturating_sub(1);
                     continue;
                 }
@@ -143,14 +148,14 @@ impl Pool {
 
     /// A connection opened in a slot [`Pool::take`] reserved, lent.
     pub(super) fn lend(self: &Arc<Self>, client: Client) -> Conn {
-        self.conn(client)
+        self.conn((client, Prepared::default()))
     }
 
     /// An idle connection, if one is there now (no slot reserved).
     pub(super) fn idle(self: &Arc<Self>) -> Option<Conn> {
         let mut slots = self.lock();
         while let Some(client) = slots.idle.pop() {
-            if !client.is_closed() {
+            if !client.0.is_closed() {
                 drop(slots);
                 return Some(self.conn(client));
             }
@@ -178,7 +183,7 @@ impl Pool {
         if client.is_closed() || slots.open > self.max {
             slots.open = slots.open.saturating_sub(1);
         } else {
-            slots.idle.push(client);
+            slots.idle.push((client, std::mem::take(&mut conn.prepared)));
         }
         drop(slots);
         self.freed.notify_one();

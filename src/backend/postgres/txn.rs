@@ -9,21 +9,24 @@ use super::*;
 pub(super) const HELD_SQL_LIMIT: usize = 4 << 20;
 
 /// A write held back until the commit (or until something must see it
-/// on the server), as the literals of its row: the held writes of a
-/// table are sent as one statement per kind ([`held_statements`]), so a
-/// group of steps costs the server a few statements to parse and plan,
-/// not a few per step.
+/// on the server), as its row's elements of array literals
+/// ([`prepared::array_literal`]): the held writes of a table are sent as
+/// one statement per kind ([`held_statements`]), so a group of steps costs
+/// the server a few statements to run, not a few per step.
 #[derive(Debug)]
 pub(super) enum Held {
     /// The key's value becomes this (`put`, or an `insert` known to
-    /// write); `row` is its `VALUES` tuple (key, value, typed columns).
-    Put { value: Vec<u8>, row: String },
+    /// write); `row` is its elements (key, value, typed columns).
+    Put { value: Vec<u8>, row: Vec<String> },
     /// The key is gone (`remove`, or a `delete` known to delete); `key`
-    /// is its literal.
+    /// is its element.
     Remove { key: String },
     /// `insert_or_refresh`: the stored value is not known here. `row` is
-    /// the `(k, v)` tuple to insert.
-    Refresh { row: String, bounds: RefreshBounds },
+    /// the key and value to insert.
+    Refresh {
+        row: Vec<String>,
+        bounds: RefreshBounds,
+    },
 }
 
 /// What a held refresh rewrites: the 8-byte field at `from` (1-based),
@@ -41,30 +44,34 @@ impl Held {
     /// Bytes of SQL it adds (for [`HELD_SQL_LIMIT`]).
     pub(super) fn sql_len(&self) -> usize {
         match self {
-            Held::Put { row, .. } | Held::Refresh { row, .. } => row.len() + 2,
-            Held::Remove { key } => key.len() + 2,
+            Held::Put { row, .. } | Held::Refresh { row, .. } => {
+                row.iter().map(|e| e.len() + 1).sum()
+            }
+            Held::Remove { key } => key.len() + 1,
         }
     }
 }
 
-/// The statements that apply `held`, table by table and, within a table,
-/// in key order: each run of neighbouring keys held the same way is one
-/// statement — a multi-row `INSERT … ON CONFLICT DO UPDATE` of puts, a
-/// `DELETE … IN` of removes, an insert-or-refresh over a `VALUES` list —
-/// so a group of steps costs the server a few statements to parse and
-/// plan, not a few per step. Rows are written and locked in key order, as
-/// when each key was its own statement, so two transactions writing the
-/// same rows queue rather than deadlock. Each key is held once, so no
-/// statement writes a row twice.
-pub(super) fn held_statements(held: &BTreeMap<(Table, Vec<u8>), Held>) -> Vec<String> {
+/// The statements that apply `held`, with their arguments, table by table
+/// and, within a table, in key order: each run of neighbouring keys held
+/// the same way is one statement — a put of many rows (`INSERT … ON
+/// CONFLICT DO UPDATE`), a delete of many keys, an insert-or-refresh —
+/// so a group of steps costs the server a few statements, not a few per
+/// step. Rows are written and locked in key order, as when each key was
+/// its own statement, so two transactions writing the same rows queue
+/// rather than deadlock. Each key is held once, so no statement writes a
+/// row twice.
+pub(super) fn held_statements(
+    held: &BTreeMap<(Table, Vec<u8>), Held>,
+) -> Vec<(Arc<prepared::Statement>, Vec<String>)> {
     let mut out = Vec::new();
     let mut run: Option<(Table, RunKind)> = None;
-    let mut rows: Vec<&str> = Vec::new();
+    let mut rows: Vec<&[String]> = Vec::new();
     for ((table, _), h) in held {
         let (kind, row) = match h {
-            Held::Put { row, .. } => (RunKind::Put, row.as_str()),
-            Held::Remove { key } => (RunKind::Remove, key.as_str()),
-            Held::Refresh { row, bounds } => (RunKind::Refresh(*bounds), row.as_str()),
+            Held::Put { row, .. } => (RunKind::Put, row.as_slice()),
+            Held::Remove { key } => (RunKind::Remove, std::slice::from_ref(key)),
+            Held::Refresh { row, bounds } => (RunKind::Refresh(*bounds), row.as_slice()),
         };
         let next = (*table, kind);
         if run.as_ref() != Some(&next) {
@@ -90,61 +97,56 @@ enum RunKind {
     Refresh(RefreshBounds),
 }
 
-/// One statement writing `rows` (in key order) of `table`.
-fn run_statement(table: Table, kind: &RunKind, rows: &[&str]) -> String {
-    let name = sql_table(table);
-    let list = rows.join(", ");
+/// The statement writing `rows` (in key order) of `table`, and its
+/// arguments: one array literal a column.
+fn run_statement(
+    table: Table,
+    kind: &RunKind,
+    rows: &[&[String]],
+) -> (Arc<prepared::Statement>, Vec<String>) {
+    let column = |i: usize, ty: &str| {
+        prepared::array_literal(rows.iter().filter_map(|r| r.get(i)).map(String::as_str), ty)
+    };
     match kind {
         RunKind::Put => {
-            let mut names = String::new();
-            let mut updates = String::new();
-            if columns::has_columns(table) {
-                for column in columns::columns_of(table) {
-                    names.push_str(", ");
-                    names.push_str(column.name);
-                    updates.push_str(&format!(", {0} = EXCLUDED.{0}", column.name));
-                }
+            let mut args = vec![column(0, "bytea[]"), column(1, "bytea[]")];
+            for (i, c) in columns::columns_of(table).enumerate() {
+                args.push(column(i + 2, c.array_type));
             }
-            format!(
-                "INSERT INTO {name} (k, v{names}) VALUES {list} \
-                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}"
-            )
+            (prepared::statement(&prepared::Kind::Put(table)), args)
         }
-        // The index scan of an `IN` list visits the keys in order.
-        RunKind::Remove => format!("DELETE FROM {name} WHERE k IN ({list})"),
-        RunKind::Refresh(b) => {
-            // A statement that waits for no other writer in the common
-            // case, blobs stored already and refreshed recently (the same
-            // reply in many threads; §8f):
-            // - a row is inserted only when its key is absent from the
-            //   statement's snapshot, so a stored blob another transaction
-            //   is refreshing is not waited for (`ON CONFLICT` alone waits
-            //   for that transaction to end);
-            // - the refresh locks only the rows that are due (not `ON
-            //   CONFLICT DO UPDATE … WHERE`, which locks a stored row even
-            //   when it leaves it alone), in key order (`ORDER BY k FOR
-            //   UPDATE`), and one that is not required skips a row another
-            //   writer is refreshing now (`SKIP LOCKED`); a row locked
-            //   after a wait is checked again (READ COMMITTED re-reads it);
-            // - the `UPDATE` leaves alone the rows this statement inserted
-            //   (a new blob is stamped already).
-            let skip = if b.required { "" } else { " SKIP LOCKED" };
-            format!(
-                "WITH new (k, v) AS (VALUES {list}), \
-                 inserted AS (INSERT INTO {name} (k, v) SELECT k, v FROM new \
-                 WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE {name}.k = new.k) \
-                 ON CONFLICT (k) DO NOTHING RETURNING k) \
-                 UPDATE {name} SET v = overlay(v PLACING {stamp} FROM {from} FOR 8) \
-                 WHERE k IN (SELECT k FROM {name} WHERE k IN (SELECT k FROM new) \
-                 AND length(v) >= {end} AND substring(v FROM {from} FOR 8) < {below} \
-                 ORDER BY k FOR UPDATE{skip}) \
-                 AND k NOT IN (SELECT k FROM inserted)",
-                stamp = bytea_literal(&b.stamp.to_be_bytes()),
-                from = b.from,
-                end = b.from + 7,
-                below = bytea_literal(&b.below.to_be_bytes()),
-            )
-        }
+        RunKind::Remove => (
+            prepared::statement(&prepared::Kind::Remove(table)),
+            vec![column(0, "bytea[]")],
+        ),
+        RunKind::Refresh(b) => (
+            prepared::statement(&prepared::Kind::Refresh(table, b.required)),
+            vec![
+                column(0, "bytea[]"),
+                column(1, "bytea[]"),
+                bytea_literal(&b.stamp.to_be_bytes()),
+                b.from.to_string(),
+                bytea_literal(&b.below.to_be_bytes()),
+            ],
+        ),
+    }
+}
+
+/// Appends `st` with `args` to `sql`, after a `"; "` when `sql` has
+/// statements: `EXECUTE` of the prepared statement on a session that
+/// keeps them (`prepared`), else the statement in full.
+pub(super) fn push_statement(
+    sql: &mut String,
+    prepared: Option<&mut prepared::Prepared>,
+    st: &prepared::Statement,
+    args: &[String],
+) {
+    if !sql.is_empty() {
+        sql.push_str("; ");
+    }
+    match prepared {
+        Some(p) => p.push(sql, st, args),
+        None => prepared::push_in_full(sql, st, args),
     }
 }
 
@@ -203,27 +205,23 @@ pub(super) fn order_lock(table: Table, key: &[u8]) -> Option<(i32, i32)> {
     Some(((folded >> 32) as u32 as i32, folded as u32 as i32))
 }
 
-/// The statement taking `locks` (sorted) in order: one `SELECT` whatever
-/// their number — a function scan yields its rows in array order, and each
-/// row's lock is taken as the row is produced, so two transactions locking
-/// the same records take them in one order and cannot deadlock on them.
-pub(super) fn order_locks_statement(locks: &[(i32, i32)]) -> Option<String> {
-    match locks {
-        [] => None,
-        [(a, b)] => Some(format!("SELECT pg_advisory_xact_lock({a}, {b})")),
-        _ => {
-            let (a, b): (Vec<String>, Vec<String>) = locks
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .unzip();
-            Some(format!(
-                "SELECT pg_advisory_xact_lock(a, b) FROM \
-                 unnest('{{{}}}'::int4[], '{{{}}}'::int4[]) AS l (a, b)",
-                a.join(","),
-                b.join(",")
-            ))
-        }
+/// The arguments of the statement taking `locks` (sorted) in order
+/// ([`prepared::Kind::Locks`]): one statement whatever their number — a
+/// function scan yields its rows in array order, and each row's lock is
+/// taken as the row is produced, so two transactions locking the same
+/// records take them in one order and cannot deadlock on them.
+pub(super) fn order_locks_args(locks: &[(i32, i32)]) -> Option<Vec<String>> {
+    if locks.is_empty() {
+        return None;
     }
+    let (a, b): (Vec<String>, Vec<String>) = locks
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .unzip();
+    Some(vec![
+        prepared::array_literal(a.iter().map(String::as_str), "int4[]"),
+        prepared::array_literal(b.iter().map(String::as_str), "int4[]"),
+    ])
 }
 
 /// A transaction: its connection, its read cache and its held writes
@@ -345,6 +343,22 @@ impl Txn<'_> {
         if connection_lost(&e) {
             state.client = None;
         }
+        if let Some(client) = state.client.as_mut() {
+            client.prepared.failed();
+        }
+        if prepared::lost_statements(&e) {
+            // The session did not keep its prepared statements (a pooler
+            // in transaction mode): nothing of the transaction is
+            // applied, and it runs again with its statements in full.
+            self.backend.stop_preparing(&e);
+            state.serialization_failed = true;
+            return BackendError::Serialization {
+                detail: format!(
+                    "{e} (this connection's prepared statements were not kept between \
+                     transactions: a pooler in transaction mode? They are sent in full from now on)"
+                ),
+            };
+        }
         let error = self.backend.error(op, e);
         if matches!(error, BackendError::Serialization { .. }) {
             state.serialization_failed = true;
@@ -422,20 +436,7 @@ impl Txn<'_> {
             }
             Self::once_more(state)?;
         }
-        let mut sql = if state.started {
-            String::new()
-        } else {
-            self.begin.clone()
-        };
-        fn push_statement(sql: &mut String, statement: &str) {
-            if !sql.is_empty() {
-                sql.push_str("; ");
-            }
-            sql.push_str(statement);
-        }
-        if let Some(statement) = order_locks_statement(&locks) {
-            push_statement(&mut sql, &statement);
-        }
+        let lock_args = order_locks_args(&locks);
         // The values as one statement, a `SELECT` per table (one snapshot,
         // taken after the locks were granted): a row says its table's
         // place in `tables` and its key.
@@ -444,33 +445,68 @@ impl Txn<'_> {
             t.dedup();
             t
         };
-        if !keys.is_empty() {
-            let selects: Vec<String> = keys
-                .chunk_by(|a, b| a.0 == b.0)
-                .zip(&tables)
-                .enumerate()
-                .map(|(i, (run, table))| {
-                    let list: Vec<String> = run.iter().map(|(_, k)| bytea_literal(k)).collect();
-                    format!(
-                        "SELECT {i}, encode(k, 'hex'), encode(v, 'hex') FROM {} WHERE k IN ({})",
-                        sql_table(*table),
-                        list.join(", ")
-                    )
-                })
-                .collect();
-            push_statement(&mut sql, &selects.join(" UNION ALL "));
-        }
+        let read_args: Vec<String> = keys
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|run| {
+                let elements: Vec<String> =
+                    run.iter().map(|(_, k)| prepared::bytea_element(k)).collect();
+                prepared::array_literal(elements.iter().map(String::as_str), "bytea[]")
+            })
+            .collect();
+        let build = |prepared: Option<&mut prepared::Prepared>, started: bool| {
+            let mut prepared = prepared;
+            let mut sql = if started {
+                String::new()
+            } else {
+                self.begin.clone()
+            };
+            if let Some(args) = &lock_args {
+                let st = prepared::statement(&prepared::Kind::Locks);
+                push_statement(&mut sql, prepared.as_deref_mut(), &st, args);
+            }
+            if !tables.is_empty() {
+                let st = prepared::statement(&prepared::Kind::Read(tables.clone()));
+                push_statement(&mut sql, prepared.as_deref_mut(), &st, &read_args);
+            }
+            sql
+        };
         let op = if state.started {
             "reading thread records"
         } else {
             "starting a transaction"
         };
+        let prepares = self.backend.prepares();
         let Some(client) = state.client.as_mut() else {
             return Err(self.lost(op.into()));
         };
+        let sql = build(prepares.then_some(&mut client.prepared), state.started);
         self.backend.round_trip();
-        let sent = client.simple_query(&sql);
+        let mut sent = client.simple_query(&sql);
+        if let Err(e) = &sent
+            && prepares
+            && !state.started
+            && prepared::lost_statements(e)
+        {
+            // The session did not keep its statements (a pooler in
+            // transaction mode): nothing was read yet, so the first query
+            // runs again at once, in full, after ending the transaction
+            // its `BEGIN` left aborted.
+            self.backend.stop_preparing(e);
+            client.prepared.failed();
+            let ended = self.begin.is_empty() || {
+                self.backend.round_trip();
+                client.batch_execute("ROLLBACK").is_ok()
+            };
+            if ended {
+                let sql = build(None, false);
+                self.backend.round_trip();
+                sent = client.simple_query(&sql);
+            }
+        }
         let messages = sent.map_err(|e| self.fail(state, op.into(), e))?;
+        if let Some(client) = state.client.as_mut() {
+            client.prepared.answered();
+        }
         state.started = true;
         state.locked.extend(locks);
         let mut found: HashMap<(Table, Vec<u8>), Vec<u8>> = HashMap::with_capacity(keys.len());
@@ -508,25 +544,32 @@ impl Txn<'_> {
         let mut sql = String::with_capacity(state.held_sql + then.len() + 1000);
         if !state.started {
             sql.push_str(&self.begin);
-            sql.push_str("; ");
         }
-        for statement in held_statements(&state.held) {
-            sql.push_str(&statement);
-            sql.push_str("; ");
-        }
-        sql.push_str(then);
-        if sql.trim().is_empty() {
-            return Ok(());
-        }
+        let prepares = self.backend.prepares();
         let Some(client) = state.client.as_mut() else {
             return Err(self.lost("writing".into()));
         };
+        for (st, args) in held_statements(&state.held) {
+            push_statement(&mut sql, prepares.then_some(&mut client.prepared), &st, &args);
+        }
+        if !then.is_empty() {
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str(then);
+        }
+        if sql.trim().is_empty() {
+            return Ok(());
+        }
         self.backend.round_trip();
         let sent = client.batch_execute(&sql);
         sent.map_err(|e| {
             let op = Self::held_op(&state.held);
             self.fail(state, op, e)
         })?;
+        if let Some(client) = state.client.as_mut() {
+            client.prepared.answered();
+        }
         state.started = true;
         state.held_sql = 0;
         for (key, held) in std::mem::take(&mut state.held) {
@@ -872,17 +915,25 @@ mod tests {
 
     #[test]
     fn order_locks_are_one_statement_in_order() {
-        assert_eq!(order_locks_statement(&[]), None);
+        assert_eq!(order_locks_args(&[]), None);
         assert_eq!(
-            order_locks_statement(&[(-5, 7)]).as_deref(),
-            Some("SELECT pg_advisory_xact_lock(-5, 7)")
+            order_locks_args(&[(-5, 7)]),
+            Some(vec!["E'{-5}'::int4[]".to_owned(), "E'{7}'::int4[]".to_owned()])
         );
         assert_eq!(
-            order_locks_statement(&[(i32::MIN, -1), (-5, 7), (3, i32::MAX)]).as_deref(),
-            Some(
-                "SELECT pg_advisory_xact_lock(a, b) FROM unnest('{-2147483648,-5,3}'::int4[], \
-                 '{-1,7,2147483647}'::int4[]) AS l (a, b)"
-            )
+            order_locks_args(&[(i32::MIN, -1), (-5, 7), (3, i32::MAX)]),
+            Some(vec![
+                "E'{-2147483648,-5,3}'::int4[]".to_owned(),
+                "E'{-1,7,2147483647}'::int4[]".to_owned()
+            ])
+        );
+        let st = prepared::statement(&prepared::Kind::Locks);
+        let mut sql = String::new();
+        push_statement(&mut sql, None, &st, &order_locks_args(&[(1, 2)]).unwrap());
+        assert_eq!(
+            sql,
+            "SELECT pg_advisory_xact_lock(a, b) FROM unnest((E'{1}'::int4[]), \
+             (E'{2}'::int4[])) AS l (a, b)"
         );
     }
 

@@ -18,23 +18,19 @@ impl PgWrite<'_> {
             .map(|rows| rows.len())
     }
 
-    /// The `VALUES` tuple of a held put: key, value and, for the thread
+    /// The elements of a held put's row: key, value and, for the thread
     /// tables, their typed columns filled from `value` ([`columns`]), in
-    /// the order [`held_statements`] names them.
-    pub(super) fn literal_row(
+    /// the order of the put statement ([`prepared::Kind::Put`]).
+    pub(super) fn row_elements(
         table: Table,
         key: &[u8],
         value: &[u8],
-    ) -> Result<String, BackendError> {
-        let mut row = format!("({}, {}", bytea_literal(key), bytea_literal(value));
+    ) -> Result<Vec<String>, BackendError> {
+        let mut row = vec![prepared::bytea_element(key), prepared::bytea_element(value)];
         if columns::has_columns(table) {
             let typed = columns::ThreadColumns::of(table, key, value)?;
-            for literal in typed.literals(table) {
-                row.push_str(", ");
-                row.push_str(&literal);
-            }
+            row.extend(typed.elements(table));
         }
-        row.push(')');
         Ok(row)
     }
 
@@ -66,7 +62,7 @@ impl PgWrite<'_> {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), BackendError> {
-        let row = Self::literal_row(table, key, value)?;
+        let row = Self::row_elements(table, key, value)?;
         self.hold(
             table,
             key,
@@ -153,8 +149,8 @@ impl WriteTables for PgWrite<'_> {
     }
 
     fn remove(&mut self, table: Table, key: &[u8]) -> Result<(), BackendError> {
-        let key_literal = bytea_literal(key);
-        self.hold(table, key, Held::Remove { key: key_literal })
+        let element = prepared::bytea_element(key);
+        self.hold(table, key, Held::Remove { key: element })
     }
 
     fn insert_or_refresh(
@@ -186,7 +182,7 @@ impl WriteTables for PgWrite<'_> {
             stamp: refresh.stamp,
             required: refresh.required,
         };
-        let row = format!("({}, {})", bytea_literal(key), bytea_literal(value));
+        let row = vec![prepared::bytea_element(key), prepared::bytea_element(value)];
         self.hold(table, key, Held::Refresh { row, bounds })
     }
 

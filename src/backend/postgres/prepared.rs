@@ -1,0 +1,444 @@
+//! The hot statements as named prepared statements, their rows as arrays
+//! (`docs/design.md` §8f, "Prepared statements").
+//!
+//! A step's transactions are a few simple queries (one round trip each:
+//! the group's `BEGIN` with its locks and reads, the writes with `COMMIT`,
+//! a thread's record read). Sent as text with literal rows, each statement
+//! was parsed, analysed and planned by the server every time — half of the
+//! server's CPU a step. Here each such statement has one shape whatever
+//! its number of rows (the rows are arrays: `unnest($1::bytea[], …)`,
+//! `k = ANY($1::bytea[])`), is `PREPARE`d once per connection, in the same
+//! simple query as its first use, and is then sent as `EXECUTE name(…)`,
+//! which the server parses in a moment and runs with the plan it keeps.
+//!
+//! A statement's name is `uwf_` and 16 hex digits of the BLAKE3 hash of
+//! its text: one name is one text, in every process and version, so an
+//! `EXECUTE` can only ever run the statement it means.
+//!
+//! Where the server does not keep a session's statements between
+//! transactions — a pooler in transaction mode (PgBouncer, which passes
+//! SQL `PREPARE` through as text) hands each transaction whichever server
+//! connection is free — a statement is then missing (SQLSTATE 26000) or
+//! already there (42P05). Either error turns prepared statements off for
+//! the backend ([`super::PostgresBackend::prepares`]) and the transaction
+//! runs again with the same statements sent in full: their text with the
+//! arrays in place of the parameters (`Txn::fetch`, `Txn::fail`).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use super::columns;
+use super::sql_table;
+use crate::backend::Table;
+
+/// What a prepared statement does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum Kind {
+    /// Puts rows (`INSERT … ON CONFLICT DO UPDATE`) of a table: `$1` keys,
+    /// `$2` values, then the typed columns' arrays of a thread table.
+    Put(Table),
+    /// Deletes the rows whose keys `$1` lists.
+    Remove(Table),
+    /// Inserts `$1` keys with `$2` values where absent, and refreshes the
+    /// stored ones' stamp: the 8 bytes at `$4` (1-based), when below
+    /// `$5`, become `$3`. `true`: wait for a row another writer is
+    /// refreshing (else skip it).
+    Refresh(Table, bool),
+    /// Reads `k` and `v` of the listed keys of each table, `$i` the keys
+    /// of the `i`th: rows of `(place, hex key, hex value)`.
+    Read(Vec<Table>),
+    /// Takes the transaction's order locks, `$1` and `$2` their two
+    /// `int4` keys, in array order.
+    Locks,
+}
+
+/// A statement with parameters `$1`, `$2`, … (arrays, or for a refresh's
+/// bounds scalars).
+#[derive(Debug)]
+pub(super) struct Statement {
+    /// `uwf_` and 16 hex digits of the hash of `types` and `body`.
+    pub(super) name: String,
+    /// The hash's first 8 bytes: the name, as a number.
+    id: u64,
+    /// The parameters' types, in order.
+    types: Vec<&'static str>,
+    /// The text, parameters as `$n`.
+    body: String,
+}
+
+/// The statements made so far, by what they do.
+static STATEMENTS: LazyLock<Mutex<HashMap<Kind, Arc<Statement>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The statement that does `kind`.
+pub(super) fn statement(kind: &Kind) -> Arc<Statement> {
+    let mut made = STATEMENTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = made.get(kind) {
+        return Arc::clone(s);
+    }
+    let (types, body) = text(kind);
+    let mut hasher = blake3::Hasher::new();
+    for t in &types {
+        hasher.update(t.as_bytes());
+        hasher.update(b",");
+    }
+    hasher.update(body.as_bytes());
+    let hash = hasher.finalize();
+    let first = hash.as_bytes().first_chunk::<8>().copied().unwrap_or_default();
+    let mut name = String::from("uwf_");
+    crate::hash::push_hex(&mut name, &first);
+    let s = Arc::new(Statement {
+        name,
+        id: u64::from_be_bytes(first),
+        types,
+        body,
+    });
+    made.insert(kind.clone(), Arc::clone(&s));
+    s
+}
+
+/// The parameter types and text of `kind`.
+fn text(kind: &Kind) -> (Vec<&'static str>, String) {
+    match kind {
+        Kind::Put(table) => {
+            let name = sql_table(*table);
+            let mut types = vec!["bytea[]", "bytea[]"];
+            let mut names = String::new();
+            let mut updates = String::new();
+            for column in columns::columns_of(*table) {
+                types.push(column.array_type);
+                names.push_str(", ");
+                names.push_str(column.name);
+                updates.push_str(&format!(", {0} = EXCLUDED.{0}", column.name));
+            }
+            let args: Vec<String> = (1..=types.len()).map(|i| format!("${i}")).collect();
+            // A function scan yields its rows in array order, the keys'
+            // order: rows are written and locked in key order.
+            let body = format!(
+                "INSERT INTO {name} (k, v{names}) SELECT * FROM unnest({}) \
+                 ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v{updates}",
+                args.join(", ")
+            );
+            (types, body)
+        }
+        // The index scan of `= ANY` visits the keys in order.
+        Kind::Remove(table) => (
+            vec!["bytea[]"],
+            format!("DELETE FROM {} WHERE k = ANY($1)", sql_table(*table)),
+        ),
+        Kind::Refresh(table, required) => {
+            // A statement that waits for no other writer in the common
+            // case, blobs stored already and refreshed recently (the same
+            // reply in many threads; §8f):
+            // - a row is inserted only when its key is absent from the
+            //   statement's snapshot, so a stored blob another transaction
+            //   is refreshing is not waited for (`ON CONFLICT` alone waits
+            //   for that transaction to end);
+            // - the refresh locks only the rows that are due (not `ON
+            //   CONFLICT DO UPDATE … WHERE`, which locks a stored row even
+            //   when it leaves it alone), in key order (`ORDER BY k FOR
+            //   UPDATE`), and one that is not required skips a row another
+            //   writer is refreshing now (`SKIP LOCKED`); a row locked
+            //   after a wait is checked again (READ COMMITTED re-reads it);
+            // - the `UPDATE` leaves alone the rows this statement inserted
+            //   (a new blob is stamped already).
+            let name = sql_table(*table);
+            let skip = if *required { "" } else { " SKIP LOCKED" };
+            (
+                vec!["bytea[]", "bytea[]", "bytea", "int4", "bytea"],
+                format!(
+                    "WITH new (k, v) AS (SELECT * FROM unnest($1, $2)), \
+                     inserted AS (INSERT INTO {name} (k, v) SELECT k, v FROM new \
+                     WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE {name}.k = new.k) \
+                     ON CONFLICT (k) DO NOTHING RETURNING k) \
+                     UPDATE {name} SET v = overlay(v PLACING $3 FROM $4 FOR 8) \
+                     WHERE k IN (SELECT k FROM {name} WHERE k = ANY($1) \
+                     AND length(v) >= $4 + 7 AND substring(v FROM $4 FOR 8) < $5 \
+                     ORDER BY k FOR UPDATE{skip}) \
+                     AND k NOT IN (SELECT k FROM inserted)"
+                ),
+            )
+        }
+        Kind::Read(tables) => {
+            let selects: Vec<String> = tables
+                .iter()
+                .enumerate()
+                .map(|(i, table)| {
+                    format!(
+                        "SELECT {i}, encode(k, 'hex'), encode(v, 'hex') FROM {} WHERE k = ANY(${})",
+                        sql_table(*table),
+                        i + 1
+                    )
+                })
+                .collect();
+            (vec!["bytea[]"; tables.len()], selects.join(" UNION ALL "))
+        }
+        // A function scan yields its rows in array order, and each row's
+        // lock is taken as the row is produced: two transactions locking
+        // the same records take them in one order.
+        Kind::Locks => (
+            vec!["int4[]", "int4[]"],
+            "SELECT pg_advisory_xact_lock(a, b) FROM unnest($1, $2) AS l (a, b)".into(),
+        ),
+    }
+}
+
+/// The planner settings of a session that prepares statements, sent with
+/// its first `PREPARE` (and again with the first after a failure: a
+/// rolled-back `SET` is gone).
+///
+/// - `plan_cache_mode = force_generic_plan`: plans made once for any
+///   arguments, the point of preparing. The default (`auto`) plans anew
+///   for each `EXECUTE` whenever its estimate of a generic plan's cost is
+///   above the last custom plans', which for these statements (a handful
+///   of rows, against a guess of ten or a hundred) it always is.
+/// - no sequential scan, hash join or merge join: every statement here
+///   reads and writes rows by key, a few at a time, and a generic plan is
+///   kept until the table's statistics change. Made while a fresh store's
+///   tables are nearly empty, it would scan (or hash) a whole table on
+///   every `EXECUTE` as the table grows, until autovacuum analyses it
+///   (measured: a fresh store's batch ran at 0.6–0.8× the speed of
+///   statements sent in full). Index probes are right at any size.
+///
+/// Only this process's own connections get them (a pooler in
+/// transaction mode, where a session setting would reach other clients,
+/// turns preparing off before any is made to stick: `Txn::fail`).
+pub(super) const SESSION_SETTINGS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), \
+     set_config('enable_seqscan', 'off', false), set_config('enable_hashjoin', 'off', false), \
+     set_config('enable_mergejoin', 'off', false)";
+
+/// The statements one connection's session has prepared, as far as this
+/// process knows.
+#[derive(Debug, Default)]
+pub(super) struct Prepared {
+    /// Prepared and known to be there.
+    ids: HashSet<u64>,
+    /// Prepared by the query in flight: known once it is answered.
+    pending: Vec<u64>,
+    /// A query failed on this session: what it prepared, and whether its
+    /// session settings held, is not known, so the next query starts
+    /// again from nothing (`DEALLOCATE ALL`).
+    unknown: bool,
+}
+
+impl Prepared {
+    /// Appends `st` run with `args` (the parameters' literals, in order)
+    /// to `sql`: `EXECUTE`, after a `PREPARE` the first time on this
+    /// session (after `DEALLOCATE ALL` when the session's statements are
+    /// not known; with the session's plan setting when it has none yet).
+    pub(super) fn push(&mut self, sql: &mut String, st: &Statement, args: &[String]) {
+        if self.unknown {
+            sql.push_str("DEALLOCATE ALL; ");
+            self.ids.clear();
+            self.pending.clear();
+            self.unknown = false;
+        }
+        if !self.ids.contains(&st.id) && !self.pending.contains(&st.id) {
+            if self.ids.is_empty() && self.pending.is_empty() {
+                sql.push_str(SESSION_SETTINGS);
+                sql.push_str("; ");
+            }
+            sql.push_str("PREPARE ");
+            sql.push_str(&st.name);
+            sql.push_str(" (");
+            sql.push_str(&st.types.join(", "));
+            sql.push_str(") AS ");
+            sql.push_str(&st.body);
+            sql.push_str("; ");
+            self.pending.push(st.id);
+        }
+        sql.push_str("EXECUTE ");
+        sql.push_str(&st.name);
+        sql.push_str(" (");
+        sql.push_str(&args.join(", "));
+        sql.push(')');
+    }
+
+    /// The query in flight was answered: what it prepared is there.
+    pub(super) fn answered(&mut self) {
+        self.ids.extend(self.pending.drain(..));
+    }
+
+    /// The query in flight failed: nothing is known of the session's
+    /// statements any more.
+    pub(super) fn failed(&mut self) {
+        self.pending.clear();
+        self.unknown = true;
+    }
+
+    /// Statements prepared on this session.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// Whether `e` says a session's prepared statement was missing (SQLSTATE
+/// 26000) or already there (42P05): the server did not keep the
+/// session's statements as this process knows them.
+pub(super) fn lost_statements(e: &postgres::Error) -> bool {
+    use postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::DUPLICATE_PSTATEMENT
+    })
+}
+
+/// Appends `st` with `args` in place of its parameters to `sql`: the
+/// statement sent in full, where prepared statements are off.
+pub(super) fn push_in_full(sql: &mut String, st: &Statement, args: &[String]) {
+    let body = st.body.as_bytes();
+    let mut i = 0;
+    let mut from = 0;
+    while i < body.len() {
+        if body[i] == b'$' {
+            let digits = body[i + 1..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let n: Option<usize> = st.body.get(i + 1..i + 1 + digits).and_then(|d| d.parse().ok());
+            if let Some(arg) = n.and_then(|n| n.checked_sub(1)).and_then(|n| args.get(n)) {
+                sql.push_str(&st.body[from..i]);
+                sql.push('(');
+                sql.push_str(arg);
+                sql.push(')');
+                i += 1 + digits;
+                from = i;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    sql.push_str(&st.body[from..]);
+}
+
+/// `E'{…}'::type[]`: an array literal of elements written for it
+/// ([`bytea_element`], [`columns::ThreadColumns::elements`], numbers).
+pub(super) fn array_literal<'a>(elements: impl Iterator<Item = &'a str>, ty: &str) -> String {
+    let mut s = String::from("E'{");
+    for (i, e) in elements.enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(e);
+    }
+    s.push_str("}'::");
+    s.push_str(ty);
+    s
+}
+
+/// Bytes as an element of an array literal in an `E''` string: `\x` and
+/// hex, its backslash escaped once for the array and once for the string.
+pub(super) fn bytea_element(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(2 * bytes.len() + 5);
+    s.push_str("\\\\\\\\x");
+    crate::hash::push_hex(&mut s, bytes);
+    s
+}
+
+/// Text as an element of an array literal in an `E''` string: in double
+/// quotes (so `NULL`, braces, commas and spaces are plain text), a
+/// backslash or a double quote escaped for the array, every backslash
+/// then escaped for the string and a quote doubled, and a NUL —
+/// PostgreSQL's text cannot hold one — as U+FFFD (the record's `v` bytes
+/// keep the exact text). Safe because the driver sets `client_encoding =
+/// UTF8` at connection: no byte of a multi-byte character can look like a
+/// quote or a backslash.
+pub(super) fn text_element(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\\\\\"),
+            '"' => out.push_str("\\\\\""),
+            '\0' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_name_is_one_text() {
+        let a = statement(&Kind::Put(Table::Blobs));
+        let b = statement(&Kind::Put(Table::Threads));
+        assert_ne!(a.name, b.name);
+        assert_eq!(a.name.len(), 4 + 16);
+        assert!(Arc::ptr_eq(&a, &statement(&Kind::Put(Table::Blobs))));
+        let skip = statement(&Kind::Refresh(Table::Blobs, false));
+        let wait = statement(&Kind::Refresh(Table::Blobs, true));
+        assert_ne!(skip.name, wait.name);
+        assert!(skip.body.contains("SKIP LOCKED") && !wait.body.contains("SKIP LOCKED"));
+    }
+
+    #[test]
+    fn a_statement_is_prepared_once_a_session_and_again_after_a_failure() {
+        let st = statement(&Kind::Remove(Table::Pins));
+        let args = [array_literal(["\\\\\\\\x01"].into_iter(), "bytea[]")];
+        let mut p = Prepared::default();
+        let mut sql = String::new();
+        p.push(&mut sql, &st, &args);
+        assert_eq!(
+            sql,
+            format!(
+                "{SESSION_SETTINGS}; PREPARE {0} (bytea[]) AS \
+                 DELETE FROM uwf_pins WHERE k = ANY($1); EXECUTE {0} (E'{{\\\\\\\\x01}}'::bytea[])",
+                st.name
+            )
+        );
+        // Not answered yet: a second use in the same query prepares nothing.
+        let mut again = String::new();
+        p.push(&mut again, &st, &args);
+        assert!(again.starts_with("EXECUTE "), "{again}");
+        p.answered();
+        assert_eq!(p.len(), 1);
+        let mut third = String::new();
+        p.push(&mut third, &st, &args);
+        assert!(third.starts_with("EXECUTE "), "{third}");
+        p.failed();
+        let mut after = String::new();
+        p.push(&mut after, &st, &args);
+        assert!(
+            after.starts_with(&format!("DEALLOCATE ALL; {SESSION_SETTINGS}; PREPARE ")),
+            "{after}"
+        );
+    }
+
+    #[test]
+    fn in_full_the_arguments_replace_the_parameters() {
+        let st = statement(&Kind::Refresh(Table::Blobs, true));
+        let args: Vec<String> = ["K", "V", "S", "9", "B"].iter().map(|s| s.to_string()).collect();
+        let mut sql = String::new();
+        push_in_full(&mut sql, &st, &args);
+        assert!(!sql.contains('$'), "{sql}");
+        assert!(sql.contains("unnest((K), (V))"), "{sql}");
+        assert!(sql.contains("PLACING (S) FROM (9) FOR 8"), "{sql}");
+        assert!(sql.contains("length(v) >= (9) + 7"), "{sql}");
+        // Ten parameters and more: `$10` is not `$1` then a 0.
+        let put = statement(&Kind::Put(Table::History));
+        let args: Vec<String> = (1..=12).map(|i| format!("a{i}")).collect();
+        let mut sql = String::new();
+        push_in_full(&mut sql, &put, &args);
+        assert!(sql.contains("unnest((a1), (a2), (a3)"), "{sql}");
+        assert!(sql.contains("(a10), (a11), (a12))"), "{sql}");
+    }
+
+    #[test]
+    fn elements_escape_for_the_array_and_the_string() {
+        assert_eq!(bytea_element(&[0, 0xab]), "\\\\\\\\x00ab");
+        assert_eq!(text_element("plain"), "\"plain\"");
+        assert_eq!(
+            text_element("it's a \\ and a \" and a \0"),
+            "\"it''s a \\\\\\\\ and a \\\\\" and a \u{fffd}\""
+        );
+        assert_eq!(
+            array_literal(["1", "-2"].into_iter(), "int4[]"),
+            "E'{1,-2}'::int4[]"
+        );
+    }
+}
