@@ -1,8 +1,9 @@
 //! The PostgreSQL backend behind a transaction-mode pooler: PgBouncer
 //! (Debian's package) started by the test with `pool_mode = transaction`
-//! in front of the test server. Every statement of the backend is an
-//! unnamed one or a simple query (no server-side prepared statement), no
-//! setting is made for the session (`SET LOCAL` only), and claims and the
+//! in front of the test server. The backend's prepared statements are
+//! found not to be kept between transactions and turned off (every
+//! statement then an unnamed one or a simple query), no setting is made
+//! for the session before that (`SET LOCAL` only), and claims and the
 //! GC lock are transaction-scoped advisory locks (a transaction pins one
 //! server connection), so a whole workload runs through it: a batch with
 //! claims and group commit, claims refused and released across handles,
@@ -186,6 +187,17 @@ fn a_whole_workload_runs_behind_pgbouncer_in_transaction_mode() {
         (40, 40, 0)
     );
     assert_eq!(report.steps, 80);
+    // The pooler hands each transaction whichever server connection is
+    // free, so the backend's prepared statements were found missing or
+    // there already, and turned off (`docs/design.md` §8f) — without
+    // failing a thread.
+    let pg = |s: &Store| {
+        s.backend()
+            .as_any()
+            .downcast_ref::<uwf_db::backend::postgres::PostgresBackend>()
+            .map(uwf_db::backend::postgres::PostgresBackend::prepares)
+    };
+    assert_eq!(pg(&store), Some(false));
 
     // Claims across two handles (two runners) through the pooler.
     let other = open();

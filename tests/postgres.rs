@@ -1048,6 +1048,128 @@ fn an_append_step_costs_three_round_trips() {
     assert_eq!(ended.seq, 7);
 }
 
+/// The PostgreSQL backend of a store.
+fn postgres_backend(store: &Store) -> &uwf_db::backend::postgres::PostgresBackend {
+    store
+        .backend()
+        .as_any()
+        .downcast_ref::<uwf_db::backend::postgres::PostgresBackend>()
+        .expect("a PostgreSQL store")
+}
+
+/// The hot statements are prepared once per connection and run with
+/// generic plans (`docs/design.md` §8f, "Prepared statements"). A server
+/// that does not keep them as the process knows them — a pooler in
+/// transaction mode hands each transaction whichever server connection is
+/// free, where a statement is missing (SQLSTATE 26000) or there already
+/// (42P05) — turns them off: the read or write in flight runs again with
+/// its statements in full, nothing lost and nothing applied twice.
+#[test]
+fn prepared_statements_are_kept_and_turned_off_when_the_server_loses_them() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    for server_forgets in [true, false] {
+        let location = TestBackend::Postgres.location();
+        // One connection, so every statement below runs on the session
+        // whose statements are lost.
+        let options = StoreOptions {
+            durability: uwf_db::Durability::None,
+            pg_connections: 1,
+            ..StoreOptions::default()
+        };
+        let store = Store::open_location(&location.arg_str(), options).unwrap();
+        let pg = postgres_backend(&store);
+        let t = new_thread(&store, "prepared");
+        let rec = append_n(&store, t.id, 3);
+        assert_eq!(store.threads().get(t.id).unwrap().unwrap().seq, rec.seq);
+        store.put(&uwf_db::Blob::content("before", [])).unwrap();
+        assert!(pg.prepares());
+        let [statements, generic, custom] = pg.prepared_for_tests(None).unwrap();
+        assert!(statements >= 4, "{statements} statements prepared");
+        assert!(generic >= statements, "{generic} generic plans");
+        assert_eq!(custom, 0, "a custom plan was made");
+
+        pg.prepared_for_tests(Some(server_forgets)).unwrap();
+        // A write whose first query is its commit: the store runs it again.
+        let blob = uwf_db::Blob::content("after", []);
+        let hash = store.put(&blob).unwrap();
+        assert!(
+            !pg.prepares(),
+            "still preparing (server forgets: {server_forgets})"
+        );
+        assert_eq!(store.get(&hash).unwrap(), Some(blob));
+        // Statements in full from now on: steps and reads work, each
+        // step applied once.
+        let after = append_n(&store, t.id, 2);
+        assert_eq!(after.seq, rec.seq + 2);
+        assert_eq!(store.threads().get(t.id).unwrap().unwrap().head, after.head);
+        assert_eq!(pg.prepared_for_tests(None).unwrap()[2], 0);
+    }
+    // A read whose one statement was prepared: retried in full at once.
+    let location = TestBackend::Postgres.location();
+    let options = StoreOptions {
+        durability: uwf_db::Durability::None,
+        pg_connections: 1,
+        ..StoreOptions::default()
+    };
+    let store = Store::open_location(&location.arg_str(), options).unwrap();
+    let pg = postgres_backend(&store);
+    let t = new_thread(&store, "read");
+    let rec = append_n(&store, t.id, 2);
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap().head, rec.head);
+    pg.prepared_for_tests(Some(true)).unwrap();
+    assert_eq!(store.threads().get(t.id).unwrap().unwrap().head, rec.head);
+    assert!(!pg.prepares());
+}
+
+/// A transaction whose first query fails after its `BEGIN` (here a lock
+/// not granted within `lock_timeout`: a collection holds the store
+/// barrier) leaves the server's transaction open and aborted; it is
+/// rolled back before the connection is used again, so the next write on
+/// that connection works (it failed with 25P02, "current transaction is
+/// aborted", before).
+#[test]
+fn a_failed_first_query_leaves_no_aborted_transaction_behind() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let location = TestBackend::Postgres.location();
+    let url = format!("{}?options=-c%20lock_timeout%3D200", location.arg_str());
+    let options = StoreOptions {
+        durability: uwf_db::Durability::None,
+        pg_connections: 1,
+        ..StoreOptions::default()
+    };
+    let store = Store::open_location(&url, options).unwrap();
+    store.put(&uwf_db::Blob::content("first", [])).unwrap();
+    let mut holder: postgres::Client = location
+        .arg_str()
+        .parse::<postgres::Config>()
+        .unwrap()
+        .connect(postgres::NoTls)
+        .unwrap();
+    holder
+        .execute(
+            "SELECT pg_advisory_lock($1)",
+            &[&uwf_db::backend::postgres::WRITER_LOCK],
+        )
+        .unwrap();
+    let err = store
+        .put(&uwf_db::Blob::content("held back", []))
+        .unwrap_err();
+    assert!(err.to_string().contains("lock timeout"), "{err}");
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock($1)",
+            &[&uwf_db::backend::postgres::WRITER_LOCK],
+        )
+        .unwrap();
+    let blob = uwf_db::Blob::content("after", []);
+    let hash = store.put(&blob).unwrap();
+    assert_eq!(store.get(&hash).unwrap(), Some(blob));
+}
+
 /// A page of history or of `thread list` costs a handful of round trips,
 /// not one per step or thread shown: the nodes of an ancestor list, and
 /// the records of a page, are each one `get_many`.

@@ -296,6 +296,47 @@ impl PostgresBackend {
         self.prepares.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// For tests of `docs/design.md` §8f's prepared statements: what the
+    /// sessions of the idle connections have prepared — statements, then
+    /// executions with a generic plan and with a custom plan, summed over
+    /// the sessions, from `pg_prepared_statements` — then, when told, a
+    /// loss of track: `Some(true)` the server forgets them (`DEALLOCATE
+    /// ALL`, this process not told), `Some(false)` this process does (the
+    /// server keeps them).
+    #[doc(hidden)]
+    pub fn prepared_for_tests(&self, forget: Option<bool>) -> Result<[i64; 3], BackendError> {
+        let mut seen = [0i64; 3];
+        let mut failed = None;
+        self.pool.each_idle(|client, prepared| {
+            let row = client.query_one(
+                "SELECT count(*), coalesce(sum(generic_plans), 0)::int8, \
+                 coalesce(sum(custom_plans), 0)::int8 FROM pg_prepared_statements",
+                &[],
+            );
+            match row {
+                Ok(row) => {
+                    for (i, n) in seen.iter_mut().enumerate() {
+                        *n += row.get::<_, i64>(i);
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+            match forget {
+                Some(true) => {
+                    if let Err(e) = client.batch_execute("DEALLOCATE ALL") {
+                        failed = Some(e);
+                    }
+                }
+                Some(false) => prepared.forget(),
+                None => {}
+            }
+        });
+        match failed {
+            Some(e) => Err(self.error("reading pg_prepared_statements".into(), e)),
+            None => Ok(seen),
+        }
+    }
+
     /// Prepared statements off for good, said once.
     pub(super) fn stop_preparing(&self, e: &postgres::Error) {
         if self

@@ -183,7 +183,9 @@ impl Pool {
         if client.is_closed() || slots.open > self.max {
             slots.open = slots.open.saturating_sub(1);
         } else {
-            slots.idle.push((client, std::mem::take(&mut conn.prepared)));
+            slots
+                .idle
+                .push((client, std::mem::take(&mut conn.prepared)));
         }
         drop(slots);
         self.freed.notify_one();
@@ -197,6 +199,15 @@ impl Pool {
         slots.open = slots.open.saturating_sub(n);
         drop(slots);
         self.freed.notify_all();
+    }
+
+    /// Runs `f` on each idle connection and its record of prepared
+    /// statements (for tests; the pool is locked meanwhile).
+    pub(super) fn each_idle(&self, mut f: impl FnMut(&mut Client, &mut Prepared)) {
+        let mut slots = self.lock();
+        for (client, prepared) in &mut slots.idle {
+            f(client, prepared);
+        }
     }
 
     /// Connections open now (idle or lent).

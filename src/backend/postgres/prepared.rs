@@ -84,7 +84,11 @@ pub(super) fn statement(kind: &Kind) -> Arc<Statement> {
     }
     hasher.update(body.as_bytes());
     let hash = hasher.finalize();
-    let first = hash.as_bytes().first_chunk::<8>().copied().unwrap_or_default();
+    let first = hash
+        .as_bytes()
+        .first_chunk::<8>()
+        .copied()
+        .unwrap_or_default();
     let mut name = String::from("uwf_");
     crate::hash::push_hex(&mut name, &first);
     let s = Arc::new(Statement {
@@ -183,9 +187,10 @@ fn text(kind: &Kind) -> (Vec<&'static str>, String) {
     }
 }
 
-/// The planner settings of a session that prepares statements, sent with
-/// its first `PREPARE` (and again with the first after a failure: a
-/// rolled-back `SET` is gone).
+/// The planner settings of a transaction that executes prepared
+/// statements, sent with its first query (`set_config(…, true)`: for this
+/// transaction only, so nothing is left on a server connection that a
+/// pooler may hand to another client):
 ///
 /// - `plan_cache_mode = force_generic_plan`: plans made once for any
 ///   arguments, the point of preparing. The default (`auto`) plans anew
@@ -198,14 +203,11 @@ fn text(kind: &Kind) -> (Vec<&'static str>, String) {
 ///   tables are nearly empty, it would scan (or hash) a whole table on
 ///   every `EXECUTE` as the table grows, until autovacuum analyses it
 ///   (measured: a fresh store's batch ran at 0.6–0.8× the speed of
-///   statements sent in full). Index probes are right at any size.
-///
-/// Only this process's own connections get them (a pooler in
-/// transaction mode, where a session setting would reach other clients,
-/// turns preparing off before any is made to stick: `Txn::fail`).
-pub(super) const SESSION_SETTINGS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), \
-     set_config('enable_seqscan', 'off', false), set_config('enable_hashjoin', 'off', false), \
-     set_config('enable_mergejoin', 'off', false)";
+///   statements sent in full). Index probes are right at any size. These
+///   matter when a plan is made, at an `EXECUTE` of this transaction.
+pub(super) const LOCAL_SETTINGS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), \
+     set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), \
+     set_config('enable_mergejoin', 'off', true)";
 
 /// The statements one connection's session has prepared, as far as this
 /// process knows.
@@ -215,9 +217,8 @@ pub(super) struct Prepared {
     ids: HashSet<u64>,
     /// Prepared by the query in flight: known once it is answered.
     pending: Vec<u64>,
-    /// A query failed on this session: what it prepared, and whether its
-    /// session settings held, is not known, so the next query starts
-    /// again from nothing (`DEALLOCATE ALL`).
+    /// A query failed on this session: what it prepared is not known, so
+    /// the next query starts again from nothing (`DEALLOCATE ALL`).
     unknown: bool,
 }
 
@@ -225,7 +226,7 @@ impl Prepared {
     /// Appends `st` run with `args` (the parameters' literals, in order)
     /// to `sql`: `EXECUTE`, after a `PREPARE` the first time on this
     /// session (after `DEALLOCATE ALL` when the session's statements are
-    /// not known; with the session's plan setting when it has none yet).
+    /// not known).
     pub(super) fn push(&mut self, sql: &mut String, st: &Statement, args: &[String]) {
         if self.unknown {
             sql.push_str("DEALLOCATE ALL; ");
@@ -234,10 +235,6 @@ impl Prepared {
             self.unknown = false;
         }
         if !self.ids.contains(&st.id) && !self.pending.contains(&st.id) {
-            if self.ids.is_empty() && self.pending.is_empty() {
-                sql.push_str(SESSION_SETTINGS);
-                sql.push_str("; ");
-            }
             sql.push_str("PREPARE ");
             sql.push_str(&st.name);
             sql.push_str(" (");
@@ -252,6 +249,12 @@ impl Prepared {
         sql.push_str(" (");
         sql.push_str(&args.join(", "));
         sql.push(')');
+    }
+
+    /// Forgets what the session has prepared, as a process would that
+    /// lost track (for tests).
+    pub(super) fn forget(&mut self) {
+        *self = Prepared::default();
     }
 
     /// The query in flight was answered: what it prepared is there.
@@ -286,29 +289,32 @@ pub(super) fn lost_statements(e: &postgres::Error) -> bool {
 /// Appends `st` with `args` in place of its parameters to `sql`: the
 /// statement sent in full, where prepared statements are off.
 pub(super) fn push_in_full(sql: &mut String, st: &Statement, args: &[String]) {
-    let body = st.body.as_bytes();
-    let mut i = 0;
-    let mut from = 0;
-    while i < body.len() {
-        if body[i] == b'$' {
-            let digits = body[i + 1..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .count();
-            let n: Option<usize> = st.body.get(i + 1..i + 1 + digits).and_then(|d| d.parse().ok());
-            if let Some(arg) = n.and_then(|n| n.checked_sub(1)).and_then(|n| args.get(n)) {
-                sql.push_str(&st.body[from..i]);
+    let mut rest = st.body.as_str();
+    while let Some(at) = rest.find('$') {
+        let (before, from_dollar) = rest.split_at(at);
+        let after = from_dollar.get(1..).unwrap_or_default();
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, tail) = after.split_at(digits);
+        let arg = number
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|n| args.get(n));
+        sql.push_str(before);
+        match arg {
+            Some(arg) => {
                 sql.push('(');
                 sql.push_str(arg);
                 sql.push(')');
-                i += 1 + digits;
-                from = i;
-                continue;
+            }
+            None => {
+                sql.push('$');
+                sql.push_str(number);
             }
         }
-        i += 1;
+        rest = tail;
     }
-    sql.push_str(&st.body[from..]);
+    sql.push_str(rest);
 }
 
 /// `E'{…}'::type[]`: an array literal of elements written for it
@@ -386,7 +392,7 @@ mod tests {
         assert_eq!(
             sql,
             format!(
-                "{SESSION_SETTINGS}; PREPARE {0} (bytea[]) AS \
+                "PREPARE {0} (bytea[]) AS \
                  DELETE FROM uwf_pins WHERE k = ANY($1); EXECUTE {0} (E'{{\\\\\\\\x01}}'::bytea[])",
                 st.name
             )
@@ -403,16 +409,16 @@ mod tests {
         p.failed();
         let mut after = String::new();
         p.push(&mut after, &st, &args);
-        assert!(
-            after.starts_with(&format!("DEALLOCATE ALL; {SESSION_SETTINGS}; PREPARE ")),
-            "{after}"
-        );
+        assert!(after.starts_with("DEALLOCATE ALL; PREPARE "), "{after}");
     }
 
     #[test]
     fn in_full_the_arguments_replace_the_parameters() {
         let st = statement(&Kind::Refresh(Table::Blobs, true));
-        let args: Vec<String> = ["K", "V", "S", "9", "B"].iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = ["K", "V", "S", "9", "B"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let mut sql = String::new();
         push_in_full(&mut sql, &st, &args);
         assert!(!sql.contains('$'), "{sql}");

@@ -132,6 +132,15 @@ fn run_statement(
     }
 }
 
+/// Appends the planner settings of a transaction that executes prepared
+/// statements ([`prepared::LOCAL_SETTINGS`]) to its first query.
+fn push_settings(sql: &mut String) {
+    if !sql.is_empty() {
+        sql.push_str("; ");
+    }
+    sql.push_str(prepared::LOCAL_SETTINGS);
+}
+
 /// Appends `st` with `args` to `sql`, after a `"; "` when `sql` has
 /// statements: `EXECUTE` of the prepared statement on a session that
 /// keeps them (`prepared`), else the statement in full.
@@ -154,8 +163,11 @@ pub(super) fn push_statement(
 #[derive(Default)]
 pub(super) struct TxnState {
     pub(super) client: Option<pool::Conn>,
-    /// Whether `BEGIN` has been sent.
+    /// Whether `BEGIN` has been sent and answered.
     pub(super) started: bool,
+    /// Whether `BEGIN` has been sent, answered or not (a transaction
+    /// may be open on the server).
+    pub(super) begun: bool,
     /// Keys to fetch with `BEGIN` ([`ReadTables::prefetch`]).
     pub(super) prefetch: Vec<(Table, Vec<u8>)>,
     /// Values read from the server in this transaction (`None`: absent),
@@ -448,8 +460,10 @@ impl Txn<'_> {
         let read_args: Vec<String> = keys
             .chunk_by(|a, b| a.0 == b.0)
             .map(|run| {
-                let elements: Vec<String> =
-                    run.iter().map(|(_, k)| prepared::bytea_element(k)).collect();
+                let elements: Vec<String> = run
+                    .iter()
+                    .map(|(_, k)| prepared::bytea_element(k))
+                    .collect();
                 prepared::array_literal(elements.iter().map(String::as_str), "bytea[]")
             })
             .collect();
@@ -460,13 +474,16 @@ impl Txn<'_> {
             } else {
                 self.begin.clone()
             };
+            if prepared.is_some() && !started {
+                push_settings(&mut sql);
+            }
             if let Some(args) = &lock_args {
                 let st = prepared::statement(&prepared::Kind::Locks);
                 push_statement(&mut sql, prepared.as_deref_mut(), &st, args);
             }
             if !tables.is_empty() {
                 let st = prepared::statement(&prepared::Kind::Read(tables.clone()));
-                push_statement(&mut sql, prepared.as_deref_mut(), &st, &read_args);
+                push_statement(&mut sql, prepared, &st, &read_args);
             }
             sql
         };
@@ -480,6 +497,7 @@ impl Txn<'_> {
             return Err(self.lost(op.into()));
         };
         let sql = build(prepares.then_some(&mut client.prepared), state.started);
+        state.begun |= !self.begin.is_empty();
         self.backend.round_trip();
         let mut sent = client.simple_query(&sql);
         if let Err(e) = &sent
@@ -549,8 +567,16 @@ impl Txn<'_> {
         let Some(client) = state.client.as_mut() else {
             return Err(self.lost("writing".into()));
         };
+        if prepares && !state.started && !state.held.is_empty() {
+            push_settings(&mut sql);
+        }
         for (st, args) in held_statements(&state.held) {
-            push_statement(&mut sql, prepares.then_some(&mut client.prepared), &st, &args);
+            push_statement(
+                &mut sql,
+                prepares.then_some(&mut client.prepared),
+                &st,
+                &args,
+            );
         }
         if !then.is_empty() {
             if !sql.is_empty() {
@@ -561,6 +587,7 @@ impl Txn<'_> {
         if sql.trim().is_empty() {
             return Ok(());
         }
+        state.begun |= !self.begin.is_empty();
         self.backend.round_trip();
         let sent = client.batch_execute(&sql);
         sent.map_err(|e| {
@@ -770,8 +797,11 @@ impl Drop for Txn<'_> {
         let Some(mut client) = state.client.take() else {
             return;
         };
-        if !state.started || state.once {
-            // Nothing begun (a one-statement read began nothing).
+        if !state.begun || state.once {
+            // Nothing begun (a one-statement read began nothing). A
+            // query that sent `BEGIN` and failed left its transaction
+            // open and aborted: it is rolled back below, or the next
+            // transaction on the connection would fail (25P02).
             self.backend.release(client);
             return;
         }
@@ -918,7 +948,10 @@ mod tests {
         assert_eq!(order_locks_args(&[]), None);
         assert_eq!(
             order_locks_args(&[(-5, 7)]),
-            Some(vec!["E'{-5}'::int4[]".to_owned(), "E'{7}'::int4[]".to_owned()])
+            Some(vec![
+                "E'{-5}'::int4[]".to_owned(),
+                "E'{7}'::int4[]".to_owned()
+            ])
         );
         assert_eq!(
             order_locks_args(&[(i32::MIN, -1), (-5, 7), (3, i32::MAX)]),
