@@ -11,19 +11,22 @@
 //! version, on first use; a database with a newer schema version is
 //! refused.
 //!
-//! **Isolation.** A write transaction runs at `READ COMMITTED` and first
-//! takes a transaction-scoped advisory lock ([`WRITER_LOCK`]): writers are
-//! serialized across every process and machine, as LMDB serializes them
-//! on one machine, and each statement of the writer sees every earlier
-//! commit. So a read of a record and the write that depends on it never
-//! interleave with another writer, and the engine's compare-and-swap works
-//! unchanged. (A `REPEATABLE READ` writer would take its snapshot before
-//! the lock is granted and fail with serialization errors instead.) A read
-//! transaction is `REPEATABLE READ READ ONLY`: one snapshot.
+//! **Isolation.** A write transaction runs at `READ COMMITTED`, takes the
+//! store barrier ([`WRITER_LOCK`]) in shared mode with its `BEGIN` (a
+//! collection's marker and sweep take it exclusively), and takes a
+//! thread's order lock before it reads the thread's record: writers of
+//! different threads run in parallel, two of one thread are ordered, and
+//! the engine's compare-and-swap works unchanged (`docs/design.md` §8f). A
+//! read transaction is `REPEATABLE READ READ ONLY`: one snapshot.
 //!
-//! **Statements** are sent with `query_typed` (the unnamed statement, no
-//! prepare round trip), and transactions are opened and closed with simple
-//! queries, so the backend works behind a transaction-mode pooler.
+//! **Statements.** A transaction is a few simple queries, one round trip
+//! each. The hot statements — a group's locks and reads, its writes, a
+//! thread's record — are named prepared statements whose rows are arrays
+//! (`prepared.rs`): prepared once per connection and then only executed,
+//! so the server neither parses nor plans them again. A server that does
+//! not keep them between transactions (a pooler in transaction mode)
+//! turns them off, and they are sent in full. The rest are unnamed
+//! statements (`query_typed`).
 //!
 //! **Failures.** A serialization failure or deadlock is
 //! [`BackendError::Serialization`] (the store re-runs the transaction); any
@@ -337,13 +340,15 @@ impl PostgresBackend {
         }
     }
 
-    /// Prepared statements off for good, said once.
+    /// Prepared statements off for good, said once (at `info`: behind a
+    /// transaction-mode pooler every process says it, and there is
+    /// nothing to do about it).
     pub(super) fn stop_preparing(&self, e: &postgres::Error) {
         if self
             .prepares
             .swap(false, std::sync::atomic::Ordering::Relaxed)
         {
-            tracing::warn!(
+            tracing::info!(
                 error = %e,
                 "PostgreSQL did not keep this connection's prepared statements between transactions \
                  (a pooler in transaction mode?); sending statements in full from now on"

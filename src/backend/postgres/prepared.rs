@@ -125,7 +125,11 @@ fn text(kind: &Kind) -> (Vec<&'static str>, String) {
             );
             (types, body)
         }
-        // The index scan of `= ANY` visits the keys in order.
+        // The scan may visit the keys in any order (a bitmap scan goes by
+        // heap position). Two transactions removing the same rows are
+        // rare — a thread's own rows (its record as it moves, its activity
+        // and label entries) are written under its order lock — and a
+        // deadlock between two runs again like any other (40P01).
         Kind::Remove(table) => (
             vec!["bytea[]"],
             format!("DELETE FROM {} WHERE k = ANY($1)", sql_table(*table)),
