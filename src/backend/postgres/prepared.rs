@@ -50,6 +50,9 @@ pub(super) enum Kind {
     /// Takes the transaction's order locks, `$1` and `$2` their two
     /// `int4` keys, in array order.
     Locks,
+    /// Sets the planner settings of a transaction that executes prepared
+    /// statements ([`LOCAL_SETTINGS`]).
+    Settings,
 }
 
 /// A statement with parameters `$1`, `$2`, … (arrays, or for a refresh's
@@ -188,13 +191,17 @@ fn text(kind: &Kind) -> (Vec<&'static str>, String) {
             vec!["int4[]", "int4[]"],
             "SELECT pg_advisory_xact_lock(a, b) FROM unnest($1, $2) AS l (a, b)".into(),
         ),
+        Kind::Settings => (Vec::new(), LOCAL_SETTINGS.into()),
     }
 }
 
 /// The planner settings of a transaction that executes prepared
 /// statements, sent with its first query (`set_config(…, true)`: for this
 /// transaction only, so nothing is left on a server connection that a
-/// pooler may hand to another client):
+/// pooler may hand to another client), itself a prepared statement
+/// ([`Kind::Settings`]: parsed and planned once a connection, where a
+/// `SELECT` sent in full cost a cold read of a log page a quarter of its
+/// time):
 ///
 /// - `plan_cache_mode = force_generic_plan`: plans made once for any
 ///   arguments, the point of preparing. The default (`auto`) plans anew
@@ -241,18 +248,23 @@ impl Prepared {
         if !self.ids.contains(&st.id) && !self.pending.contains(&st.id) {
             sql.push_str("PREPARE ");
             sql.push_str(&st.name);
-            sql.push_str(" (");
-            sql.push_str(&st.types.join(", "));
-            sql.push_str(") AS ");
+            if !st.types.is_empty() {
+                sql.push_str(" (");
+                sql.push_str(&st.types.join(", "));
+                sql.push(')');
+            }
+            sql.push_str(" AS ");
             sql.push_str(&st.body);
             sql.push_str("; ");
             self.pending.push(st.id);
         }
         sql.push_str("EXECUTE ");
         sql.push_str(&st.name);
-        sql.push_str(" (");
-        sql.push_str(&args.join(", "));
-        sql.push(')');
+        if !args.is_empty() {
+            sql.push_str(" (");
+            sql.push_str(&args.join(", "));
+            sql.push(')');
+        }
     }
 
     /// Forgets what the session has prepared, as a process would that

@@ -134,11 +134,9 @@ fn run_statement(
 
 /// Appends the planner settings of a transaction that executes prepared
 /// statements ([`prepared::LOCAL_SETTINGS`]) to its first query.
-fn push_settings(sql: &mut String) {
-    if !sql.is_empty() {
-        sql.push_str("; ");
-    }
-    sql.push_str(prepared::LOCAL_SETTINGS);
+fn push_settings(sql: &mut String, prepared: &mut prepared::Prepared) {
+    let st = prepared::statement(&prepared::Kind::Settings);
+    push_statement(sql, Some(prepared), &st, &[]);
 }
 
 /// Appends `st` with `args` to `sql`, after a `"; "` when `sql` has
@@ -474,8 +472,10 @@ impl Txn<'_> {
             } else {
                 self.begin.clone()
             };
-            if prepared.is_some() && !started {
-                push_settings(&mut sql);
+            if let Some(p) = prepared.as_deref_mut()
+                && !started
+            {
+                push_settings(&mut sql, p);
             }
             if let Some(args) = &lock_args {
                 let st = prepared::statement(&prepared::Kind::Locks);
@@ -568,7 +568,7 @@ impl Txn<'_> {
             return Err(self.lost("writing".into()));
         };
         if prepares && !state.started && !state.held.is_empty() {
-            push_settings(&mut sql);
+            push_settings(&mut sql, &mut client.prepared);
         }
         for (st, args) in held_statements(&state.held) {
             push_statement(
