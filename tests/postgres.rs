@@ -1057,6 +1057,17 @@ fn postgres_backend(store: &Store) -> &uwf_db::backend::postgres::PostgresBacken
         .expect("a PostgreSQL store")
 }
 
+/// A store on `url` with one connection for transactions, so every
+/// statement runs on one session.
+fn one_connection(url: &str) -> Store {
+    let options = StoreOptions {
+        durability: uwf_db::Durability::None,
+        pg_connections: 1,
+        ..StoreOptions::default()
+    };
+    Store::open_location(url, options).unwrap()
+}
+
 /// The hot statements are prepared once per connection and run with
 /// generic plans (`docs/design.md` §8f, "Prepared statements"). A server
 /// that does not keep them as the process knows them — a pooler in
@@ -1066,38 +1077,48 @@ fn postgres_backend(store: &Store) -> &uwf_db::backend::postgres::PostgresBacken
 /// its statements in full, nothing lost and nothing applied twice.
 #[test]
 fn prepared_statements_are_kept_and_turned_off_when_the_server_loses_them() {
+    use uwf_db::backend::postgres::LoseTrack;
     if !TestBackend::Postgres.available() {
         return;
     }
-    for server_forgets in [true, false] {
+    // The server forgets them all, or the process does (the first query
+    // of the next write fails and runs again at once, in full), or the
+    // server forgets only those that write (the first query works; the
+    // commit fails, and the store runs the whole write again).
+    for lose in [
+        LoseTrack::Server,
+        LoseTrack::Process,
+        LoseTrack::ServerWrites,
+    ] {
         let location = TestBackend::Postgres.location();
-        // One connection, so every statement below runs on the session
-        // whose statements are lost.
-        let options = StoreOptions {
-            durability: uwf_db::Durability::None,
-            pg_connections: 1,
-            ..StoreOptions::default()
-        };
-        let store = Store::open_location(&location.arg_str(), options).unwrap();
+        let store = one_connection(&location.arg_str());
         let pg = postgres_backend(&store);
         let t = new_thread(&store, "prepared");
         let rec = append_n(&store, t.id, 3);
         assert_eq!(store.threads().get(t.id).unwrap().unwrap().seq, rec.seq);
+        let start = round_trips(&store);
         store.put(&uwf_db::Blob::content("before", [])).unwrap();
+        let put = round_trips(&store) - start;
         assert!(pg.prepares());
         let [statements, generic, custom] = pg.prepared_for_tests(None).unwrap();
         assert!(statements >= 4, "{statements} statements prepared");
         assert!(generic >= statements, "{generic} generic plans");
         assert_eq!(custom, 0, "a custom plan was made");
 
-        pg.prepared_for_tests(Some(server_forgets)).unwrap();
-        // A write whose first query is its commit: the store runs it again.
+        let round_trips_before = round_trips(&store);
+        pg.prepared_for_tests(Some(lose)).unwrap();
         let blob = uwf_db::Blob::content("after", []);
         let hash = store.put(&blob).unwrap();
-        assert!(
-            !pg.prepares(),
-            "still preparing (server forgets: {server_forgets})"
-        );
+        // The lost statements cost the failed query and a `ROLLBACK`, then
+        // the put's queries in full: after a failed first query the rest
+        // of the put; after a failed commit the whole put again.
+        let spent = round_trips(&store) - round_trips_before;
+        let expected = match lose {
+            LoseTrack::ServerWrites => put + 1 + put,
+            _ => 1 + 1 + put,
+        };
+        assert_eq!(spent, expected, "{lose:?}: a put is {put} round trips");
+        assert!(!pg.prepares(), "still preparing ({lose:?})");
         assert_eq!(store.get(&hash).unwrap(), Some(blob));
         // Statements in full from now on: steps and reads work, each
         // step applied once.
@@ -1108,17 +1129,12 @@ fn prepared_statements_are_kept_and_turned_off_when_the_server_loses_them() {
     }
     // A read whose one statement was prepared: retried in full at once.
     let location = TestBackend::Postgres.location();
-    let options = StoreOptions {
-        durability: uwf_db::Durability::None,
-        pg_connections: 1,
-        ..StoreOptions::default()
-    };
-    let store = Store::open_location(&location.arg_str(), options).unwrap();
+    let store = one_connection(&location.arg_str());
     let pg = postgres_backend(&store);
     let t = new_thread(&store, "read");
     let rec = append_n(&store, t.id, 2);
     assert_eq!(store.threads().get(t.id).unwrap().unwrap().head, rec.head);
-    pg.prepared_for_tests(Some(true)).unwrap();
+    pg.prepared_for_tests(Some(LoseTrack::Server)).unwrap();
     assert_eq!(store.threads().get(t.id).unwrap().unwrap().head, rec.head);
     assert!(!pg.prepares());
 }
@@ -1136,12 +1152,7 @@ fn a_failed_first_query_leaves_no_aborted_transaction_behind() {
     }
     let location = TestBackend::Postgres.location();
     let url = format!("{}?options=-c%20lock_timeout%3D200", location.arg_str());
-    let options = StoreOptions {
-        durability: uwf_db::Durability::None,
-        pg_connections: 1,
-        ..StoreOptions::default()
-    };
-    let store = Store::open_location(&url, options).unwrap();
+    let store = one_connection(&url);
     store.put(&uwf_db::Blob::content("first", [])).unwrap();
     let mut holder: postgres::Client = location
         .arg_str()
@@ -1168,6 +1179,59 @@ fn a_failed_first_query_leaves_no_aborted_transaction_behind() {
     let blob = uwf_db::Blob::content("after", []);
     let hash = store.put(&blob).unwrap();
     assert_eq!(store.get(&hash).unwrap(), Some(blob));
+}
+
+/// A transaction committed after one of its statements failed (an error
+/// its caller did not pass on) is refused: the server aborted it at that
+/// statement, so a `COMMIT` would be answered with a rollback and what the
+/// transaction wrote before is gone. Before, the commit said it worked.
+/// Its connection is rolled back and serves the next transaction.
+#[test]
+fn a_commit_after_a_failed_statement_is_refused_not_reported_done() {
+    use uwf_db::backend::{BackendError, Table};
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let location = TestBackend::Postgres.location();
+    let url = format!("{}?options=-c%20lock_timeout%3D200", location.arg_str());
+    let store = one_connection(&url);
+    let backend = store.backend();
+    let (mine, theirs) = ([1u8; 32], [2u8; 32]);
+    let mut w = backend.begin_write().unwrap();
+    assert!(w.insert(Table::Pins, &theirs, b"").unwrap());
+    w.commit().unwrap();
+    // Another session locks the row; a delete of it waits, then times out.
+    let mut other: postgres::Client = location
+        .arg_str()
+        .parse::<postgres::Config>()
+        .unwrap()
+        .connect(postgres::NoTls)
+        .unwrap();
+    let mut held = other.transaction().unwrap();
+    held.execute(
+        "SELECT 1 FROM uwf_pins WHERE k = $1 FOR UPDATE",
+        &[&&theirs[..]],
+    )
+    .unwrap();
+    let mut w = backend.begin_write().unwrap();
+    assert!(w.insert(Table::Pins, &mine, b"").unwrap());
+    let err = w.delete(Table::Pins, &theirs).unwrap_err();
+    assert!(err.to_string().contains("lock timeout"), "{err}");
+    // The caller carries on regardless.
+    let err = w.commit().unwrap_err();
+    assert!(matches!(err, BackendError::Aborted { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("nothing of it was applied"),
+        "{err}"
+    );
+    held.rollback().unwrap();
+    let r = backend.begin_read().unwrap();
+    assert_eq!(r.get(Table::Pins, &mine).unwrap(), None);
+    assert!(r.get(Table::Pins, &theirs).unwrap().is_some());
+    drop(r);
+    let mut w = backend.begin_write().unwrap();
+    assert!(w.insert(Table::Pins, &mine, b"").unwrap());
+    w.commit().unwrap();
 }
 
 /// A page of history or of `thread list` costs a handful of round trips,

@@ -203,6 +203,18 @@ pub enum BackendError {
         /// What was being done.
         op: String,
     },
+    /// A transaction was committed after one of its statements had
+    /// failed (an error its caller did not pass on): the server aborted
+    /// it at that statement, so nothing of it was applied.
+    #[error(
+        "a transaction in {location} was committed after its statement failed while {op}: the server aborted it, and nothing of it was applied"
+    )]
+    Aborted {
+        /// The store.
+        location: String,
+        /// What the failed statement was doing.
+        op: String,
+    },
     /// A lock this process held in a server connection (a driver's claim,
     /// the GC lock) was lost with that connection: another runner may
     /// hold it now, so the holder must stop.

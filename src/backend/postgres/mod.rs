@@ -303,11 +303,9 @@ impl PostgresBackend {
     /// sessions of the idle connections have prepared — statements, then
     /// executions with a generic plan and with a custom plan, summed over
     /// the sessions, from `pg_prepared_statements` — then, when told, a
-    /// loss of track: `Some(true)` the server forgets them (`DEALLOCATE
-    /// ALL`, this process not told), `Some(false)` this process does (the
-    /// server keeps them).
+    /// loss of track ([`LoseTrack`]).
     #[doc(hidden)]
-    pub fn prepared_for_tests(&self, forget: Option<bool>) -> Result<[i64; 3], BackendError> {
+    pub fn prepared_for_tests(&self, lose: Option<LoseTrack>) -> Result<[i64; 3], BackendError> {
         let mut seen = [0i64; 3];
         let mut failed = None;
         self.pool.each_idle(|client, prepared| {
@@ -324,14 +322,30 @@ impl PostgresBackend {
                 }
                 Err(e) => failed = Some(e),
             }
-            match forget {
-                Some(true) => {
-                    if let Err(e) = client.batch_execute("DEALLOCATE ALL") {
-                        failed = Some(e);
-                    }
+            let on_server = match lose {
+                Some(LoseTrack::Server) => "DEALLOCATE ALL".to_owned(),
+                Some(LoseTrack::ServerWrites) => client
+                    .query(
+                        "SELECT name FROM pg_prepared_statements \
+                         WHERE statement ~ '(INSERT|DELETE|UPDATE) '",
+                        &[],
+                    )
+                    .map(|rows| {
+                        rows.iter()
+                            .map(|r| format!("DEALLOCATE {}; ", r.get::<_, String>(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                Some(LoseTrack::Process) => {
+                    prepared.forget();
+                    String::new()
                 }
-                Some(false) => prepared.forget(),
-                None => {}
+                None => String::new(),
+            };
+            if !on_server.is_empty()
+                && let Err(e) = client.batch_execute(&on_server)
+            {
+                failed = Some(e);
             }
         });
         match failed {
@@ -412,6 +426,23 @@ impl PostgresBackend {
     pub fn open_connections(&self) -> usize {
         self.pool.open()
     }
+}
+
+/// How [`PostgresBackend::prepared_for_tests`] loses track of the idle
+/// connections' prepared statements, as a pooler in transaction mode
+/// would.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoseTrack {
+    /// The server forgets them all (`DEALLOCATE ALL`); the process is not
+    /// told.
+    Server,
+    /// The server forgets the statements that write; the process is not
+    /// told (a transaction's first query, which only locks and reads,
+    /// still works; its commit does not).
+    ServerWrites,
+    /// The process forgets them; the server keeps them.
+    Process,
 }
 
 /// What [`PostgresBackend::connect_or_reuse`] found.

@@ -127,9 +127,23 @@ impl PostgresBackend {
 
     /// The version in `uwf_schema`, or `None` when there is no schema.
     fn stored_version(&self, client: &mut Client) -> Result<Option<i32>, BackendError> {
+        // With the server's version, in the same statement: prepared
+        // statements need `plan_cache_mode` (PostgreSQL 12).
         let exists = client
-            .query_typed("SELECT to_regclass('uwf_schema') IS NOT NULL", &[])
+            .query_typed(
+                "SELECT to_regclass('uwf_schema') IS NOT NULL, \
+                 current_setting('server_version_num')::int4",
+                &[],
+            )
             .map_err(|e| self.error("looking for the schema".into(), e))?;
+        let version = exists
+            .first()
+            .map(|r| column::<i32>(r, 1, Table::Meta))
+            .transpose()?;
+        if version.is_some_and(|v| v < 120_000) {
+            self.prepares
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         if !exists
             .first()
             .map(|r| column::<bool>(r, 0, Table::Meta))

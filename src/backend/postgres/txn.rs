@@ -57,10 +57,11 @@ impl Held {
 /// the same way is one statement — a put of many rows (`INSERT … ON
 /// CONFLICT DO UPDATE`), a delete of many keys, an insert-or-refresh —
 /// so a group of steps costs the server a few statements, not a few per
-/// step. Rows are written and locked in key order, as when each key was
-/// its own statement, so two transactions writing the same rows queue
-/// rather than deadlock. Each key is held once, so no statement writes a
-/// row twice.
+/// step. Puts and refreshes write and lock their rows in key order, as
+/// when each key was its own statement, so two transactions writing the
+/// same rows queue rather than deadlock (a remove's scan may visit its
+/// rows in heap order: [`prepared::Kind::Remove`]). Each key is held
+/// once, so no statement writes a row twice.
 pub(super) fn held_statements(
     held: &BTreeMap<(Table, Vec<u8>), Held>,
 ) -> Vec<(Arc<prepared::Statement>, Vec<String>)> {
@@ -180,6 +181,9 @@ pub(super) struct TxnState {
     /// A statement failed for a serialization failure or a deadlock: the
     /// transaction is over and may be run again from the start.
     pub(super) serialization_failed: bool,
+    /// What a statement that failed was doing: the server has aborted the
+    /// transaction, and a `COMMIT` would be answered with a rollback.
+    pub(super) failed: Option<String>,
     /// A one-statement read ([`Backend::begin_read_once`]): its statement
     /// is sent without `BEGIN` (`started` then means it was sent), and a
     /// second one is refused.
@@ -356,6 +360,7 @@ impl Txn<'_> {
         if let Some(client) = state.client.as_mut() {
             client.prepared.failed();
         }
+        state.failed.get_or_insert_with(|| op.clone());
         if prepared::lost_statements(&e) {
             // The session did not keep its prepared statements (a pooler
             // in transaction mode): nothing of the transaction is
@@ -771,17 +776,35 @@ impl Txn<'_> {
     }
 
     /// Ends the transaction: `end` (`COMMIT`) after the held writes, in
-    /// one round trip; nothing at all when nothing was sent or held. The
-    /// connection goes back to the pool when it ended cleanly.
+    /// one round trip; nothing at all when nothing was sent or held; an
+    /// error, sending nothing, when a statement of it failed (the server
+    /// aborted it). The connection goes back to the pool when it ended
+    /// cleanly, else after `Drop`'s rollback.
     pub(super) fn finish(&self, end: &str) -> Result<(), BackendError> {
         let mut state = self.state.borrow_mut();
-        let outcome = if !state.started && state.held.is_empty() {
+        let outcome = if let Some(op) = state.failed.clone() {
+            // Not sent: the server would answer `COMMIT` with a rollback,
+            // and the caller must not believe it committed. `Drop` rolls
+            // the connection back.
+            Err(if state.serialization_failed {
+                BackendError::Serialization {
+                    detail: format!("a statement failed while {op}"),
+                }
+            } else {
+                BackendError::Aborted {
+                    location: self.backend.location.clone(),
+                    op,
+                }
+            })
+        } else if !state.begun && state.held.is_empty() {
             Ok(())
         } else {
             self.send_held(&mut state, end)
         };
-        if let Some(client) = state.client.take()
-            && outcome.is_ok()
+        // After a failure the connection stays: `Drop` rolls it back and
+        // gives it back (or closes it when that fails).
+        if outcome.is_ok()
+            && let Some(client) = state.client.take()
         {
             self.backend.release(client);
         }
