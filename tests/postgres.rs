@@ -253,7 +253,7 @@ fn connect(store: &common::backend::TestStore) -> postgres::Client {
     postgres::Client::connect(&url, postgres::NoTls).unwrap()
 }
 
-/// Text columns are written as literals of a simple query: a failure
+/// Text columns are written as array elements in a simple query: a failure
 /// whose text holds quotes, backslashes, SQL, non-ASCII and a NUL (which
 /// PostgreSQL's text cannot hold) is stored exactly in the record, and its
 /// column says the same text with the NUL as U+FFFD; nothing else is run.
@@ -286,6 +286,32 @@ fn awkward_text_reaches_the_columns_as_text() {
     assert!(blobs > 0);
     assert_eq!(rows[0].status, record.status.as_str());
     assert_eq!(rows[0].updated_at, record.updated_at);
+    // Text goes out as an element of an array literal (a prepared
+    // statement's argument, `docs/design.md` §8f): what array syntax
+    // treats specially arrives as plain text too.
+    for text in [
+        "NULL",
+        "",
+        "  spaced  ",
+        "\"quoted\"",
+        "{a,b}",
+        "a,b",
+        "}",
+        "\\",
+        "\\\"",
+        "'",
+        "''\\''",
+        "tab\there\nnewline",
+        "{\"NULL\", \\N, '\\x00'}",
+    ] {
+        store
+            .threads()
+            .low_level()
+            .record_failure(t.id, text)
+            .unwrap();
+        let (rows, _) = columns_of(&mut sql, t.id);
+        assert_eq!(rows[0].last_error.as_deref(), Some(text), "{text:?}");
+    }
 }
 
 /// The typed columns say what the record bytes say, after every kind of
