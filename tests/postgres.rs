@@ -249,8 +249,11 @@ fn drive_some_threads(store: &Store) -> Vec<ThreadId> {
 }
 
 fn connect(store: &common::backend::TestStore) -> postgres::Client {
-    let url = store.store_arg().into_string().unwrap();
-    postgres::Client::connect(&url, postgres::NoTls).unwrap()
+    connect_url(&store.store_arg().into_string().unwrap())
+}
+
+fn connect_url(url: &str) -> postgres::Client {
+    postgres::Client::connect(url, postgres::NoTls).unwrap()
 }
 
 /// Text columns are written as array elements in a simple query: a failure
@@ -1094,6 +1097,15 @@ fn one_connection(url: &str) -> Store {
     Store::open_location(url, options).unwrap()
 }
 
+/// [`one_connection`] on `location`, whose statements wait at most 200 ms
+/// for a lock (`lock_timeout`).
+fn one_connection_waiting_200ms(location: &common::backend::Location) -> Store {
+    one_connection(&format!(
+        "{}?options=-c%20lock_timeout%3D200",
+        location.arg_str()
+    ))
+}
+
 /// The hot statements are prepared once per connection and run with
 /// generic plans (`docs/design.md` §8f, "Prepared statements"). A server
 /// that does not keep them as the process knows them — a pooler in
@@ -1177,15 +1189,9 @@ fn a_failed_first_query_leaves_no_aborted_transaction_behind() {
         return;
     }
     let location = TestBackend::Postgres.location();
-    let url = format!("{}?options=-c%20lock_timeout%3D200", location.arg_str());
-    let store = one_connection(&url);
+    let store = one_connection_waiting_200ms(&location);
     store.put(&uwf_db::Blob::content("first", [])).unwrap();
-    let mut holder: postgres::Client = location
-        .arg_str()
-        .parse::<postgres::Config>()
-        .unwrap()
-        .connect(postgres::NoTls)
-        .unwrap();
+    let mut holder = connect_url(&location.arg_str());
     holder
         .execute(
             "SELECT pg_advisory_lock($1)",
@@ -1219,20 +1225,14 @@ fn a_commit_after_a_failed_statement_is_refused_not_reported_done() {
         return;
     }
     let location = TestBackend::Postgres.location();
-    let url = format!("{}?options=-c%20lock_timeout%3D200", location.arg_str());
-    let store = one_connection(&url);
+    let store = one_connection_waiting_200ms(&location);
     let backend = store.backend();
     let (mine, theirs) = ([1u8; 32], [2u8; 32]);
     let mut w = backend.begin_write().unwrap();
     assert!(w.insert(Table::Pins, &theirs, b"").unwrap());
     w.commit().unwrap();
     // Another session locks the row; a delete of it waits, then times out.
-    let mut other: postgres::Client = location
-        .arg_str()
-        .parse::<postgres::Config>()
-        .unwrap()
-        .connect(postgres::NoTls)
-        .unwrap();
+    let mut other = connect_url(&location.arg_str());
     let mut held = other.transaction().unwrap();
     held.execute(
         "SELECT 1 FROM uwf_pins WHERE k = $1 FOR UPDATE",

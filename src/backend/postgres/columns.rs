@@ -178,7 +178,7 @@ impl ThreadColumns {
     /// ([`text_element`]), times as exact UTC milliseconds
     /// ([`utc_literal`]), no value as `NULL`.
     pub fn elements(&self, table: Table) -> Vec<String> {
-        let text = |s: &str| super::prepared::text_element(s);
+        let text = super::prepared::text_element;
         fn time(t: &SystemTime) -> String {
             let ms = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
             format!("\"{}\"", utc_literal(ms))

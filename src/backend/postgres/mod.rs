@@ -363,7 +363,7 @@ impl PostgresBackend {
             .swap(false, std::sync::atomic::Ordering::Relaxed)
         {
             tracing::info!(
-                error = %e,
+                error = %report(e),
                 "PostgreSQL did not keep this connection's prepared statements between transactions \
                  (a pooler in transaction mode?); sending statements in full from now on"
             );

@@ -352,8 +352,26 @@ pub(super) fn array_literal<'a>(elements: impl Iterator<Item = &'a str>, ty: &st
 /// hex, its backslash escaped once for the array and once for the string.
 pub(super) fn bytea_element(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(2 * bytes.len() + 5);
+    push_bytea_element(&mut s, bytes);
+    s
+}
+
+fn push_bytea_element(s: &mut String, bytes: &[u8]) {
     s.push_str("\\\\\\\\x");
-    crate::hash::push_hex(&mut s, bytes);
+    crate::hash::push_hex(s, bytes);
+}
+
+/// `E'{…}'::bytea[]` of `keys`, each a [`bytea_element`], written in
+/// place.
+pub(super) fn bytea_array<'a>(keys: impl Iterator<Item = &'a [u8]>) -> String {
+    let mut s = String::from("E'{");
+    for (i, key) in keys.enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        push_bytea_element(&mut s, key);
+    }
+    s.push_str("}'::bytea[]");
     s
 }
 
@@ -453,6 +471,15 @@ mod tests {
     #[test]
     fn elements_escape_for_the_array_and_the_string() {
         assert_eq!(bytea_element(&[0, 0xab]), "\\\\\\\\x00ab");
+        assert_eq!(
+            bytea_array([&[1u8][..], &[]].into_iter()),
+            array_literal(
+                [bytea_element(&[1]), bytea_element(&[])]
+                    .iter()
+                    .map(String::as_str),
+                "bytea[]"
+            )
+        );
         assert_eq!(text_element("plain"), "\"plain\"");
         assert_eq!(
             text_element("it's a \\ and a \" and a \0"),

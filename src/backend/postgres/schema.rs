@@ -84,7 +84,12 @@ impl PostgresBackend {
     /// applied on first use, and this build writes only the new layout.
     pub(super) fn migrate(&self, create: bool) -> Result<(), BackendError> {
         let mut client = self.client()?;
-        let found = self.stored_version(&mut client)?;
+        let (found, server) = self.stored_version(&mut client)?;
+        if server < 120_000 {
+            // Prepared statements need `plan_cache_mode` (PostgreSQL 12).
+            self.prepares
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         match found {
             Some(v) if v == SCHEMA_VERSION => {
                 self.release(client);
@@ -125,34 +130,30 @@ impl PostgresBackend {
         Ok(())
     }
 
-    /// The version in `uwf_schema`, or `None` when there is no schema.
-    fn stored_version(&self, client: &mut Client) -> Result<Option<i32>, BackendError> {
-        // With the server's version, in the same statement: prepared
-        // statements need `plan_cache_mode` (PostgreSQL 12).
-        let exists = client
+    /// The version in `uwf_schema` (`None` when there is no schema) and
+    /// the server's version number (`server_version_num`), read in the
+    /// same statement.
+    fn stored_version(&self, client: &mut Client) -> Result<(Option<i32>, i32), BackendError> {
+        let rows = client
             .query_typed(
                 "SELECT to_regclass('uwf_schema') IS NOT NULL, \
                  current_setting('server_version_num')::int4",
                 &[],
             )
             .map_err(|e| self.error("looking for the schema".into(), e))?;
-        let version = exists
-            .first()
-            .map(|r| column::<i32>(r, 1, Table::Meta))
-            .transpose()?;
-        if version.is_some_and(|v| v < 120_000) {
-            self.prepares
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-        if !exists
-            .first()
-            .map(|r| column::<bool>(r, 0, Table::Meta))
-            .transpose()?
-            .unwrap_or(false)
-        {
-            return Ok(None);
-        }
-        self.read_version(client)
+        let (exists, server) = match rows.first() {
+            Some(r) => (
+                column::<bool>(r, 0, Table::Meta)?,
+                column::<i32>(r, 1, Table::Meta)?,
+            ),
+            None => (false, 0),
+        };
+        let found = if exists {
+            self.read_version(client)?
+        } else {
+            None
+        };
+        Ok((found, server))
     }
 
     /// `max(version)` of `uwf_schema` (which exists).

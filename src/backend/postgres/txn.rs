@@ -369,8 +369,9 @@ impl Txn<'_> {
             state.serialization_failed = true;
             return BackendError::Serialization {
                 detail: format!(
-                    "{e} (this connection's prepared statements were not kept between \
-                     transactions: a pooler in transaction mode? They are sent in full from now on)"
+                    "{} (this connection's prepared statements were not kept between \
+                     transactions: a pooler in transaction mode? They are sent in full from now on)",
+                    report(&e)
                 ),
             };
         }
@@ -462,13 +463,7 @@ impl Txn<'_> {
         };
         let read_args: Vec<String> = keys
             .chunk_by(|a, b| a.0 == b.0)
-            .map(|run| {
-                let elements: Vec<String> = run
-                    .iter()
-                    .map(|(_, k)| prepared::bytea_element(k))
-                    .collect();
-                prepared::array_literal(elements.iter().map(String::as_str), "bytea[]")
-            })
+            .map(|run| prepared::bytea_array(run.iter().map(|(_, k)| k.as_slice())))
             .collect();
         let build = |prepared: Option<&mut prepared::Prepared>, started: bool| {
             let mut prepared = prepared;
