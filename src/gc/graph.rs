@@ -1,7 +1,8 @@
 //! The collector's in-memory graph: every blob header scanned in parallel
 //! into one chunk per key range, refs kept as 8-byte keys with an O(1)
-//! bucket lookup, and an atomic bitmap of marks (`docs/design.md` §7,
-//! phases 3 and 4).
+//! bucket lookup, then resolved once to the ids they name, so the mark
+//! follows ids, not keys; and an atomic bitmap of marks (`docs/design.md`
+//! §7, phases 3 and 4).
 //!
 //! Indexing here is by ids the graph itself hands out (`Id`: a chunk and a
 //! position in it), and bucket positions computed modulo the table size,
@@ -60,6 +61,12 @@ pub(super) struct Chunk {
     /// `refs[ref_ends[i - 1]..ref_ends[i]]` are blob `i`'s ref keys.
     ref_ends: Vec<u32>,
     refs: Vec<u64>,
+    /// `edges[j]`: the first scanned blob `refs[j]` names, or [`NONE`]
+    /// (filled by [`Graph::resolve`]).
+    edges: Vec<Id>,
+    /// Whether two blobs of this chunk share an 8-byte key (keys are
+    /// sorted, so they are neighbours).
+    shared_keys: bool,
     /// `keys[buckets[b]..buckets[b + 1]]` are the keys whose bits after the
     /// first byte start with `b` (`bits` of them).
     buckets: Vec<u32>,
@@ -108,6 +115,7 @@ impl Chunk {
 
     /// Builds the bucket table: about one key per bucket.
     pub(super) fn index(&mut self) {
+        self.shared_keys = self.keys.windows(2).any(|w| w[0] == w[1]);
         let n = self.keys.len();
         self.bits = (usize::BITS - n.leading_zeros()).clamp(1, 24);
         let mut buckets = vec![0u32; (1 << self.bits) + 1];
@@ -121,15 +129,20 @@ impl Chunk {
     }
 
     #[inline]
-    pub(super) fn refs_of(&self, i: usize) -> &[u64] {
+    fn ref_range(&self, i: usize) -> std::ops::Range<usize> {
         let start = if i == 0 {
             0
         } else {
             self.ref_ends[i - 1] as usize
         };
-        &self.refs[start..self.ref_ends[i] as usize]
+        start..self.ref_ends[i] as usize
     }
 }
+
+/// An edge to no scanned blob (its target was written after its range was
+/// read, or is missing). Never a real id: a chunk holds fewer than 2^24
+/// blobs.
+const NONE: Id = Id::MAX;
 
 /// The scanned blob graph: 256 chunks, one per first byte of the hash.
 pub(super) struct Graph {
@@ -154,10 +167,51 @@ impl Graph {
         self.chunks[c].sizes[i]
     }
 
+    /// Resolves every ref key to the first scanned blob it names, once, in
+    /// parallel: a pass over each chunk's refs in order whose lookups do
+    /// not depend on each other (the processor overlaps their cache
+    /// misses), where the mark's breadth-first search would wait for each.
+    pub(super) fn resolve(&mut self) {
+        let edges: Vec<Vec<Id>> = self
+            .chunks
+            .par_iter()
+            .map(|c| {
+                c.refs
+                    .iter()
+                    .map(|&k| self.targets(k).next().unwrap_or(NONE))
+                    .collect()
+            })
+            .collect();
+        for (c, e) in self.chunks.iter_mut().zip(edges) {
+            c.edges = e;
+        }
+    }
+
+    /// The scanned blobs blob `id` refers to (after [`Graph::resolve`]).
+    /// A ref whose 8-byte key several blobs share names all of them, which
+    /// can only keep more, never less.
     #[inline]
-    pub(super) fn refs_of(&self, id: Id) -> &[u64] {
+    pub(super) fn edges(&self, id: Id) -> impl Iterator<Item = Id> + '_ {
         let (c, i) = split(id);
-        self.chunks[c].refs_of(i)
+        let chunk = &self.chunks[c];
+        chunk.edges[chunk.ref_range(i)]
+            .iter()
+            .filter(|&&t| t != NONE)
+            .flat_map(move |&t| {
+                let (tc, ti) = split(t);
+                let target = &self.chunks[tc];
+                // Only where keys are shared: the blobs after the first
+                // with the same key (its neighbours in key order).
+                let more = if target.shared_keys {
+                    target.keys[ti + 1..]
+                        .iter()
+                        .take_while(|&&k| k == target.keys[ti])
+                        .count()
+                } else {
+                    0
+                };
+                (0..=more).map(move |d| t + d as Id)
+            })
     }
 
     /// The scanned blobs a ref key names (one, or none if the target was
@@ -299,27 +353,33 @@ fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8]) -> Result<(), GcError> {
     };
     let hash = Hash::from_slice(key).ok_or_else(|| corrupt("bad key".into()))?;
     let rec = BlobRecord::parse(value).map_err(|e| corrupt(e.to_string()))?;
-    let refs = marking_refs(&rec);
+    let (before, after) = marking_refs(&rec);
     c.push(
         hash,
         rec.touched_at,
         value.len(),
-        refs.chunks_exact(HASH_LEN).map(key_of),
+        before
+            .chunks_exact(HASH_LEN)
+            .chain(after.chunks_exact(HASH_LEN))
+            .map(key_of),
     );
     Ok(())
 }
 
-fn marking_refs<'a>(rec: &BlobRecord<'a>) -> std::borrow::Cow<'a, [u8]> {
+/// The refs as two runs of the header's ref bytes (the second empty when
+/// nothing is left out), borrowed: no allocation per blob.
+fn marking_refs<'a>(rec: &BlobRecord<'a>) -> (&'a [u8], &'a [u8]) {
     let refs = rec.refs_bytes();
+    let all = (refs, &refs[..0]);
     if rec.kind != Kind::State {
-        return refs.into();
+        return all;
     }
     let Some(ancestors) = state_ancestors_raw(rec.bytes) else {
-        return refs.into();
+        return all;
     };
     let n = ancestors.len() / 34;
     if n < 2 {
-        return refs.into();
+        return all;
     }
     let parent = &ancestors[2..34];
     let Some(p) = refs
@@ -327,7 +387,7 @@ fn marking_refs<'a>(rec: &BlobRecord<'a>) -> std::borrow::Cow<'a, [u8]> {
         .take(4)
         .position(|r| r == parent)
     else {
-        return refs.into();
+        return all;
     };
     let older = &refs[(p + 1) * HASH_LEN..];
     let in_order = older.len() >= (n - 1) * HASH_LEN
@@ -336,9 +396,111 @@ fn marking_refs<'a>(rec: &BlobRecord<'a>) -> std::borrow::Cow<'a, [u8]> {
             .zip(ancestors.chunks_exact(34).skip(1))
             .all(|(r, a)| r == &a[2..]);
     if !in_order {
-        return refs.into();
+        return all;
     }
-    let mut kept = refs[..(p + 1) * HASH_LEN].to_vec();
-    kept.extend_from_slice(&refs[(p + n) * HASH_LEN..]);
-    kept.into()
+    (&refs[..(p + 1) * HASH_LEN], &refs[(p + n) * HASH_LEN..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hash whose first 8 bytes are `key` and the rest `tail`.
+    fn hash(key: u64, tail: u8) -> Hash {
+        let mut b = [tail; HASH_LEN];
+        b[..8].copy_from_slice(&key.to_be_bytes());
+        Hash::from_bytes(b)
+    }
+
+    /// A resolved graph of `blobs` (each with the hashes it refers to).
+    fn graph(blobs: &[(Hash, Vec<Hash>)]) -> Graph {
+        let mut sorted: Vec<_> = blobs.iter().collect();
+        sorted.sort_by_key(|(h, _)| *h);
+        let mut chunks: Vec<Chunk> = (0..256).map(|_| Chunk::default()).collect();
+        for (h, refs) in sorted {
+            chunks[usize::from(h.as_bytes()[0])].push(
+                *h,
+                0,
+                0,
+                refs.iter().map(|r| key_of(r.as_bytes())),
+            );
+        }
+        for c in &mut chunks {
+            c.index();
+        }
+        let mut g = Graph { chunks };
+        g.resolve();
+        g
+    }
+
+    fn id_of(g: &Graph, h: &Hash) -> Id {
+        g.targets(key_of(h.as_bytes()))
+            .find(|&i| g.hash(i) == *h)
+            .expect("scanned")
+    }
+
+    #[test]
+    fn an_edge_names_every_blob_sharing_its_key_and_none_unscanned() {
+        let key = 0x42_0000_0000_0001;
+        let (a, b) = (hash(key, 1), hash(key, 2));
+        let c = hash(0x42_0000_0000_0002, 0);
+        let unscanned = hash(0x42_0000_0000_0003, 0);
+        let d = hash(0x07_0000_0000_0000, 0);
+        let g = graph(&[
+            (a, vec![]),
+            (b, vec![]),
+            (c, vec![]),
+            (d, vec![a, unscanned, c]),
+        ]);
+        let mut reached: Vec<Hash> = g.edges(id_of(&g, &d)).map(|i| g.hash(i)).collect();
+        reached.sort();
+        assert_eq!(reached, vec![a, b, c]);
+        assert_eq!(g.edges(id_of(&g, &c)).count(), 0);
+        // Without shared keys, an edge names one blob.
+        let g = graph(&[(c, vec![]), (d, vec![c])]);
+        assert_eq!(
+            g.edges(id_of(&g, &d)).collect::<Vec<_>>(),
+            vec![id_of(&g, &c)]
+        );
+    }
+
+    #[test]
+    fn the_mark_reaches_a_long_chain_and_a_wide_fan_and_nothing_else() {
+        // A chain of 3,000 (deeper than any stack split), a root with 1,000
+        // children (wider than a task's stack: split into stolen tasks),
+        // and 10 blobs nothing reaches.
+        let h = |group: u64, i: u64| {
+            hash(
+                (group << 56) | (i.wrapping_mul(0x9e37_79b9) & 0xff_ffff_ffff),
+                9,
+            )
+        };
+        let mut blobs = Vec::new();
+        for i in 0..3000 {
+            let parent = if i == 0 { vec![] } else { vec![h(1, i - 1)] };
+            blobs.push((h(1, i), parent));
+        }
+        let children: Vec<Hash> = (0..1000).map(|i| h(2, i)).collect();
+        blobs.extend(children.iter().map(|c| (*c, vec![])));
+        blobs.push((h(3, 0), children));
+        blobs.extend((0..10).map(|i| (h(4, i), vec![])));
+        let g = graph(&blobs);
+        let marks = Marks::new(&g);
+        let roots: Vec<Id> = [h(1, 2999), h(3, 0)]
+            .iter()
+            .map(|r| id_of(&g, r))
+            .filter(|&i| marks.set(i))
+            .collect();
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap()
+            .install(|| {
+                rayon::scope(|s| super::super::mark_from(s, &g, &marks, roots));
+            });
+        for (hash, _) in &blobs {
+            let unreached = hash.as_bytes()[0] == 4;
+            assert_eq!(marks.get(id_of(&g, hash)), !unreached, "{hash}");
+        }
+    }
 }

@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use rayon::prelude::*;
 use serde::Serialize;
 
 mod graph;
@@ -301,31 +300,26 @@ fn collect(
     progress(GcProgress::Roots {
         roots: roots.len() as u64,
     });
-    let graph = graph::scan_blobs(store, progress)?;
+    let mut graph = graph::scan_blobs(store, progress)?;
+    graph.resolve();
     progress(GcProgress::Scanned {
         blobs: graph.len() as u64,
     });
 
     let marks = Marks::new(&graph);
     let young = graph.select(|c, i, _| c.touched_at(i) >= keep_after);
-    let mut frontier: Vec<Id> = roots
+    let frontier: Vec<Id> = roots
         .iter()
         .flat_map(|h| graph.targets(key_of(h.as_bytes())))
         .chain(young.iter().copied())
         .filter(|&i| marks.set(i))
         .collect();
-    while !frontier.is_empty() {
-        frontier = frontier
-            .par_iter()
-            .flat_map_iter(|&i| {
-                graph
-                    .refs_of(i)
-                    .iter()
-                    .flat_map(|&k| graph.targets(k))
-                    .filter(|&j| marks.set(j))
-            })
-            .collect();
-    }
+    rayon::scope(|s| {
+        for part in frontier.chunks(MARK_SPLIT) {
+            let (graph, marks) = (&graph, &marks);
+            s.spawn(move |s| mark_from(s, graph, marks, part.to_vec()));
+        }
+    });
     let candidates = graph.select(|_, _, id| !marks.get(id));
     let marked = (graph.len() - candidates.len()) as u64;
     progress(GcProgress::Marked {
@@ -366,6 +360,28 @@ fn collect(
     drop(running);
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     Ok(report)
+}
+
+/// Blobs a mark task starts from; a task whose stack grows past twice
+/// this hands half of it to a new task (which an idle worker steals).
+const MARK_SPLIT: usize = 64;
+
+/// Marks everything reachable from `stack` (already marked), depth first:
+/// a breadth-first search by levels would wait for every worker at each
+/// level, and a chain of steps is as many levels deep as it is long.
+fn mark_from<'s>(
+    s: &rayon::Scope<'s>,
+    graph: &'s graph::Graph,
+    marks: &'s Marks,
+    mut stack: Vec<Id>,
+) {
+    while let Some(i) = stack.pop() {
+        stack.extend(graph.edges(i).filter(|&j| marks.set(j)));
+        if stack.len() > 2 * MARK_SPLIT {
+            let half = stack.split_off(stack.len() / 2);
+            s.spawn(move |s| mark_from(s, graph, marks, half));
+        }
+    }
 }
 
 /// Takes the GC lock and commits the `gc_epoch` marker.

@@ -79,11 +79,9 @@ fn rescue(graph: &Graph, is_candidate: &Marks, rescued: &Marks, from: Id) -> u64
             continue;
         }
         n += 1;
-        for &k in graph.refs_of(i) {
-            for j in graph.targets(k) {
-                if is_candidate.get(j) && !rescued.get(j) {
-                    stack.push(j);
-                }
+        for j in graph.edges(i) {
+            if is_candidate.get(j) && !rescued.get(j) {
+                stack.push(j);
             }
         }
     }
@@ -99,13 +97,7 @@ fn referrers_first(graph: &Graph, candidates: &[Id]) -> Vec<Id> {
         .enumerate()
         .map(|(k, &i)| (i, k))
         .collect();
-    let targets = |i: Id| {
-        graph
-            .refs_of(i)
-            .iter()
-            .flat_map(|&k| graph.targets(k))
-            .filter_map(|j| slot.get(&j).map(|&k| (j, k)))
-    };
+    let targets = |i: Id| graph.edges(i).filter_map(|j| slot.get(&j).map(|&k| (j, k)));
     let mut referrers = vec![0u32; candidates.len()];
     for &i in candidates {
         for (_, k) in targets(i) {
