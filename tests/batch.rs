@@ -191,6 +191,58 @@ fn a_panicking_request_is_rolled_back_alone_and_panics_its_sender(b: TestBackend
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
+/// Forty requests queued behind a held writer share a group, and each
+/// sender is woken with its own answer (one of them refused).
+fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
+    let store = b.fast();
+    let (answers, stats) = store.group_commit(0, |g| {
+        std::thread::scope(|s| {
+            let holders = hold_the_writer(s, g);
+            let senders: Vec<_> = (0..40)
+                .map(|i| {
+                    s.spawn(move || {
+                        g.write_op(move |w| {
+                            if i == 7 {
+                                // One refused request: its sender alone
+                                // gets the error.
+                                return w.put_blob(&Blob::content("x", [Hash::of(b"absent")]));
+                            }
+                            w.put_blob(&Blob::content(format!("sender {i}"), []))
+                        })
+                    })
+                })
+                .collect();
+            let answers: Vec<_> = senders.into_iter().map(|h| h.join().unwrap()).collect();
+            (holders, answers)
+        })
+    });
+    let (holders, answers) = answers;
+    for (i, a) in answers.iter().enumerate() {
+        match a {
+            Ok(h) => {
+                assert_ne!(i, 7);
+                assert_eq!(
+                    *h,
+                    Blob::content(format!("sender {i}"), [])
+                        .encode()
+                        .unwrap()
+                        .hash()
+                );
+                assert!(store.contains(h).unwrap());
+            }
+            Err(e) => {
+                assert_eq!(i, 7);
+                assert!(matches!(e, StoreError::MissingRef { .. }), "{e}");
+            }
+        }
+    }
+    assert_eq!(stats.requests, holders + 40, "{stats:?}");
+    assert!(
+        stats.groups <= holders + 3,
+        "the queued requests shared groups: {stats:?}"
+    );
+}
+
 fn without_a_group_write_op_is_a_plain_write(b: TestBackend) {
     let store = b.fast();
     let h = store
@@ -714,6 +766,7 @@ conformance!(
     a_durable_batch_commits_every_step_in_groups,
     a_failing_request_is_rolled_back_alone,
     a_panicking_request_is_rolled_back_alone_and_panics_its_sender,
+    every_sender_of_a_group_is_woken_with_its_own_answer,
     without_a_group_write_op_is_a_plain_write,
     a_step_failure_stops_its_thread_only,
     step_failures_are_typed_and_recorded_in_their_words,
