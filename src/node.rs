@@ -452,8 +452,59 @@ impl Blob {
     /// store, where they were checked when written and `verify` re-hashes
     /// them). Shape errors are still reported; canonicality is not rechecked.
     pub fn decode_trusted(bytes: &[u8]) -> Result<Blob, CodecError> {
+        if let Some(content) = content_canonical(bytes) {
+            return Ok(Blob::Content(content));
+        }
         decode_wire(bytes).map(|d| d.blob)
     }
+}
+
+/// The canonical bytes every content blob starts with, up to its text's
+/// header: `{"kind": "content", "payload": "...`.
+const CONTENT_PREFIX: &[u8] = b"\x83\xa4kind\xa7content\xa7payload";
+
+/// A content blob read straight from its canonical bytes: the most read
+/// kind (every reply and instruction), and a text and a list of hashes
+/// need no general decoder. `None` for anything else, which the general
+/// decoder then reads (and reports, if it is malformed).
+fn content_canonical(bytes: &[u8]) -> Option<ContentNode> {
+    let rest = bytes.strip_prefix(CONTENT_PREFIX)?;
+    let (len, rest) = match rest.split_first()? {
+        (&h @ 0xa0..=0xbf, rest) => (usize::from(h & 0x1f), rest),
+        (0xd9, rest) => (usize::from(*rest.first()?), rest.get(1..)?),
+        (0xda, rest) => (
+            usize::from(u16::from_be_bytes(*rest.first_chunk()?)),
+            rest.get(2..)?,
+        ),
+        (0xdb, rest) => (
+            usize::try_from(u32::from_be_bytes(*rest.first_chunk()?)).ok()?,
+            rest.get(4..)?,
+        ),
+        _ => return None,
+    };
+    let (text, rest) = rest.split_at_checked(len)?;
+    let rest = rest.strip_prefix(b"\xa4refs")?;
+    let (n, items) = match rest.split_first()? {
+        (&h @ 0x90..=0x9f, rest) => (usize::from(h & 0x0f), rest),
+        (0xdc, rest) => (
+            usize::from(u16::from_be_bytes(*rest.first_chunk()?)),
+            rest.get(2..)?,
+        ),
+        (0xdd, rest) => (
+            usize::try_from(u32::from_be_bytes(*rest.first_chunk()?)).ok()?,
+            rest.get(4..)?,
+        ),
+        _ => return None,
+    };
+    if items.len() != n.checked_mul(34)? {
+        return None;
+    }
+    let artifacts = items
+        .chunks_exact(34)
+        .map(|item| item.strip_prefix(&[0xc4, 0x20]).and_then(Hash::from_slice))
+        .collect::<Option<Vec<Hash>>>()?;
+    let text = std::str::from_utf8(text).ok()?.to_owned();
+    Some(ContentNode { text, artifacts })
 }
 
 /// The canonical bytes every state blob starts with, up to its `ancestors`
@@ -640,6 +691,51 @@ impl<'de> Visitor<'de> for BlobVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_read_straight_is_what_the_decoder_reads() {
+        let texts = [
+            String::new(),
+            "a".repeat(31),
+            "a".repeat(32),
+            "é".repeat(127),
+            "a".repeat(256),
+            "z".repeat(65_535),
+            "z".repeat(65_536),
+            "line\nwith \"quotes\" and \u{0} and 🦀".to_owned(),
+        ];
+        for text in &texts {
+            for n in [0u8, 1, 15, 16] {
+                let refs: Vec<Hash> = (0..n).map(|i| Hash::of(&[i])).collect();
+                let blob = Blob::content(text.as_str(), refs.iter().copied());
+                let enc = blob.encode().unwrap();
+                let straight = content_canonical(enc.bytes()).expect("canonical content");
+                assert_eq!(Blob::Content(straight), blob);
+                assert_eq!(decode_wire(enc.bytes()).unwrap().blob, blob);
+                // A byte cut off anywhere, or one more: not read straight.
+                let bytes = enc.bytes();
+                for cut in [1, 2, 35, bytes.len() / 2] {
+                    if let Some(short) = bytes.len().checked_sub(cut) {
+                        assert!(content_canonical(&bytes[..short]).is_none());
+                    }
+                }
+                let mut longer = bytes.to_vec();
+                longer.push(0);
+                assert!(content_canonical(&longer).is_none());
+            }
+        }
+        // Not UTF-8: left to the decoder, which refuses it.
+        let mut bad = Blob::content("ab", []).encode().unwrap().bytes().to_vec();
+        let at = CONTENT_PREFIX.len() + 1;
+        bad[at] = 0xff;
+        assert!(content_canonical(&bad).is_none());
+        assert!(Blob::decode_trusted(&bad).is_err());
+        // Other kinds are left to the decoder.
+        let wf = Blob::Workflow(WorkflowNode {
+            definition: Value::Str("x".into()),
+        });
+        assert!(content_canonical(wf.encode().unwrap().bytes()).is_none());
+    }
 
     fn h(n: u8) -> Hash {
         Hash::from_bytes([n; 32])
