@@ -237,8 +237,10 @@ fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
         }
     }
     assert_eq!(stats.requests, holders + 40, "{stats:?}");
+    // Each writer, freed at once, takes what is queued: at most a group or
+    // two each (PostgreSQL runs several writers), never one per request.
     assert!(
-        stats.groups <= holders + 3,
+        stats.groups <= 3 * holders + 1,
         "the queued requests shared groups: {stats:?}"
     );
 }

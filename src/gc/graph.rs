@@ -62,7 +62,7 @@ pub(super) struct Chunk {
     ref_ends: Vec<u32>,
     refs: Vec<u64>,
     /// `edges[j]`: the first scanned blob `refs[j]` names, or [`NONE`]
-    /// (filled by [`Graph::resolve`]).
+    /// (filled by [`Graph::resolve`], which then empties `refs`).
     edges: Vec<Id>,
     /// Whether two blobs of this chunk share an 8-byte key (keys are
     /// sorted, so they are neighbours).
@@ -170,8 +170,10 @@ impl Graph {
     /// Resolves every ref key to the first scanned blob it names, once, in
     /// parallel: a pass over each chunk's refs in order whose lookups do
     /// not depend on each other (the processor overlaps their cache
-    /// misses), where the mark's breadth-first search would wait for each.
-    pub(super) fn resolve(&mut self) {
+    /// misses), where a search that looked each key up as it reached it
+    /// would wait for each. The ref keys are dropped after: only the ids
+    /// are read from then on.
+    fn resolve(&mut self) {
         let edges: Vec<Vec<Id>> = self
             .chunks
             .par_iter()
@@ -184,10 +186,11 @@ impl Graph {
             .collect();
         for (c, e) in self.chunks.iter_mut().zip(edges) {
             c.edges = e;
+            c.refs = Vec::new();
         }
     }
 
-    /// The scanned blobs blob `id` refers to (after [`Graph::resolve`]).
+    /// The scanned blobs blob `id` refers to.
     /// A ref whose 8-byte key several blobs share names all of them, which
     /// can only keep more, never less.
     #[inline]
@@ -298,7 +301,9 @@ pub(super) fn scan_blobs(
             chunk
         })
         .collect::<Result<_, _>>()?;
-    Ok(Graph { chunks })
+    let mut graph = Graph { chunks };
+    graph.resolve();
+    Ok(graph)
 }
 
 pub(super) fn scan_range(store: &Store, first: u16, capacity: usize) -> Result<Chunk, GcError> {
@@ -340,11 +345,6 @@ pub(super) fn scan_range(store: &Store, first: u16, capacity: usize) -> Result<C
     Ok(chunk)
 }
 
-/// The refs the mark follows: the header's, except that a state node's
-/// older ancestors are left out, because its parent refers to them too
-/// (`ancestors[1..]` of a node are `ancestors[..10]` of its parent). This
-/// is what cuts a state node's edges from up to 16 to at most 6. If the
-/// layout is not the expected one, every ref is kept.
 /// Reads one blob record's header into the chunk.
 fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8]) -> Result<(), GcError> {
     let corrupt = |detail: String| GcError::Corrupt {
@@ -366,8 +366,13 @@ fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8]) -> Result<(), GcError> {
     Ok(())
 }
 
-/// The refs as two runs of the header's ref bytes (the second empty when
-/// nothing is left out), borrowed: no allocation per blob.
+/// The refs the mark follows: the header's, except that a state node's
+/// older ancestors are left out, because its parent refers to them too
+/// (`ancestors[1..]` of a node are `ancestors[..10]` of its parent). This
+/// is what cuts a state node's edges from up to 16 to at most 6. If the
+/// layout is not the expected one, every ref is kept. Given as two runs of
+/// the header's ref bytes (the second empty when nothing is left out),
+/// borrowed: no allocation per blob.
 fn marking_refs<'a>(rec: &BlobRecord<'a>) -> (&'a [u8], &'a [u8]) {
     let refs = rec.refs_bytes();
     let all = (refs, &refs[..0]);

@@ -300,8 +300,7 @@ fn collect(
     progress(GcProgress::Roots {
         roots: roots.len() as u64,
     });
-    let mut graph = graph::scan_blobs(store, progress)?;
-    graph.resolve();
+    let graph = graph::scan_blobs(store, progress)?;
     progress(GcProgress::Scanned {
         blobs: graph.len() as u64,
     });
