@@ -50,14 +50,22 @@ pub(super) fn key_of(hash: &[u8]) -> u64 {
     u64::from_be_bytes(k)
 }
 
+/// Bytes of a hash after its 8-byte key.
+const TAIL_LEN: usize = HASH_LEN - 8;
+
 /// One key range of the scanned blob graph (hashes with one first byte),
-/// sorted by hash.
+/// sorted by hash. About 50 bytes a blob once resolved (`docs/design.md`
+/// §7, "Memory"): a blob's hash is
+/// its key and its tail, and what the collection needs of its header
+/// (whether it is young, its refs) is taken during the scan, not kept.
 #[derive(Default)]
 pub(super) struct Chunk {
-    hashes: Vec<Hash>,
     keys: Vec<u64>,
-    touched: Vec<u64>,
-    sizes: Vec<u32>,
+    /// `keys[i]` then `tails[i]` is blob `i`'s hash.
+    tails: Vec<[u8; TAIL_LEN]>,
+    /// The blobs touched at or after the scan's `keep_after` (within the
+    /// grace period): roots of the mark. Usually few.
+    young: Vec<u32>,
     /// `refs[ref_ends[i - 1]..ref_ends[i]]` are blob `i`'s ref keys.
     ref_ends: Vec<u32>,
     refs: Vec<u64>,
@@ -74,35 +82,28 @@ pub(super) struct Chunk {
 }
 
 impl Chunk {
-    /// When blob `i` of this chunk was last touched.
-    #[inline]
-    pub(super) fn touched_at(&self, i: usize) -> u64 {
-        self.touched[i]
-    }
-
     pub(super) fn with_capacity(n: usize) -> Chunk {
         Chunk {
-            hashes: Vec::with_capacity(n),
             keys: Vec::with_capacity(n),
-            touched: Vec::with_capacity(n),
-            sizes: Vec::with_capacity(n),
+            tails: Vec::with_capacity(n),
             ref_ends: Vec::with_capacity(n),
             refs: Vec::with_capacity(n * 4),
             ..Chunk::default()
         }
     }
 
-    pub(super) fn push(
-        &mut self,
-        hash: Hash,
-        touched: u64,
-        size: usize,
-        refs: impl Iterator<Item = u64>,
-    ) {
-        self.keys.push(key_of(hash.as_bytes()));
-        self.hashes.push(hash);
-        self.touched.push(touched);
-        self.sizes.push(u32::try_from(size).unwrap_or(u32::MAX));
+    /// Adds a blob (hashes in ascending order); `young` if it was touched
+    /// within the grace period.
+    pub(super) fn push(&mut self, hash: &Hash, young: bool, refs: impl Iterator<Item = u64>) {
+        let (key, tail) = hash.as_bytes().split_at(8);
+        if young {
+            self.young
+                .push(u32::try_from(self.keys.len()).unwrap_or(u32::MAX));
+        }
+        self.keys.push(key_of(key));
+        let mut t = [0u8; TAIL_LEN];
+        t.copy_from_slice(tail);
+        self.tails.push(t);
         self.refs.extend(refs);
         self.ref_ends
             .push(u32::try_from(self.refs.len()).unwrap_or(u32::MAX));
@@ -158,13 +159,20 @@ impl Graph {
     #[inline]
     pub(super) fn hash(&self, id: Id) -> Hash {
         let (c, i) = split(id);
-        self.chunks[c].hashes[i]
+        let chunk = &self.chunks[c];
+        let mut bytes = [0u8; HASH_LEN];
+        bytes[..8].copy_from_slice(&chunk.keys[i].to_be_bytes());
+        bytes[8..].copy_from_slice(&chunk.tails[i]);
+        Hash::from_bytes(bytes)
     }
 
-    #[inline]
-    pub(super) fn size(&self, id: Id) -> u32 {
-        let (c, i) = split(id);
-        self.chunks[c].sizes[i]
+    /// The blobs touched within the grace period.
+    pub(super) fn young(&self) -> Vec<Id> {
+        self.chunks
+            .iter()
+            .enumerate()
+            .flat_map(|(c, chunk)| chunk.young.iter().map(move |&i| id(c, i as usize)))
+            .collect()
     }
 
     /// Resolves every ref key to the first scanned blob it names, once, in
@@ -235,16 +243,15 @@ impl Graph {
     }
 
     /// Every blob whose `keep` holds, in parallel.
-    pub(super) fn select(&self, keep: impl Fn(&Chunk, usize, Id) -> bool + Sync) -> Vec<Id> {
+    pub(super) fn select(&self, keep: impl Fn(Id) -> bool + Sync) -> Vec<Id> {
         self.chunks
             .par_iter()
             .enumerate()
             .flat_map_iter(|(c, chunk)| {
                 let keep = &keep;
                 (0..chunk.keys.len())
-                    .map(move |i| (i, id(c, i)))
-                    .filter(move |&(i, id)| keep(chunk, i, id))
-                    .map(|(_, id)| id)
+                    .map(move |i| id(c, i))
+                    .filter(move |&id| keep(id))
             })
             .collect()
     }
@@ -282,9 +289,11 @@ impl Marks {
 }
 
 /// Reads every blob header, one key range per task, each in its own
-/// short read transaction.
+/// short read transaction; blobs touched at or after `keep_after` are
+/// young.
 pub(super) fn scan_blobs(
     store: &Store,
+    keep_after: u64,
     progress: &(dyn Fn(GcProgress) + Sync),
 ) -> Result<Graph, GcError> {
     let total = store.blob_count()?;
@@ -293,7 +302,7 @@ pub(super) fn scan_blobs(
     let chunks: Vec<Chunk> = (0..SCAN_RANGES)
         .into_par_iter()
         .map(|first| {
-            let chunk = scan_range(store, first, per_range + per_range / 8 + 16);
+            let chunk = scan_range(store, first, per_range + per_range / 8 + 16, keep_after);
             progress(GcProgress::Scanning {
                 done: done.fetch_add(1, Ordering::Relaxed) + 1,
                 total: u64::from(SCAN_RANGES),
@@ -306,7 +315,12 @@ pub(super) fn scan_blobs(
     Ok(graph)
 }
 
-pub(super) fn scan_range(store: &Store, first: u16, capacity: usize) -> Result<Chunk, GcError> {
+pub(super) fn scan_range(
+    store: &Store,
+    first: u16,
+    capacity: usize,
+    keep_after: u64,
+) -> Result<Chunk, GcError> {
     let lower = [first as u8];
     let upper = [first as u8 + u8::from(first < 255)];
     let range = KeyRange {
@@ -317,25 +331,24 @@ pub(super) fn scan_range(store: &Store, first: u16, capacity: usize) -> Result<C
             Bound::Unbounded
         },
     };
-    let mut chunk =
-        store.read(|r| {
-            let mut c = Chunk::with_capacity(capacity);
-            let mut damaged = None;
-            r.tables()
-                .visit_range(Table::Blobs, range, &mut |key, value| match scan_one(
-                    &mut c, key, value,
-                ) {
-                    Ok(()) => Ok(true),
-                    Err(e) => {
-                        damaged = Some(e);
-                        Ok(false)
-                    }
-                })?;
-            match damaged {
-                Some(e) => Err(e),
-                None => Ok::<_, GcError>(c),
-            }
-        })?;
+    let mut chunk = store.read(|r| {
+        let mut c = Chunk::with_capacity(capacity);
+        let mut damaged = None;
+        r.tables()
+            .visit_range(Table::Blobs, range, &mut |key, value| match scan_one(
+                &mut c, key, value, keep_after,
+            ) {
+                Ok(()) => Ok(true),
+                Err(e) => {
+                    damaged = Some(e);
+                    Ok(false)
+                }
+            })?;
+        match damaged {
+            Some(e) => Err(e),
+            None => Ok::<_, GcError>(c),
+        }
+    })?;
     if chunk.keys.len() >= 1 << LOCAL_BITS {
         return Err(GcError::TooLarge {
             blobs: chunk.keys.len(),
@@ -346,7 +359,7 @@ pub(super) fn scan_range(store: &Store, first: u16, capacity: usize) -> Result<C
 }
 
 /// Reads one blob record's header into the chunk.
-fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8]) -> Result<(), GcError> {
+fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8], keep_after: u64) -> Result<(), GcError> {
     let corrupt = |detail: String| GcError::Corrupt {
         what: format!("the blob record under key {}", hex(key)),
         detail,
@@ -355,9 +368,8 @@ fn scan_one(c: &mut Chunk, key: &[u8], value: &[u8]) -> Result<(), GcError> {
     let rec = BlobRecord::parse(value).map_err(|e| corrupt(e.to_string()))?;
     let (before, after) = marking_refs(&rec);
     c.push(
-        hash,
-        rec.touched_at,
-        value.len(),
+        &hash,
+        rec.touched_at >= keep_after,
         before
             .chunks_exact(HASH_LEN)
             .chain(after.chunks_exact(HASH_LEN))
@@ -424,9 +436,8 @@ mod tests {
         let mut chunks: Vec<Chunk> = (0..256).map(|_| Chunk::default()).collect();
         for (h, refs) in sorted {
             chunks[usize::from(h.as_bytes()[0])].push(
-                *h,
-                0,
-                0,
+                h,
+                false,
                 refs.iter().map(|r| key_of(r.as_bytes())),
             );
         }
@@ -507,5 +518,93 @@ mod tests {
             let unreached = hash.as_bytes()[0] == 4;
             assert_eq!(marks.get(id_of(&g, hash)), !unreached, "{hash}");
         }
+    }
+
+    /// A scanned state node's edges are its refs less its older ancestors
+    /// (which its parent reaches): the parent, its start and content, and
+    /// nothing else; a young blob is listed as such and its hash read back
+    /// whole from its key and tail.
+    #[test]
+    fn a_state_node_is_scanned_with_its_parent_not_its_older_ancestors() {
+        use crate::thread::{NewThread, Next, StepWrite};
+        use crate::{Blob, Store, Value, WorkflowNode};
+        use std::collections::BTreeMap;
+
+        let store = Store::memory();
+        let workflow = store
+            .put(&Blob::Workflow(WorkflowNode {
+                definition: Value::Str("wf".into()),
+            }))
+            .unwrap();
+        let threads = store.threads();
+        let rec = threads
+            .low_level()
+            .start_thread(NewThread {
+                workflow: "wf".into(),
+                workflow_hash: workflow,
+                prompt: "task".into(),
+                max_rounds: 100,
+                depth: 0,
+                parent_state: None,
+                parent_thread: None,
+                next_role: "dev".into(),
+                next_instruction: "do it".into(),
+                agent: None,
+                cwd: None,
+                next_location: None,
+                labels: BTreeMap::default(),
+            })
+            .unwrap();
+        let mut head = rec.head;
+        for i in 0..15 {
+            let step = StepWrite {
+                role: "dev".into(),
+                meta: BTreeMap::new(),
+                reply: format!("step {i}"),
+                artifacts: vec![],
+                instruction: "do it".into(),
+                child_thread: None,
+            };
+            let next = Next::Role {
+                role: "dev".into(),
+                instruction: "do it".into(),
+                location: None,
+            };
+            head = threads
+                .low_level()
+                .append_step(rec.id, head, step, next)
+                .unwrap()
+                .record
+                .head;
+        }
+        let Some(Blob::State(node)) = store.get(&head).unwrap() else {
+            panic!("the head is a state node");
+        };
+        assert_eq!(node.ancestors.len(), 11, "the parent and ten older");
+        let stored = Blob::State(node.clone()).encode().unwrap();
+        let g = scan_blobs(&store, u64::MAX, &|_| {}).unwrap();
+        assert_eq!(g.len() as u64, store.blob_count().unwrap());
+        assert!(g.young().is_empty(), "nothing is touched after u64::MAX");
+
+        let mut edges: Vec<Hash> = g.edges(id_of(&g, &head)).map(|i| g.hash(i)).collect();
+        edges.sort();
+        let mut expected: Vec<Hash> = stored
+            .refs()
+            .iter()
+            .copied()
+            .filter(|r| !node.ancestors[1..].contains(r))
+            .collect();
+        expected.sort();
+        expected.dedup();
+        assert!(expected.contains(&node.ancestors[0]) && expected.contains(&node.content));
+        assert!(
+            stored.refs().len() >= expected.len() + 10,
+            "older ancestors are refs"
+        );
+        assert_eq!(edges, expected);
+
+        // Everything is young after time 0.
+        let g = scan_blobs(&store, 0, &|_| {}).unwrap();
+        assert_eq!(g.young().len(), g.len());
     }
 }

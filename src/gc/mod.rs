@@ -300,13 +300,13 @@ fn collect(
     progress(GcProgress::Roots {
         roots: roots.len() as u64,
     });
-    let graph = graph::scan_blobs(store, progress)?;
+    let graph = graph::scan_blobs(store, keep_after, progress)?;
     progress(GcProgress::Scanned {
         blobs: graph.len() as u64,
     });
 
     let marks = Marks::new(&graph);
-    let young = graph.select(|c, i, _| c.touched_at(i) >= keep_after);
+    let young = graph.young();
     let frontier: Vec<Id> = roots
         .iter()
         .flat_map(|h| graph.targets(key_of(h.as_bytes())))
@@ -319,7 +319,7 @@ fn collect(
             s.spawn(move |s| mark_from(s, graph, marks, part.to_vec()));
         }
     });
-    let candidates = graph.select(|_, _, id| !marks.get(id));
+    let candidates = graph.select(|id| !marks.get(id));
     let marked = (graph.len() - candidates.len()) as u64;
     progress(GcProgress::Marked {
         marked,
@@ -342,10 +342,7 @@ fn collect(
     };
     if options.dry_run {
         report.swept = candidates.len() as u64;
-        report.bytes_freed = candidates
-            .iter()
-            .map(|&i| HASH_LEN as u64 + u64::from(graph.size(i)))
-            .sum();
+        report.bytes_freed = dry_run_bytes(store, &graph, &candidates)?;
     } else if !candidates.is_empty() {
         sweep::sweep(
             store,
@@ -359,6 +356,25 @@ fn collect(
     drop(running);
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     Ok(report)
+}
+
+/// The bytes the sweep would free: the candidates' keys and values as
+/// stored now (the graph keeps no sizes; read in batches of short read
+/// transactions, like the sweep's).
+fn dry_run_bytes(store: &Store, graph: &graph::Graph, candidates: &[Id]) -> Result<u64, GcError> {
+    let mut bytes = 0u64;
+    for batch in candidates.chunks(SWEEP_BATCH) {
+        bytes += store.read(|r| {
+            let mut n = 0u64;
+            for &i in batch {
+                if let Some(value) = r.tables().get(Table::Blobs, graph.hash(i).as_bytes())? {
+                    n += (HASH_LEN + value.len()) as u64;
+                }
+            }
+            Ok::<_, StoreError>(n)
+        })?;
+    }
+    Ok(bytes)
 }
 
 /// Blobs a mark task starts from; a task whose stack grows past twice
