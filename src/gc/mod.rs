@@ -391,7 +391,19 @@ fn mark_from<'s>(
     mut stack: Vec<Id>,
 ) {
     while let Some(i) = stack.pop() {
-        stack.extend(graph.edges(i).filter(|&j| marks.set(j)));
+        // What the next iterations read, loaded ahead: the next blob's
+        // edges (its ref offsets were prefetched when it was pushed), and
+        // the ref offsets of every blob pushed now.
+        if let Some(&next) = stack.last() {
+            graph.prefetch_edges(next);
+        }
+        stack.extend(graph.edges(i).filter(|&j| {
+            let new = marks.set(j);
+            if new {
+                graph.prefetch_node(j);
+            }
+            new
+        }));
         if stack.len() > 2 * MARK_SPLIT {
             let half = stack.split_off(stack.len() / 2);
             s.spawn(move |s| mark_from(s, graph, marks, half));
