@@ -405,7 +405,6 @@ fn regression_a_zeroed_meta_page_loses_no_thread() {
 fn regression_a_data_file_one_page_short_keeps_what_is_there() {
     let env = populated("8");
     let src = env.location().lmdb_dir().to_path_buf();
-    let threads = thread_count(&src);
     let whole = std::fs::read(src.join("data.mdb")).unwrap();
     let copy = damaged_copy(&env, &src, "short", &whole[..whole.len() - PAGE]);
     let dst = env.path("short-salvaged");
