@@ -391,9 +391,10 @@ fn mark_from<'s>(
     mut stack: Vec<Id>,
 ) {
     while let Some(i) = stack.pop() {
-        // What the next iterations read, loaded ahead: the next blob's
-        // edges (its ref offsets were prefetched when it was pushed), and
-        // the ref offsets of every blob pushed now.
+        // What later iterations read, loaded ahead: the ref offsets of
+        // every blob pushed now, and the edges of the blob on top of the
+        // stack before this one's are pushed (the next popped when this
+        // one pushes nothing; otherwise later, after those).
         if let Some(&next) = stack.last() {
             graph.prefetch_edges(next);
         }
