@@ -71,6 +71,7 @@ pub mod gc;
 pub mod hash;
 pub mod input;
 pub mod node;
+mod prefetch;
 mod record;
 pub mod salvage;
 pub mod store;

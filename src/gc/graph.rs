@@ -19,25 +19,8 @@ use super::{GcError, GcProgress, SCAN_RANGES};
 use crate::backend::{KeyRange, Table};
 use crate::hash::{HASH_LEN, Hash, hex};
 use crate::node::{Kind, state_ancestors_raw};
+use crate::prefetch::prefetch;
 use crate::store::{BlobRecord, Store};
-
-/// Asks the processor to start loading `p`'s cache line: lookups whose
-/// addresses are known ahead (the resolve's, the mark's next blobs) then
-/// wait for memory side by side instead of one after another.
-#[inline(always)]
-#[allow(unsafe_code)]
-fn prefetch<T>(p: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_prefetch` needs SSE, part of x86_64's baseline; it reads
-    // nothing and never faults, and `p` is a live reference anyway.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            (p as *const T).cast(),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// A scanned blob: its key range (the hash's first byte) in the top 8 bits,
 /// its index in that range below.
@@ -86,6 +69,10 @@ pub(super) struct Chunk {
     young: Vec<u32>,
     /// `refs[ref_ends[i - 1]..ref_ends[i]]` are blob `i`'s ref keys.
     ref_ends: Vec<u32>,
+    /// Bit `i` set: blob `i` refers to nothing (a leaf), so the mark sets
+    /// its bit and never visits it. One bit a blob, small enough to stay
+    /// in cache where `ref_ends` is not.
+    leaves: Vec<u64>,
     refs: Vec<u64>,
     /// `edges[j]`: the first scanned blob `refs[j]` names, or [`NONE`]
     /// (filled by [`Graph::resolve`], which then empties `refs`).
@@ -118,11 +105,21 @@ impl Chunk {
             self.young
                 .push(u32::try_from(self.keys.len()).unwrap_or(u32::MAX));
         }
+        let i = self.keys.len();
         self.keys.push(key_of(key));
         let mut t = [0u8; TAIL_LEN];
         t.copy_from_slice(tail);
         self.tails.push(t);
+        let before = self.refs.len();
         self.refs.extend(refs);
+        if i.is_multiple_of(64) {
+            self.leaves.push(0);
+        }
+        if self.refs.len() == before
+            && let Some(word) = self.leaves.last_mut()
+        {
+            *word |= 1 << (i % 64);
+        }
         self.ref_ends
             .push(u32::try_from(self.refs.len()).unwrap_or(u32::MAX));
     }
@@ -263,6 +260,16 @@ impl Graph {
         if let Some(e) = chunk.edges.get(start) {
             prefetch(e);
         }
+    }
+
+    /// Whether blob `id` refers to nothing.
+    #[inline]
+    pub(super) fn is_leaf(&self, id: Id) -> bool {
+        let (c, i) = split(id);
+        self.chunks[c]
+            .leaves
+            .get(i / 64)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
 
     /// The scanned blobs blob `id` refers to.
@@ -669,6 +676,19 @@ mod tests {
             "older ancestors are refs"
         );
         assert_eq!(edges, expected);
+
+        // The blobs without refs (the replies, the instruction, the
+        // workflow) are flagged leaves, and no other: the mark marks a
+        // leaf without visiting it, so a blob with refs flagged as one
+        // would lose what it reaches.
+        let mut leaves = 0;
+        for i in g.select(|_| true) {
+            let blob = store.get(&g.hash(i)).unwrap().expect("a scanned blob");
+            let leaf = blob.encode().unwrap().refs().is_empty();
+            assert_eq!(g.is_leaf(i), leaf, "{}", g.hash(i));
+            leaves += usize::from(leaf);
+        }
+        assert!(leaves > 15 && leaves < g.len(), "{leaves} of {}", g.len());
 
         // Everything is young after time 0.
         let g = scan_blobs(&store, 0, &|_| {}).unwrap();

@@ -399,7 +399,8 @@ fn mark_from<'s>(
             graph.prefetch_edges(next);
         }
         stack.extend(graph.edges(i).filter(|&j| {
-            let new = marks.set(j);
+            // A leaf is marked and never visited: it has no edges.
+            let new = marks.set(j) && !graph.is_leaf(j);
             if new {
                 graph.prefetch_node(j);
             }
