@@ -523,6 +523,35 @@ mod tests {
         g
     }
 
+    #[test]
+    fn leaves_are_flagged_across_the_words_of_a_large_chunk() {
+        // 300 blobs in one chunk (first byte 1), in index order; every
+        // third has no refs, the others refer to the blob before them: the
+        // flags span five 64-bit words.
+        let hash = |i: usize| {
+            let mut b = [0u8; HASH_LEN];
+            b[0] = 1;
+            b[1..8].copy_from_slice(&(i as u64).to_be_bytes()[1..]);
+            Hash::from_bytes(b)
+        };
+        let blobs: Vec<(Hash, Vec<Hash>)> = (0..300)
+            .map(|i| {
+                let refs = if i % 3 == 0 {
+                    vec![]
+                } else {
+                    vec![hash(i - 1)]
+                };
+                (hash(i), refs)
+            })
+            .collect();
+        let g = graph(&blobs);
+        for (i, (h, refs)) in blobs.iter().enumerate() {
+            let id = id_of(&g, h);
+            assert_eq!(split(id), (1, i));
+            assert_eq!(g.is_leaf(id), refs.is_empty(), "blob {i}");
+        }
+    }
+
     fn id_of(g: &Graph, h: &Hash) -> Id {
         g.targets(key_of(h.as_bytes()))
             .find(|&i| g.hash(i) == *h)

@@ -33,9 +33,9 @@ struct Request {
     ack: Arc<Ack>,
 }
 
-/// Where the writer answers a request. The waiting thread parks (no
-/// spinning: with many drivers waiting, spinning would steal the writer's
-/// CPU) and the writer unparks it.
+/// Where a request is answered. The waiting thread parks (no spinning:
+/// with many drivers waiting, spinning would steal the writer's CPU) and
+/// the answering thread (or, without one, the writer) unparks it.
 struct Ack {
     outcome: Mutex<Option<Result<(), StoreError>>>,
     /// The request's job panicked: the payload, resumed by the sender.
