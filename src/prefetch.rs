@@ -2,8 +2,8 @@
 //! whose address is known before it is read, so that several loads wait
 //! for memory side by side instead of one after another. Used where a
 //! pass reads memory in an order the hardware cannot guess: the GC's
-//! lookups (`gc/graph.rs`) and the records of an LMDB range scan
-//! (`backend/lmdb`). A hint only: it changes no result, and does nothing
+//! lookups (`gc/graph.rs`), the records of an LMDB range scan and the
+//! value of an LMDB `get` (`backend/lmdb`). A hint only: it changes no result, and does nothing
 //! on targets other than x86_64.
 
 /// Starts loading the cache line that holds `p`.
