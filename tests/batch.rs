@@ -245,6 +245,72 @@ fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
     );
 }
 
+/// Requests that arrive while the group writer waits for the store's one
+/// writer (held here by a plain write, as another process's `uwf-db` would
+/// hold it) join the group it was beginning: one group, not one for the
+/// first request and another for the rest. LMDB and memory only: their
+/// writers are serial; PostgreSQL's run in parallel and do not wait so.
+fn requests_queued_while_the_writer_waits_join_its_group(b: TestBackend) {
+    let store = b.fast();
+    let (holding, held) = std::sync::mpsc::channel();
+    let (answers, stats) = std::thread::scope(|outer| {
+        let plain: &Store = &store;
+        outer.spawn(move || {
+            plain
+                .write(|_| {
+                    holding.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(1000));
+                    Ok::<_, StoreError>(())
+                })
+                .unwrap();
+        });
+        held.recv().unwrap();
+        store.group_commit(0, |g| {
+            std::thread::scope(|s| {
+                let send = |i: usize| {
+                    s.spawn(move || {
+                        g.write_op(move |w| w.put_blob(&Blob::content(format!("sender {i}"), [])))
+                    })
+                };
+                // The writer takes the first and waits for the held writer.
+                let mut senders = vec![send(0)];
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                senders.extend((1..=40).map(send));
+                senders
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+    });
+    for (i, a) in answers.iter().enumerate() {
+        let h = a.as_ref().unwrap();
+        assert_eq!(
+            *h,
+            Blob::content(format!("sender {i}"), [])
+                .encode()
+                .unwrap()
+                .hash()
+        );
+        assert!(store.contains(h).unwrap());
+    }
+    assert_eq!(
+        (stats.groups, stats.requests),
+        (1, 41),
+        "the requests sent while the writer waited joined its group"
+    );
+}
+
+#[test]
+fn lmdb_requests_queued_while_the_writer_waits_join_its_group() {
+    requests_queued_while_the_writer_waits_join_its_group(TestBackend::Lmdb);
+}
+
+#[test]
+fn memory_requests_queued_while_the_writer_waits_join_its_group() {
+    requests_queued_while_the_writer_waits_join_its_group(TestBackend::Memory);
+}
+
 fn without_a_group_write_op_is_a_plain_write(b: TestBackend) {
     let store = b.fast();
     let h = store

@@ -309,13 +309,8 @@ fn writer(
 ) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
-        while batch.len() < max_group {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) => break,
-            }
-        }
-        let outcome = commit_group(inner, &mut batch).map_err(Arc::new);
+        gather(&rx, &mut batch, max_group);
+        let outcome = commit_group(inner, &mut batch, &rx, max_group).map_err(Arc::new);
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters
             .requests
@@ -328,15 +323,41 @@ fn writer(
     }
 }
 
+/// Adds the requests waiting in `rx` to `batch`, up to `max_group`.
+fn gather(rx: &Receiver<Request>, batch: &mut Vec<Request>, max_group: usize) {
+    while batch.len() < max_group {
+        match rx.try_recv() {
+            Ok(r) => batch.push(r),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Runs the group in one transaction and commits it. A request that fails
 /// is left out and the rest run again in a fresh transaction (its own
 /// error is in its result); so every request either is in the commit or
 /// failed alone. Returns the commit's outcome.
-fn commit_group(inner: &StoreInner, batch: &mut [Request]) -> Result<(), StoreError> {
-    let mut left_out = vec![false; batch.len()];
+///
+/// Requests that arrived while the first transaction began join the group
+/// (from `rx`): on LMDB beginning waits for the store's one writer, which
+/// may be another process's, and what queued meanwhile would otherwise
+/// wait for a transaction of its own (`docs/design.md` §5d).
+fn commit_group(
+    inner: &StoreInner,
+    batch: &mut Vec<Request>,
+    rx: &Receiver<Request>,
+    max_group: usize,
+) -> Result<(), StoreError> {
+    let mut first = true;
+    let mut left_out = Vec::new();
     let (mut lost, mut conflicts) = (0, 0);
     loop {
         let mut txn = super::begin_with_retries(|| WriteTxn::begin(inner))?;
+        if first {
+            first = false;
+            gather(rx, batch, max_group);
+            left_out = vec![false; batch.len()];
+        }
         let reads: Vec<(Table, &[u8])> = batch
             .iter()
             .zip(&left_out)
