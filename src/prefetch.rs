@@ -3,8 +3,8 @@
 //! for memory side by side instead of one after another. Used where a
 //! pass reads memory in an order the hardware cannot guess: the GC's
 //! lookups (`gc/graph.rs`), the records of an LMDB range scan and the
-//! value of an LMDB `get` (`backend/lmdb`). A hint only: it changes no result, and does nothing
-//! on targets other than x86_64.
+//! value of an LMDB `get` (`backend/lmdb`). A hint only: it changes no
+//! result, and does nothing on targets other than x86_64.
 
 /// Starts loading the cache line that holds `p`.
 #[inline(always)]

@@ -253,13 +253,22 @@ fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
 fn requests_queued_while_the_writer_waits_join_its_group(b: TestBackend) {
     let store = b.fast();
     let (holding, held) = std::sync::mpsc::channel();
+    // Senders about to send: the plain write holds the writer until all 41
+    // are (then 100 ms more), so a slow machine cannot split the group.
+    let sending = AtomicUsize::new(0);
     let (answers, stats) = std::thread::scope(|outer| {
-        let plain: &Store = &store;
+        let (plain, sending) = (&*store, &sending);
         outer.spawn(move || {
             plain
                 .write(|_| {
                     holding.send(()).unwrap();
-                    std::thread::sleep(std::time::Duration::from_millis(1000));
+                    let since = std::time::Instant::now();
+                    while sending.load(Ordering::SeqCst) < 41
+                        && since.elapsed() < std::time::Duration::from_secs(60)
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
                     Ok::<_, StoreError>(())
                 })
                 .unwrap();
@@ -269,6 +278,7 @@ fn requests_queued_while_the_writer_waits_join_its_group(b: TestBackend) {
             std::thread::scope(|s| {
                 let send = |i: usize| {
                     s.spawn(move || {
+                        sending.fetch_add(1, Ordering::SeqCst);
                         g.write_op(move |w| w.put_blob(&Blob::content(format!("sender {i}"), [])))
                     })
                 };
