@@ -191,6 +191,14 @@ fn a_panicking_request_is_rolled_back_alone_and_panics_its_sender(b: TestBackend
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
+/// Sender `i`'s answer is the hash of the blob it put, and that blob is
+/// stored.
+fn assert_sender_stored(store: &Store, i: usize, answer: &Hash) {
+    let sent = Blob::content(format!("sender {i}"), []).encode().unwrap();
+    assert_eq!(*answer, sent.hash(), "sender {i}");
+    assert!(store.contains(answer).unwrap(), "sender {i}");
+}
+
 /// Forty requests queued behind a held writer share a group, and each
 /// sender is woken with its own answer (one of them refused).
 fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
@@ -221,14 +229,7 @@ fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
         match a {
             Ok(h) => {
                 assert_ne!(i, 7);
-                assert_eq!(
-                    *h,
-                    Blob::content(format!("sender {i}"), [])
-                        .encode()
-                        .unwrap()
-                        .hash()
-                );
-                assert!(store.contains(h).unwrap());
+                assert_sender_stored(&store, i, h);
             }
             Err(e) => {
                 assert_eq!(i, 7);
@@ -294,15 +295,7 @@ fn requests_queued_while_the_writer_waits_join_its_group(b: TestBackend) {
         })
     });
     for (i, a) in answers.iter().enumerate() {
-        let h = a.as_ref().unwrap();
-        assert_eq!(
-            *h,
-            Blob::content(format!("sender {i}"), [])
-                .encode()
-                .unwrap()
-                .hash()
-        );
-        assert!(store.contains(h).unwrap());
+        assert_sender_stored(&store, i, a.as_ref().unwrap());
     }
     assert_eq!(
         (stats.groups, stats.requests),
