@@ -308,8 +308,8 @@ fn writer(
     answers: &Sender<Answered>,
 ) {
     while let Ok(first) = rx.recv() {
+        // The rest of the group is gathered once its transaction has begun.
         let mut batch = vec![first];
-        gather(&rx, &mut batch, max_group);
         let outcome = commit_group(inner, &mut batch, &rx, max_group).map_err(Arc::new);
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters
@@ -338,23 +338,22 @@ fn gather(rx: &Receiver<Request>, batch: &mut Vec<Request>, max_group: usize) {
 /// error is in its result); so every request either is in the commit or
 /// failed alone. Returns the commit's outcome.
 ///
-/// Requests that arrived while the first transaction began join the group
-/// (from `rx`): on LMDB beginning waits for the store's one writer, which
-/// may be another process's, and what queued meanwhile would otherwise
-/// wait for a transaction of its own (`docs/design.md` §5d).
+/// The requests waiting in `rx` join the group once its first transaction
+/// has begun: on LMDB beginning waits for the store's one writer, which may
+/// be another process's, and what queued meanwhile would otherwise wait for
+/// a transaction of its own (`docs/design.md` §5d).
 fn commit_group(
     inner: &StoreInner,
     batch: &mut Vec<Request>,
     rx: &Receiver<Request>,
     max_group: usize,
 ) -> Result<(), StoreError> {
-    let mut first = true;
+    // Empty until the group is gathered (a group is never empty).
     let mut left_out = Vec::new();
     let (mut lost, mut conflicts) = (0, 0);
     loop {
         let mut txn = super::begin_with_retries(|| WriteTxn::begin(inner))?;
-        if first {
-            first = false;
+        if left_out.is_empty() {
             gather(rx, batch, max_group);
             left_out = vec![false; batch.len()];
         }

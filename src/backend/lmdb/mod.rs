@@ -326,15 +326,14 @@ fn get<'t>(
     db.get(txn, key)
         .map_err(|e| backend.error(format!("reading {table}"), e))?
         .map(|v| {
-            // The value's first lines and its last, all at once: the
-            // checksum reads its header and its trailer, a decode the rest
-            // in order, and a random key's value is rarely in the cache.
-            // Asked for together, their misses overlap instead of following
-            // one another (a content blob's get + decode 4–21% faster,
-            // docs/benchmarks.md).
-            // Its first line is read at once (it is often the line of
-            // LMDB's node header, just read): from the second. A length
-            // past the map (a damaged page, which `sane` refuses) gets none.
+            // The value's lines from its second (the first is usually the
+            // line of LMDB's node header, just read) and its last, all at
+            // once: the checksum reads its header and its trailer, a decode
+            // the rest in order, and a random key's value is rarely in the
+            // cache. Asked for together, their misses overlap instead of
+            // following one another (a content blob's get + decode 4–21%
+            // faster, docs/benchmarks.md). A length past the map (a damaged
+            // page, which `sane` refuses) gets none.
             if v.len() as u64 <= backend.map_size {
                 let second = 64 - v.as_ptr() as usize % 64;
                 for at in (second..v.len()).step_by(64).take(GET_PREFETCH_LINES - 1) {
