@@ -67,9 +67,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{append_n, new_thread, next, step, workflow};
 use uwf_db::backend::BackendError;
-use uwf_db::thread::{EndSpec, NewThread, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
+use uwf_db::thread::{EndSpec, NewThread, Next, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
 use uwf_db::workflow::parse_workflow;
-use uwf_db::{OpenError, Store, StoreOptions};
+use uwf_db::{Blob, OpenError, Store, StoreOptions};
 
 /// A thread as its typed columns say it is.
 #[derive(Debug, PartialEq)]
@@ -1075,6 +1075,49 @@ fn an_append_step_costs_three_round_trips() {
     assert_eq!(round_trips(&store) - before, 4);
     assert_eq!(ended.status, ThreadStatus::Completed);
     assert_eq!(ended.seq, 7);
+}
+
+/// A thread's last step and its end node, written in one transaction
+/// (`Next::End`), cost the round trips of a step: the end node's position
+/// comes from the step node this transaction wrote, not from reading it
+/// back, which sent the held writes and then the read (five round trips).
+#[test]
+fn a_last_step_with_its_end_costs_the_round_trips_of_a_step() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let t = new_thread(&store, "last");
+    let low = store.threads().low_level();
+    let first = low
+        .append_step(t.id, t.head, step("dev", "again", "one"), next("dev"))
+        .unwrap();
+    let before = round_trips(&store);
+    let w = low
+        .append_step(
+            t.id,
+            first.record.head,
+            step("dev", "done", "two"),
+            Next::End(end(0)),
+        )
+        .unwrap();
+    assert_eq!(round_trips(&store) - before, 3);
+    // Both nodes are stored, the end node after the step.
+    let ended = store.threads().get(t.id).unwrap().unwrap();
+    assert_eq!(ended.status, ThreadStatus::Completed);
+    assert_eq!(ended.seq, 3);
+    let step_node = w.step.expect("the step's node");
+    assert_eq!(w.end, Some(ended.head));
+    assert_ne!(ended.head, step_node);
+    let Some(Blob::State(end_node)) = store.get(&ended.head).unwrap() else {
+        panic!("the head is not a state node");
+    };
+    assert_eq!(end_node.seq, 3);
+    assert_eq!(end_node.ancestors.first(), Some(&step_node));
+    let Some(Blob::State(step_blob)) = store.get(&step_node).unwrap() else {
+        panic!("the step's node is not a state node");
+    };
+    assert_eq!(end_node.ancestors.get(1), step_blob.ancestors.first());
 }
 
 /// The PostgreSQL backend of a store.

@@ -103,7 +103,7 @@ fn next_position(
     let head = record.head;
     // The new node's ref checks will look for both: one read.
     w.note_stored(&[head, record.start])?;
-    let Some(stored) = w.get_record(&head)? else {
+    let Some(stored) = w.get_node_record(&head)? else {
         return Err(ThreadError::MissingNode { hash: head });
     };
     let stored = stored.record()?;
