@@ -1120,6 +1120,48 @@ fn a_last_step_with_its_end_costs_the_round_trips_of_a_step() {
     assert_eq!(end_node.ancestors.get(1), step_blob.ancestors.first());
 }
 
+/// `ReadTxn::get_blobs` (a fan-out's join reads every child's end node and
+/// its content with it): twenty blobs cost the round trips of one, in
+/// their order, an absent one `None`; and the ref checks of a blob naming
+/// many are one read.
+#[test]
+fn many_blobs_read_or_named_cost_the_round_trips_of_one() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let blobs: Vec<Blob> = (0..20)
+        .map(|i| Blob::content(format!("blob {i}"), []))
+        .collect();
+    let mut hashes: Vec<_> = blobs.iter().map(|b| store.put(b).unwrap()).collect();
+    let absent = Blob::content("never stored", []).encode().unwrap().hash();
+    hashes.insert(7, absent);
+    let before = round_trips(&store);
+    let one = store.read(|r| r.get_blobs(&hashes[..1])).unwrap();
+    let spent_one = round_trips(&store) - before;
+    assert_eq!(one, vec![Some(blobs[0].clone())]);
+    let before = round_trips(&store);
+    let all = store.read(|r| r.get_blobs(&hashes)).unwrap();
+    assert_eq!(round_trips(&store) - before, spent_one);
+    let mut expected: Vec<Option<Blob>> = blobs.into_iter().map(Some).collect();
+    expected.insert(7, None);
+    assert_eq!(all, expected);
+    // A blob naming twenty stored blobs (a join's content names every
+    // child's end node) checks them in one read: its put costs the round
+    // trips of a put naming two.
+    hashes.remove(7);
+    let before = round_trips(&store);
+    store
+        .put(&Blob::content("names two", hashes[..2].to_vec()))
+        .unwrap();
+    let spent_two = round_trips(&store) - before;
+    let before = round_trips(&store);
+    store
+        .put(&Blob::content("names twenty", hashes.clone()))
+        .unwrap();
+    assert_eq!(round_trips(&store) - before, spent_two);
+}
+
 /// The PostgreSQL backend of a store.
 fn postgres_backend(store: &Store) -> &uwf_db::backend::postgres::PostgresBackend {
     store
