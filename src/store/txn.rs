@@ -376,18 +376,19 @@ impl<'s> WriteTxn<'s> {
 
     /// The record of a chain node for its kind and bytes (`next_position`
     /// reading a thread's head): the record this transaction wrote, when
-    /// it wrote one on a server backend, else the stored one. A server
-    /// backend holds the write back until the commit, so reading it back
-    /// sent the held writes and then the read: two round trips inside the
-    /// group's transaction, in every group where a thread's last step and
-    /// its end node are written together (`docs/design.md` §8f). The
+    /// it kept one (a server backend keeps the chain nodes it writes, up to
+    /// `RECENT_NODE_MAX`, for [`RecentNodes`]), else the stored one. A
+    /// server backend holds the write back until the commit, so reading it
+    /// back sent the held writes and then the read: two round trips inside
+    /// the group's transaction, in every group where a thread's last step
+    /// and its end node are written together (`docs/design.md` §8f). The
     /// stored record can differ only in its stamps, when the node was
     /// stored already.
     pub(crate) fn get_node_record(&self, hash: &Hash) -> Result<Option<RecordRef<'_>>, StoreError> {
         if let Some((_, record)) = self.fresh.iter().rev().find(|(h, _)| h == hash) {
             return Ok(Some(RecordRef {
                 hash: *hash,
-                value: Cow::Owned(record.to_vec()),
+                value: Cow::Borrowed(record),
             }));
         }
         self.get_record(hash)
