@@ -1136,6 +1136,10 @@ fn many_blobs_read_or_named_cost_the_round_trips_of_one() {
     let mut hashes: Vec<_> = blobs.iter().map(|b| store.put(b).unwrap()).collect();
     let absent = Blob::content("never stored", []).encode().unwrap().hash();
     hashes.insert(7, absent);
+    // None: nothing is sent, not even a `BEGIN`.
+    let before = round_trips(&store);
+    assert_eq!(store.read(|r| r.get_blobs(&[])).unwrap(), vec![]);
+    assert_eq!(round_trips(&store) - before, 0);
     let before = round_trips(&store);
     let one = store.read(|r| r.get_blobs(&hashes[..1])).unwrap();
     let spent_one = round_trips(&store) - before;

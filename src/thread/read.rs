@@ -245,9 +245,6 @@ impl Threads<'_> {
     pub(crate) fn need_all(&self, ids: &[ThreadId]) -> Result<Vec<ThreadRecord>, ThreadError> {
         // One `find_many` (three round trips at most on a server backend,
         // where a `find` a thread cost one to three each).
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
         self.store.read(|r| {
             ids.iter()
                 .zip(index::find_many(r.tables(), ids)?)
@@ -265,9 +262,6 @@ impl Threads<'_> {
     pub(crate) fn head_texts(&self, records: &[ThreadRecord]) -> Result<Vec<String>, ThreadError> {
         // Two reads whatever the count (two round trips on a server
         // backend, where one head and its content at a time cost two each).
-        if records.is_empty() {
-            return Ok(Vec::new());
-        }
         self.store.read(|r| {
             let heads: Vec<Hash> = records.iter().map(|rec| rec.head).collect();
             let contents: Vec<Option<Hash>> = r

@@ -692,6 +692,10 @@ impl Txn<'_> {
         table: Table,
         keys: &[&[u8]],
     ) -> Result<Vec<Option<Cow<'static, [u8]>>>, BackendError> {
+        // Nothing to read: no `BEGIN` either (a join with no children).
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut state = self.state.borrow_mut();
         for key in keys {
             self.send_held_for(&mut state, table, Some(key))?;
