@@ -69,6 +69,8 @@ use common::{append_n, new_thread, next, step, workflow};
 use uwf_db::backend::BackendError;
 use uwf_db::thread::{EndSpec, NewThread, Next, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
 use uwf_db::workflow::parse_workflow;
+use uwf_db::engine::StartOptions;
+use uwf_db::engine::agent::ScriptAgent;
 use uwf_db::{Blob, OpenError, Store, StoreOptions};
 
 /// A thread as its typed columns say it is.
@@ -1075,6 +1077,45 @@ fn an_append_step_costs_three_round_trips() {
     assert_eq!(round_trips(&store) - before, 4);
     assert_eq!(ended.status, ThreadStatus::Completed);
     assert_eq!(ended.seq, 7);
+}
+
+/// A driver steps on from the record its own commit wrote (`docs/design.md`
+/// §8f "A driver steps on from its own commit"): driving the four steps of
+/// a review thread costs the round trips of its writes and no read of its
+/// record before each step (which cost one each, four in all); and the
+/// record it ends with is the one stored.
+#[test]
+fn a_driven_thread_is_not_read_back_between_its_steps() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
+    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+    let review = store.workflows().add(&wf).unwrap().0;
+    let scenario = root.join("examples/review.scenario.yaml");
+    let mut spent = Vec::new();
+    for task in ["a task", "another task"] {
+        let mut agent = ScriptAgent::load(&scenario).unwrap();
+        let before = round_trips(&store);
+        let (thread, report) = store
+            .engine()
+            .run_workflow(review, task, &StartOptions::default(), &mut agent)
+            .unwrap();
+        spent.push(round_trips(&store) - before);
+        assert!(report.error.is_none(), "{:?}", report.error);
+        assert_eq!(report.results.len(), 4);
+        let stored = store.threads().get(thread.id).unwrap().unwrap();
+        assert_eq!(stored.status, ThreadStatus::Completed);
+        let last = report.results.last().unwrap();
+        assert_eq!((last.head, last.status), (stored.head, stored.status));
+    }
+    // The second thread finds the workflow and the scenario's texts
+    // known: its start and each of its steps are two round trips (`BEGIN`
+    // with the reads named ahead — the record and the head node; the
+    // writes with `COMMIT`), and its last step writes the end node with it.
+    assert_eq!(spent[1], 2 + 4 * 2, "{spent:?}");
 }
 
 /// A thread's last step and its end node, written in one transaction

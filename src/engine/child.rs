@@ -118,7 +118,7 @@ impl Engine {
             return Err(child_failed(e));
         }
         if self.need_thread(child)?.underlying_status() == ThreadStatus::Idle {
-            let outcome = self.run_thread(child, usize::MAX, agent, cancel);
+            let outcome = self.run_thread(child, None, usize::MAX, agent, cancel);
             if let Some(e) = outcome.error {
                 return Err(child_failed(e));
             }

@@ -275,7 +275,7 @@ impl Engine {
             }
         }
         if report.results.len() < max_steps && !report.stopped() {
-            let more = self.run_steps(id, max_steps - report.results.len(), agent, cancel);
+            let more = self.run_steps(id, None, max_steps - report.results.len(), agent, cancel);
             report.results.extend(more.results);
             report.error = more.error;
             report.stopped_by_request = more.stopped_by_request;
@@ -363,15 +363,28 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs one role step of an idle thread with `agent`.
-    pub(crate) fn step_thread(
+    /// Runs one role step of an idle thread with `agent`, from `known`, the
+    /// record the driver's previous step committed, when it has one; else
+    /// from the record as stored (`docs/design.md` §8f "A driver steps on
+    /// from its own commit"). Carrying it saves a read a step (a round trip
+    /// on PostgreSQL) and is as safe as reading it: a write that moved the
+    /// head since makes this step's commit a conflict (`load_checked`),
+    /// exactly as one landing while the agent works does; the writes that
+    /// leave the head (labels, a stop request, the agent spec, usage)
+    /// change nothing a step reads before its commit, and its commit reads
+    /// the record afresh.
+    pub(super) fn step_thread_from(
         &self,
         id: ThreadId,
+        known: Option<ThreadRecord>,
         agent: &mut dyn Agent,
         cancel: &Cancel,
-    ) -> Result<StepResult, EngineError> {
+    ) -> Result<super::step::Stepped, EngineError> {
         let _claim = self.claim(id, cancel)?;
-        let record = self.need_thread(id)?;
+        let record = match known {
+            Some(r) if r.id == id => r,
+            _ => self.need_thread(id)?,
+        };
         let status = record.underlying_status();
         if status != ThreadStatus::Idle {
             return Err(EngineError::NotSteppable { thread: id, status });
@@ -504,6 +517,7 @@ impl Engine {
                     agent,
                     cancel,
                 )
+                .map(|(r, _)| r)
             }
             ThreadStatus::Completed | ThreadStatus::Failed => {
                 let wf = self.store.workflows().load(record.workflow_hash)?;
@@ -518,6 +532,7 @@ impl Engine {
                     agent,
                     cancel,
                 )
+                .map(|(r, _)| r)
             }
             status => Err(EngineError::NotResumable { thread: id, status }),
         }
@@ -525,16 +540,19 @@ impl Engine {
 
     /// Steps until the thread ends or suspends, or `max_steps` steps ran,
     /// or a step fails (the steps before it stay committed); in an
-    /// `invoke_workflow` span (`crate::telemetry`).
+    /// `invoke_workflow` span (`crate::telemetry`). `known` is the record
+    /// as the caller has just written it, if it has (the first step starts
+    /// from it: [`Self::step_thread_from`]).
     pub(crate) fn run_thread(
         &self,
         id: ThreadId,
+        known: Option<ThreadRecord>,
         max_steps: usize,
         agent: &mut dyn Agent,
         cancel: &Cancel,
     ) -> DriveReport {
         let span = self.workflow_span(id);
-        let report = span.in_scope(|| self.run_steps(id, max_steps, agent, cancel));
+        let report = span.in_scope(|| self.run_steps(id, known, max_steps, agent, cancel));
         self.close_workflow_span(&span, id, &report);
         report
     }
@@ -585,6 +603,7 @@ impl Engine {
     fn run_steps(
         &self,
         id: ThreadId,
+        known: Option<ThreadRecord>,
         max_steps: usize,
         agent: &mut dyn Agent,
         cancel: &Cancel,
@@ -601,13 +620,17 @@ impl Engine {
             }
         };
         let mut stopped_by_request = false;
+        // The record the last step committed (or the caller's, just
+        // written): the next step starts from it.
+        let mut known = known;
         while results.len() < max_steps {
             if cancel.is_stopping() && !results.is_empty() {
                 stopped_by_request = true;
                 break;
             }
-            match self.step_thread(id, agent, cancel) {
-                Ok(r) => {
+            match self.step_thread_from(id, known.take(), agent, cancel) {
+                Ok((r, record)) => {
+                    known = record;
                     let stop = r.status != ThreadStatus::Idle;
                     let asked = r.stop_requested;
                     results.push(r);
@@ -726,5 +749,72 @@ impl Engine {
             .low_level()
             .end_thread(id, record.head, end)?;
         Ok(StepResult::of(&w.record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Store;
+    use crate::engine::agent::{AgentError, AgentReply, AgentRequest};
+    use crate::engine::{EngineError, StartOptions};
+    use crate::thread::ThreadError;
+
+    /// Answers every call alike (the one edge, `_`, takes it).
+    struct Again;
+    impl Agent for Again {
+        fn call(&mut self, _: &AgentRequest<'_>) -> Result<AgentReply, AgentError> {
+            Ok("once more".to_owned().into())
+        }
+    }
+
+    /// A carried record the head has moved past since (another writer
+    /// stepped the thread) makes the step's commit a conflict: nothing of
+    /// it is written, and the step that moved the head stays.
+    #[test]
+    fn a_stale_carried_record_is_a_conflict_not_a_merge() {
+        let store = Store::memory();
+        let yaml = "name: loop\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: writer, prompt: 'Again' } }\n";
+        let wf = crate::workflow::parse_workflow(yaml, Some("loop"), &|_| false).unwrap();
+        let (hash, _) = store.workflows().add(&wf).unwrap();
+        let engine = store.engine();
+        let started = engine
+            .start_workflow(hash, "task", &StartOptions::default())
+            .unwrap();
+        let cancel = Cancel::default();
+        let (first, carried) = engine
+            .step_thread_from(started.id, Some(started.clone()), &mut Again, &cancel)
+            .unwrap();
+        let carried = carried.expect("a role step returns its record");
+        assert_eq!(carried.head, first.head);
+        // As stored, but for the claim (this step's, released since).
+        let stored = store.threads().get(started.id).unwrap().unwrap();
+        assert_eq!(carried.claimed_status, Some(ThreadStatus::Idle));
+        assert_eq!(
+            ThreadRecord {
+                status: ThreadStatus::Idle,
+                claimed_status: None,
+                ..carried.clone()
+            },
+            stored
+        );
+        // Another step moves the head past the carried record.
+        let (second, _) = engine
+            .step_thread_from(started.id, None, &mut Again, &cancel)
+            .unwrap();
+        assert_ne!(second.head, first.head);
+        let e = engine
+            .step_thread_from(started.id, Some(carried), &mut Again, &cancel)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::Thread(ThreadError::Conflict { expected, actual, .. })
+                    if expected == first.head && actual == second.head
+            ),
+            "{e:?}"
+        );
+        let stored = store.threads().get(started.id).unwrap().unwrap();
+        assert_eq!((stored.head, stored.seq), (second.head, 2));
     }
 }

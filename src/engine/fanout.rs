@@ -426,7 +426,7 @@ impl Engine {
                 }
             };
             let Some(child) = next else { return };
-            let report = self.run_thread(child, usize::MAX, agent, cancel);
+            let report = self.run_thread(child, None, usize::MAX, agent, cancel);
             match &report.error {
                 Some(EngineError::Interrupted) => {
                     interrupted.store(true, Ordering::SeqCst);

@@ -279,7 +279,8 @@ impl Engine {
         if let Some(task) = task {
             self.engine_state().tasks.insert(record.start, task);
         }
-        let mut outcome = self.run_thread(id, usize::MAX, agent, &options.cancel);
+        let mut outcome =
+            self.run_thread(id, Some(record.clone()), usize::MAX, agent, &options.cancel);
         match outcome.results.last() {
             Some(last) if outcome.error.is_none() && last.current_role.is_none() => {
                 claim.released_by_commit();

@@ -43,6 +43,13 @@ pub(super) enum Mode {
     /// The first role after an end node.
     ResumeEnded,
 }
+
+/// What a step left, and the thread's record as the step's own commit
+/// wrote it (`None` when the step ran a fan-out or a child workflow, whose
+/// records other writes may have changed since): the driver steps on from
+/// it without reading the record back ([`Engine::step_thread_from`]).
+pub(super) type Stepped = (StepResult, Option<ThreadRecord>);
+
 impl Engine {
     pub(super) fn need_thread(&self, id: ThreadId) -> Result<ThreadRecord, EngineError> {
         Ok(self
@@ -166,7 +173,8 @@ impl Engine {
         }
     }
 
-    /// One role step, in an `invoke_agent` span (`crate::telemetry`).
+    /// One role step, in an `invoke_agent` span (`crate::telemetry`), and
+    /// the record it committed ([`Stepped`]).
     pub(super) fn run_step(
         &self,
         record: &ThreadRecord,
@@ -175,13 +183,13 @@ impl Engine {
         mode: Mode,
         agent: &mut dyn Agent,
         cancel: &Cancel,
-    ) -> Result<StepResult, EngineError> {
+    ) -> Result<Stepped, EngineError> {
         let span = crate::telemetry::agent_span(record.id, role);
         let result =
             span.in_scope(|| self.run_step_here(record, role, instruction, mode, agent, cancel));
         if !span.is_disabled() {
             match &result {
-                Ok(r) => {
+                Ok((r, _)) => {
                     if let Some(next) = &r.current_role {
                         span.record("uwf.next_role", next.as_str());
                     }
@@ -201,7 +209,7 @@ impl Engine {
         mode: Mode,
         agent: &mut dyn Agent,
         cancel: &Cancel,
-    ) -> Result<StepResult, EngineError> {
+    ) -> Result<Stepped, EngineError> {
         let id = record.id;
         let wf = self.store.workflows().load(record.workflow_hash)?;
         let Some(role_def) = wf.roles.get(role) else {
@@ -224,25 +232,21 @@ impl Engine {
             ));
         }
         if let Some(fan) = &role_def.fan_out {
-            return self.run_fan_out_step(
-                record,
-                role,
-                instruction,
-                fan,
-                &wf,
-                None,
-                (agent, cancel),
-            );
+            return self
+                .run_fan_out_step(record, role, instruction, fan, &wf, None, (agent, cancel))
+                .map(|r| (r, None));
         }
         if let Some(child_workflow) = &role_def.workflow {
-            return self.run_child_step(
-                record,
-                role,
-                instruction,
-                child_workflow,
-                &wf,
-                (agent, cancel),
-            );
+            return self
+                .run_child_step(
+                    record,
+                    role,
+                    instruction,
+                    child_workflow,
+                    &wf,
+                    (agent, cancel),
+                )
+                .map(|r| (r, None));
         }
         let (location, dir) = self.step_location(record, role, &wf, mode)?;
         let (task, max_rounds) = self.task_of(record.start)?;
@@ -366,9 +370,9 @@ impl Engine {
         );
         if self.maybe_compact(&wf, &written.record, agent, cancel)? {
             let latest = self.threads().get(id)?.unwrap_or(written.record);
-            return Ok(StepResult::of(&latest));
+            return Ok((StepResult::of(&latest), Some(latest)));
         }
-        Ok(StepResult::of(&written.record))
+        Ok((StepResult::of(&written.record), Some(written.record)))
     }
 
     /// Where the step's agent works: the edge's location (resolved against
