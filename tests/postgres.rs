@@ -67,10 +67,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{append_n, new_thread, next, step, workflow};
 use uwf_db::backend::BackendError;
-use uwf_db::thread::{EndSpec, NewThread, Next, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
-use uwf_db::workflow::parse_workflow;
 use uwf_db::engine::StartOptions;
 use uwf_db::engine::agent::ScriptAgent;
+use uwf_db::thread::{EndSpec, NewThread, Next, ThreadId, ThreadQuery, ThreadRecord, ThreadStatus};
+use uwf_db::workflow::parse_workflow;
 use uwf_db::{Blob, OpenError, Store, StoreOptions};
 
 /// A thread as its typed columns say it is.

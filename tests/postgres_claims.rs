@@ -12,6 +12,7 @@ mod common;
 use common::backend::TestBackend;
 use common::{next, step};
 use uwf_db::backend::BackendError;
+use uwf_db::backend::postgres::{CHECK_TRUSTS, PostgresBackend};
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
 use uwf_db::engine::{Cancel, DriveOptions, EngineError, StartOptions};
 use uwf_db::thread::{ThreadError, ThreadStatus};
@@ -95,7 +96,10 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
     let after_b = b.threads().get(id).unwrap().unwrap();
     assert_eq!(after_b.seq, 1);
 
-    // A, still holding its (lost) claim, is stopped before its agent runs.
+    // A, still holding its (lost) claim, is stopped before its agent runs
+    // (its session last answered when it claimed, longer ago than a check
+    // trusts an answer, so the check pings).
+    std::thread::sleep(2 * CHECK_TRUSTS);
     let mut agent_a = Counting::default();
     let report = a.engine().drive(id, &DriveOptions::default(), &mut agent_a);
     assert!(
@@ -137,6 +141,56 @@ fn a_claim_lost_with_its_connection_is_taken_over_and_its_holder_stopped() {
         ThreadStatus::Completed
     );
     assert_eq!(agent_b.0, 2);
+}
+
+/// A busy runner's checks of its claims share the lock session's answers
+/// (`docs/design.md` §8f item 12): a check less than `CHECK_TRUSTS` after
+/// an answer sends no ping, so a thousand checks in a row send at most one
+/// each `CHECK_TRUSTS`; a check after the session has been quiet longer
+/// pings.
+#[test]
+fn checks_ping_at_most_once_each_check_trusts() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let store: &Store = &test_store;
+    let pg = || {
+        store
+            .backend()
+            .as_any()
+            .downcast_ref::<PostgresBackend>()
+            .expect("a PostgreSQL store")
+            .lock_pings()
+    };
+    let hash = common::two_roles(store, "two");
+    let id = store
+        .engine()
+        .start_workflow(hash, "a task", &StartOptions::default())
+        .unwrap()
+        .id;
+    let _outer = store.engine().claim(id, &Cancel::new()).unwrap();
+    let before = pg();
+    let started = std::time::Instant::now();
+    for _ in 0..1000 {
+        // A nested claim checks the outer claim's lock.
+        drop(store.engine().claim(id, &Cancel::new()).unwrap());
+    }
+    let elapsed = started.elapsed();
+    let pings = pg() - before;
+    let bound = 1 + elapsed.as_nanos() / CHECK_TRUSTS.as_nanos();
+    assert!(
+        u128::from(pings) <= bound,
+        "{pings} pings in {elapsed:?} (at most {bound})"
+    );
+    // Quiet for longer than a check trusts an answer: the next one pings.
+    std::thread::sleep(2 * CHECK_TRUSTS);
+    let before = pg();
+    drop(store.engine().claim(id, &Cancel::new()).unwrap());
+    assert_eq!(pg() - before, 1);
+    // And the one after it, at once, does not.
+    drop(store.engine().claim(id, &Cancel::new()).unwrap());
+    assert_eq!(pg() - before, 1);
 }
 
 /// A claim's transaction holds no snapshot and no transaction id, so an

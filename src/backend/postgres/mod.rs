@@ -58,6 +58,7 @@ pub(crate) use error::connection_lost;
 use error::*;
 use txn::*;
 
+pub use locks::CHECK_TRUSTS;
 pub use pool::DEFAULT_CONNECTIONS;
 pub use schema::SCHEMA_VERSION;
 
@@ -281,6 +282,13 @@ impl PostgresBackend {
     pub fn connect_waits(&self) -> u64 {
         self.connect_waits
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many liveness pings the checks of this handle's claims have
+    /// sent ([`HeldLock::check`](crate::backend::HeldLock::check); at
+    /// most one each [`CHECK_TRUSTS`]): a figure for tests and benchmarks.
+    pub fn lock_pings(&self) -> u64 {
+        self.locks.pings()
     }
 
     /// How many round trips this handle's transactions have made to the
