@@ -186,11 +186,18 @@ fn checks_ping_at_most_once_each_check_trusts() {
     // Quiet for longer than a check trusts an answer: the next one pings.
     std::thread::sleep(2 * CHECK_TRUSTS);
     let before = pg();
+    let sent = std::time::Instant::now();
     drop(store.engine().claim(id, &Cancel::new()).unwrap());
     assert_eq!(pg() - before, 1);
-    // And the one after it, at once, does not.
+    // And the one after it, at once, does not — when both came within
+    // `CHECK_TRUSTS` of that ping's sending (on a server slower than that,
+    // the second may ping again, but no more).
     drop(store.engine().claim(id, &Cancel::new()).unwrap());
-    assert_eq!(pg() - before, 1);
+    if sent.elapsed() < CHECK_TRUSTS {
+        assert_eq!(pg() - before, 1);
+    } else {
+        assert!(pg() - before <= 2);
+    }
 }
 
 /// A claim's transaction holds no snapshot and no transaction id, so an

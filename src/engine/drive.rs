@@ -366,13 +366,12 @@ impl Engine {
     /// Runs one role step of an idle thread with `agent`, from `known`, the
     /// record the driver's previous step committed, when it has one; else
     /// from the record as stored (`docs/design.md` §8f "A driver steps on
-    /// from its own commit"). Carrying it saves a read a step (a round trip
-    /// on PostgreSQL) and is as safe as reading it: a write that moved the
-    /// head since makes this step's commit a conflict (`load_checked`),
-    /// exactly as one landing while the agent works does; the writes that
-    /// leave the head (labels, a stop request, the agent spec, usage)
-    /// change nothing a step reads before its commit, and its commit reads
-    /// the record afresh.
+    /// from its own commit", item 11). Carrying it saves a read a step (a
+    /// round trip on PostgreSQL): a write that moved the head since makes
+    /// this step's commit a conflict (`load_checked`), exactly as one
+    /// landing while the agent works does, and the commit reads the record
+    /// afresh (a stop request, usage, labels). A step whose role runs
+    /// children reads the record first ([`Self::next_runs_children`]).
     pub(super) fn step_thread_from(
         &self,
         id: ThreadId,
@@ -382,7 +381,7 @@ impl Engine {
     ) -> Result<super::step::Stepped, EngineError> {
         let _claim = self.claim(id, cancel)?;
         let record = match known {
-            Some(r) if r.id == id => r,
+            Some(r) if r.id == id && !self.next_runs_children(&r)? => r,
             _ => self.need_thread(id)?,
         };
         let status = record.underlying_status();
@@ -392,6 +391,19 @@ impl Engine {
         let role = record.next_role.clone().unwrap_or_default();
         let instruction = record.next_instruction.clone().unwrap_or_default();
         self.run_step(&record, &role, &instruction, Mode::Next, agent, cancel)
+    }
+
+    /// Whether `record`'s next role runs children (a child workflow or a
+    /// fan-out). Such a step starts threads (copying the parent's labels,
+    /// agent and directory into them) before its own commit, so it starts
+    /// from the record as stored, never a carried one: a cancelled
+    /// parent's step then stops before any child is made.
+    fn next_runs_children(&self, record: &ThreadRecord) -> Result<bool, EngineError> {
+        let Some(role) = &record.next_role else {
+            return Ok(false);
+        };
+        let wf = self.store.workflows().load(record.workflow_hash)?;
+        Ok(wf.roles.get(role).is_some_and(|r| r.runs_children()))
     }
 
     /// Resumes a suspended thread (its suspended role runs again with the
@@ -794,6 +806,8 @@ mod tests {
             ThreadRecord {
                 status: ThreadStatus::Idle,
                 claimed_status: None,
+                // The release stamps it again (a later millisecond, maybe).
+                updated_at: stored.updated_at,
                 ..carried.clone()
             },
             stored
@@ -816,5 +830,54 @@ mod tests {
         );
         let stored = store.threads().get(started.id).unwrap().unwrap();
         assert_eq!((stored.head, stored.seq), (second.head, 2));
+    }
+
+    /// A step whose role runs a child workflow starts from the record as
+    /// stored, not a carried one: a parent cancelled since is refused
+    /// before any child thread is made.
+    #[test]
+    fn a_role_running_children_reads_the_record_first() {
+        let store = Store::memory();
+        let add = |yaml: &str, name: &str| {
+            let wf = crate::workflow::parse_workflow(yaml, Some(name), &|n| n == "one").unwrap();
+            store.workflows().add(&wf).unwrap().0
+        };
+        add(
+            "name: one\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n",
+            "one",
+        );
+        let outer = add(
+            "name: outer\nroles:\n  writer: { goal: Write }\n  sub: { workflow: one }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: sub, prompt: 'Now the child' } }\n  sub: { done: { role: $END, prompt: 'Done' }, failed: { role: $END, prompt: 'Failed' } }\n",
+            "outer",
+        );
+        let engine = store.engine();
+        let started = engine
+            .start_workflow(outer, "task", &StartOptions::default())
+            .unwrap();
+        let cancel = Cancel::default();
+        let (_, carried) = engine
+            .step_thread_from(started.id, Some(started.clone()), &mut Again, &cancel)
+            .unwrap();
+        let carried = carried.expect("a role step returns its record");
+        assert_eq!(carried.next_role.as_deref(), Some("sub"));
+        assert!(engine.next_runs_children(&carried).unwrap());
+        engine
+            .cancel_thread(started.id, &CancelOptions::default())
+            .unwrap();
+        let e = engine
+            .step_thread_from(started.id, Some(carried), &mut Again, &cancel)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EngineError::NotSteppable {
+                    status: ThreadStatus::Cancelled,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let threads = store.threads().list(&Default::default()).unwrap();
+        assert_eq!(threads.len(), 1, "no child was made: {threads:?}");
     }
 }

@@ -148,12 +148,15 @@ impl HeldLock for AdvisoryLock {
         {
             return Ok(());
         }
-        session.pings += 1;
         let sent = Instant::now();
+        let session = &mut *session;
         let alive = match session.client.as_mut() {
-            Some(client) => client
-                .batch_execute("SELECT 1")
-                .map_err(|e| super::lock_lost_detail(&e)),
+            Some(client) => {
+                session.pings += 1;
+                client
+                    .batch_execute("SELECT 1")
+                    .map_err(|e| super::lock_lost_detail(&e))
+            }
             None => Err("the connection was lost earlier and given up".into()),
         };
         if alive.is_ok() {
