@@ -285,8 +285,8 @@ impl PostgresBackend {
     }
 
     /// How many liveness pings the checks of this handle's claims have
-    /// sent ([`HeldLock::check`](crate::backend::HeldLock::check); at
-    /// most one each [`CHECK_TRUSTS`]): a figure for tests and benchmarks.
+    /// sent ([`HeldLock::check`]; at most one each [`CHECK_TRUSTS`]): a
+    /// figure for tests and benchmarks.
     pub fn lock_pings(&self) -> u64 {
         self.locks.pings()
     }
