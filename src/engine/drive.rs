@@ -615,7 +615,7 @@ impl Engine {
     fn run_steps(
         &self,
         id: ThreadId,
-        known: Option<ThreadRecord>,
+        mut known: Option<ThreadRecord>,
         max_steps: usize,
         agent: &mut dyn Agent,
         cancel: &Cancel,
@@ -632,9 +632,8 @@ impl Engine {
             }
         };
         let mut stopped_by_request = false;
-        // The record the last step committed (or the caller's, just
-        // written): the next step starts from it.
-        let mut known = known;
+        // `known`: the record the last step committed (or the caller's,
+        // just written); the next step starts from it.
         while results.len() < max_steps {
             if cancel.is_stopping() && !results.is_empty() {
                 stopped_by_request = true;
@@ -772,6 +771,13 @@ mod tests {
     use crate::engine::{EngineError, StartOptions};
     use crate::thread::ThreadError;
 
+    /// Adds workflow `yaml` named `name` (child workflow `one` taken as
+    /// registered) and returns its hash.
+    fn add(store: &Store, yaml: &str, name: &str) -> crate::Hash {
+        let wf = crate::workflow::parse_workflow(yaml, Some(name), &|n| n == "one").unwrap();
+        store.workflows().add(&wf).unwrap().0
+    }
+
     /// Answers every call alike (the one edge, `_`, takes it).
     struct Again;
     impl Agent for Again {
@@ -787,8 +793,7 @@ mod tests {
     fn a_stale_carried_record_is_a_conflict_not_a_merge() {
         let store = Store::memory();
         let yaml = "name: loop\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: writer, prompt: 'Again' } }\n";
-        let wf = crate::workflow::parse_workflow(yaml, Some("loop"), &|_| false).unwrap();
-        let (hash, _) = store.workflows().add(&wf).unwrap();
+        let hash = add(&store, yaml, "loop");
         let engine = store.engine();
         let started = engine
             .start_workflow(hash, "task", &StartOptions::default())
@@ -838,15 +843,13 @@ mod tests {
     #[test]
     fn a_role_running_children_reads_the_record_first() {
         let store = Store::memory();
-        let add = |yaml: &str, name: &str| {
-            let wf = crate::workflow::parse_workflow(yaml, Some(name), &|n| n == "one").unwrap();
-            store.workflows().add(&wf).unwrap().0
-        };
         add(
+            &store,
             "name: one\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n",
             "one",
         );
         let outer = add(
+            &store,
             "name: outer\nroles:\n  writer: { goal: Write }\n  sub: { workflow: one }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: sub, prompt: 'Now the child' } }\n  sub: { done: { role: $END, prompt: 'Done' }, failed: { role: $END, prompt: 'Failed' } }\n",
             "outer",
         );
