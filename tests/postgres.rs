@@ -1118,6 +1118,45 @@ fn a_driven_thread_is_not_read_back_between_its_steps() {
     assert_eq!(spent[1], 2 + 4 * 2, "{spent:?}");
 }
 
+/// A page of a thread's steps is read with its prompts and replies in one
+/// round trip, however long the page: `thread log`, the HTTP API's log
+/// page and a diff read them together, where one entry at a time cost two
+/// round trips each (its input node, then its reply).
+#[test]
+fn a_page_of_steps_reads_its_texts_in_one_round_trip() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let store = TestBackend::Postgres.fast();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
+    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+    let review = store.workflows().add(&wf).unwrap().0;
+    let mut agent = ScriptAgent::load(&root.join("examples/review.scenario.yaml")).unwrap();
+    let (thread, report) = store
+        .engine()
+        .run_workflow(review, "a task", &StartOptions::default(), &mut agent)
+        .unwrap();
+    assert!(report.error.is_none(), "{:?}", report.error);
+    let log = store.threads().log(thread.id, 50, None).unwrap();
+    assert_eq!(log.len(), 5, "four steps and the end");
+    let before = round_trips(&store);
+    let entries = uwf_db::api::LogEntry::read_all(&store, &log, Default::default()).unwrap();
+    assert_eq!(round_trips(&store) - before, 1);
+    // Each entry has its own step's texts, in the page's order.
+    assert_eq!(entries.len(), log.len());
+    for (entry, step) in entries.iter().zip(&log) {
+        assert_eq!((entry.hash, entry.seq), (step.hash, step.node.seq));
+        let text = |hash| match store.get(hash).unwrap() {
+            Some(Blob::Content(c)) => c.text,
+            other => panic!("{hash} is not content: {other:?}"),
+        };
+        assert_eq!(entry.content, text(&step.node.content));
+        assert_eq!(entry.input, text(&step.node.input));
+    }
+    assert_eq!(entries.last().unwrap().role, "developer");
+}
+
 /// A thread's last step and its end node, written in one transaction
 /// (`Next::End`), cost the round trips of a step: the end node's position
 /// comes from the step node this transaction wrote, not from reading it

@@ -224,11 +224,13 @@ impl ThreadDiff {
             0
         };
         let after = |log: &[crate::thread::LogEntry]| -> Result<Vec<LogEntry>, ThreadError> {
-            log.iter()
+            let steps: Vec<_> = log
+                .iter()
                 .rev()
                 .filter(|e| e.node.seq > shared)
-                .map(|e| LogEntry::read(store, e))
-                .collect()
+                .cloned()
+                .collect();
+            LogEntry::read_all(store, &steps, super::KeptTexts::default())
         };
         let cut =
             |log: &[crate::thread::LogEntry]| log.last().is_some_and(|e| e.node.seq > shared + 1);

@@ -258,52 +258,97 @@ impl LogEntry {
         entry: &crate::thread::LogEntry,
         texts: KeptTexts,
     ) -> Result<Self, ThreadError> {
+        let mut one = Self::read_all(store, std::slice::from_ref(entry), texts)?;
+        one.pop()
+            .ok_or(ThreadError::MissingNode { hash: entry.hash })
+    }
+
+    /// The entries of `entries`, in their order, with the kept texts
+    /// `texts` asks for. Every step's prompt and reply are read in one
+    /// read (one round trip on a server backend, where an entry at a time
+    /// cost two each); the kept texts, a debugging aid asked for by name,
+    /// are read an entry at a time.
+    ///
+    /// ```
+    /// # let store = uwf_db::Store::memory();
+    /// # let yaml = "name: two\nroles:\n  writer: { goal: Write }\ngraph:\n  $START: { _: { role: writer, prompt: 'Write it' } }\n  writer: { _: { role: $END, prompt: 'Done' } }\n";
+    /// # let wf = uwf_db::workflow::parse_workflow(yaml, Some("two"), &|_| false).unwrap();
+    /// # let (hash, _) = store.workflows().add(&wf)?;
+    /// # struct Echo;
+    /// # impl uwf_db::engine::agent::Agent for Echo {
+    /// #     fn call(&mut self, _: &uwf_db::engine::agent::AgentRequest<'_>) -> Result<uwf_db::engine::agent::AgentReply, uwf_db::engine::agent::AgentError> { Ok("written".to_owned().into()) }
+    /// # }
+    /// let id = store.engine().start_workflow(hash, "task", &Default::default())?.id;
+    /// store.engine().drive(id, &Default::default(), &mut Echo).into_result()?;
+    /// let log = store.threads().log(id, 10, None)?; // newest first
+    /// let entries = uwf_db::api::LogEntry::read_all(&store, &log, Default::default())?;
+    /// assert_eq!(entries.len(), 2);
+    /// assert_eq!((entries[1].role.as_str(), entries[1].content.as_str()), ("writer", "written"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_all(
+        store: &Store,
+        entries: &[crate::thread::LogEntry],
+        texts: KeptTexts,
+    ) -> Result<Vec<Self>, ThreadError> {
         use crate::engine::kept::{Kept, PROMPT_META, STDERR_META, prompt_text};
-        let n = &entry.node;
-        let input = store.threads().content_node(&n.input)?;
-        let kept = Kept::of(&n.meta, &input.artifacts);
-        let sent_prompt = match texts.prompt {
-            true => prompt_text(store, &n.meta, &input.artifacts)?,
-            false => None,
-        };
-        let stderr_text = match (texts.stderr, kept.stderr) {
-            (true, Some(h)) => Some(store.threads().content_text(&h)?),
-            _ => None,
-        };
-        Ok(LogEntry {
-            prompt_kept: kept.prompt,
-            sent_prompt,
-            stderr_text,
-            stderr: kept.stderr,
-            child_thread: n.child_thread,
-            content: store.threads().content_text(&n.content)?,
-            hash: entry.hash,
-            input: input.text,
-            meta: n
-                .meta
-                .iter()
-                .filter(|(k, _)| {
-                    ![
-                        USAGE_META,
-                        crate::engine::retry::ATTEMPTS_META,
-                        PROMPT_META,
-                        STDERR_META,
-                    ]
-                    .contains(&k.as_str())
-                })
-                .map(|(k, v)| (k.clone(), v.to_json()))
-                .collect(),
-            role: n.role.clone(),
-            seq: n.seq,
-            status: n
-                .meta
-                .get("$status")
-                .map(|v| v.to_json())
-                .filter(|_| n.role != END_ROLE),
-            timestamp: n.timestamp,
-            usage: StepUsageEntry::of(n),
-            attempts: crate::engine::retry::attempts_of(&n.meta),
-        })
+        // Each entry's input node and reply, in one read.
+        let wanted: Vec<Hash> = entries
+            .iter()
+            .flat_map(|e| [e.node.input, e.node.content])
+            .collect();
+        let mut found = store.threads().content_nodes(&wanted)?.into_iter();
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let n = &entry.node;
+            let (Some(input), Some(content)) = (found.next(), found.next()) else {
+                return Err(ThreadError::MissingNode { hash: n.input });
+            };
+            let kept = Kept::of(&n.meta, &input.artifacts);
+            let sent_prompt = match texts.prompt {
+                true => prompt_text(store, &n.meta, &input.artifacts)?,
+                false => None,
+            };
+            let stderr_text = match (texts.stderr, kept.stderr) {
+                (true, Some(h)) => Some(store.threads().content_text(&h)?),
+                _ => None,
+            };
+            out.push(LogEntry {
+                prompt_kept: kept.prompt,
+                sent_prompt,
+                stderr_text,
+                stderr: kept.stderr,
+                child_thread: n.child_thread,
+                content: content.text,
+                hash: entry.hash,
+                input: input.text,
+                meta: n
+                    .meta
+                    .iter()
+                    .filter(|(k, _)| {
+                        ![
+                            USAGE_META,
+                            crate::engine::retry::ATTEMPTS_META,
+                            PROMPT_META,
+                            STDERR_META,
+                        ]
+                        .contains(&k.as_str())
+                    })
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect(),
+                role: n.role.clone(),
+                seq: n.seq,
+                status: n
+                    .meta
+                    .get("$status")
+                    .map(|v| v.to_json())
+                    .filter(|_| n.role != END_ROLE),
+                timestamp: n.timestamp,
+                usage: StepUsageEntry::of(n),
+                attempts: crate::engine::retry::attempts_of(&n.meta),
+            });
+        }
+        Ok(out)
     }
 }
 

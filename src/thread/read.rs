@@ -293,6 +293,29 @@ impl Threads<'_> {
         })
     }
 
+    /// The content blobs `hashes` names, in their order, read in one read
+    /// (one round trip on a server backend); a blob that is missing or not
+    /// content is an error.
+    pub(crate) fn content_nodes(
+        &self,
+        hashes: &[Hash],
+    ) -> Result<Vec<crate::node::ContentNode>, ThreadError> {
+        self.store.read_once(|r| {
+            hashes
+                .iter()
+                .zip(r.get_blobs(hashes)?)
+                .map(|(hash, blob)| match blob {
+                    Some(Blob::Content(c)) => Ok(c),
+                    Some(_) => Err(ThreadError::WrongKind {
+                        hash: *hash,
+                        expected: "content",
+                    }),
+                    None => Err(ThreadError::MissingNode { hash: *hash }),
+                })
+                .collect()
+        })
+    }
+
     /// The text of a content blob (a reply, a prompt); a blob that is
     /// missing or not content is an error, never an empty text.
     pub(crate) fn content_text(&self, hash: &Hash) -> Result<String, ThreadError> {

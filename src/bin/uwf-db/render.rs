@@ -16,7 +16,23 @@ pub fn labels_text(labels: &Labels) -> String {
 }
 
 pub fn text_of(store: &Store, hash: &Hash) -> Result<String, CliError> {
-    match store.get(hash)? {
+    content(*hash, store.get(hash)?)
+}
+
+/// The texts of the content blobs `hashes` names, in their order, read in
+/// one read (one round trip on a server backend).
+pub fn texts_of(store: &Store, hashes: &[Hash]) -> Result<Vec<String>, CliError> {
+    let blobs = store.read(|r| r.get_blobs(hashes))?;
+    hashes
+        .iter()
+        .zip(blobs)
+        .map(|(hash, blob)| content(*hash, blob))
+        .collect()
+}
+
+/// The text of `blob`, read as the content blob `hash`.
+fn content(hash: Hash, blob: Option<Blob>) -> Result<String, CliError> {
+    match blob {
         Some(Blob::Content(c)) => Ok(c.text),
         Some(other) => Err(CliError::Failed(format!(
             "blob {hash} is a {} blob, not content",
@@ -51,6 +67,11 @@ pub fn usage_text(u: &uwf_db::usage::UsageTotals) -> String {
 
 /// One `thread log` text line (also a line of `thread watch`).
 pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
+    Ok(entry_line_with(e, &text_of(store, &e.node.content)?))
+}
+
+/// [`entry_line`] of a step whose reply `content` is already read.
+pub fn entry_line_with(e: &LogEntry, content: &str) -> String {
     let n = &e.node;
     let status = match n.meta.get("$status") {
         Some(uwf_db::Value::Str(s)) => s.clone(),
@@ -60,7 +81,6 @@ pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
         },
         _ => "_".into(),
     };
-    let content = text_of(store, &n.content)?;
     let first = content.lines().next().unwrap_or("");
     // A step that took more than one attempt says how many, and why the
     // earlier ones failed (SPEC §13).
@@ -75,7 +95,7 @@ pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
             causes.join(", ")
         )
     };
-    Ok(format!(
+    format!(
         "{}  #{:<5} {:<14} {:<16} {}  {tries}{}",
         e.hash.short(10),
         n.seq,
@@ -83,5 +103,5 @@ pub fn entry_line(store: &Store, e: &LogEntry) -> Result<String, CliError> {
         status,
         output::timestamp(n.timestamp),
         first
-    ))
+    )
 }

@@ -11,7 +11,7 @@ use uwf_db::thread::{
 use uwf_db::{HashPrefix, Store};
 
 use crate::output::{self, Output};
-use crate::render::{entry_line, labels_text, usage_text};
+use crate::render::{entry_line_with, labels_text, texts_of, usage_text};
 use crate::{Cli, CliError, parse_prefix};
 
 /// Parses a thread id or unique prefix (bad input exits 2).
@@ -763,21 +763,25 @@ fn log(
     out: &mut Output,
 ) -> Result<(), CliError> {
     if out.json {
-        let rows = entries
-            .iter()
-            .map(|e| api::LogEntry::read_with(store, e, texts))
-            .collect::<Result<Vec<_>, _>>()?;
+        let rows = api::LogEntry::read_all(store, entries, texts)?;
         return Ok(out.json_value(&rows)?);
     }
     if entries.is_empty() {
         return Ok(out.line("no steps yet")?);
     }
-    for e in entries {
-        out.line(entry_line(store, e)?)?;
-        if texts == api::KeptTexts::default() {
-            continue;
+    if texts == api::KeptTexts::default() {
+        // The replies alone, in one read.
+        let hashes: Vec<_> = entries.iter().map(|e| e.node.content).collect();
+        for (e, content) in entries.iter().zip(texts_of(store, &hashes)?) {
+            out.line(entry_line_with(e, &content))?;
         }
-        let entry = api::LogEntry::read_with(store, e, texts)?;
+        return Ok(());
+    }
+    for (e, entry) in entries
+        .iter()
+        .zip(api::LogEntry::read_all(store, entries, texts)?)
+    {
+        out.line(entry_line_with(e, &entry.content))?;
         let mut section = |title: &str, text: Option<&str>| match text {
             Some(text) => {
                 out.line(format_args!("  ── {title} ──"))?;

@@ -157,10 +157,7 @@ pub async fn thread_log(
             .last()
             .filter(|e| entries.len() == limit && e.node.seq > 1)
             .map(|e| e.hash);
-        let entries = entries
-            .iter()
-            .map(|e| api::LogEntry::read(store, e))
-            .collect::<Result<_, _>>()?;
+        let entries = api::LogEntry::read_all(store, &entries, api::KeptTexts::default())?;
         Ok(Json(LogPage {
             entries,
             next_before,
