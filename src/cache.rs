@@ -1,7 +1,7 @@
 //! Small caches keyed by content (a blob hash, a schema's or a template's
 //! own text), so an entry can never go stale.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::hash::Hash as StdHash;
 use std::sync::{Mutex, MutexGuard};
 
@@ -18,7 +18,7 @@ impl<K: Eq + StdHash, V: Clone> Bounded<K, V> {
     /// An empty cache holding at most `capacity` entries.
     pub(crate) fn new(capacity: usize) -> Self {
         Bounded {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(HashMap::default()),
             capacity,
         }
     }

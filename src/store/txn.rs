@@ -1,7 +1,7 @@
 //! Read and write transactions over the store's databases.
 
+use foldhash::HashSet;
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::record::{BlobRecord, TOUCHED_AT, touched_at, write_record};
@@ -360,8 +360,8 @@ impl<'s> WriteTxn<'s> {
             now_ms: now_ms(),
             buf: Vec::with_capacity(1024),
             gc_epoch: None,
-            written: HashSet::new(),
-            seen: HashSet::new(),
+            written: HashSet::default(),
+            seen: HashSet::default(),
             recent: inner.recent.as_ref(),
             fresh: Vec::new(),
         })

@@ -335,8 +335,17 @@ pub(super) fn push_in_full(sql: &mut String, st: &Statement, args: &[String]) {
 
 /// `E'{…}'::type[]`: an array literal of elements written for it
 /// ([`bytea_element`], [`columns::ThreadColumns::elements`], numbers).
-pub(super) fn array_literal<'a>(elements: impl Iterator<Item = &'a str>, ty: &str) -> String {
-    let mut s = String::from("E'{");
+///
+/// Sized once from the elements' lengths: a group's array of blob values
+/// runs to hundreds of kilobytes, and growing it by doubling was 4% of a
+/// PostgreSQL runner's instructions (callgrind, a 200-thread batch).
+pub(super) fn array_literal<'a>(
+    elements: impl Iterator<Item = &'a str> + Clone,
+    ty: &str,
+) -> String {
+    let len: usize = elements.clone().map(|e| e.len() + 1).sum();
+    let mut s = String::with_capacity(len + ty.len() + 8);
+    s.push_str("E'{");
     for (i, e) in elements.enumerate() {
         if i > 0 {
             s.push(',');

@@ -171,7 +171,7 @@ pub(super) struct TxnState {
     pub(super) prefetch: Vec<(Table, Vec<u8>)>,
     /// Values read from the server in this transaction (`None`: absent),
     /// valid until this transaction writes the key.
-    pub(super) cache: HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    pub(super) cache: foldhash::HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
     /// Writes not yet sent, one per key, the last one winning.
     pub(super) held: BTreeMap<(Table, Vec<u8>), Held>,
     /// The held writes' SQL, in bytes.
@@ -270,25 +270,7 @@ pub(super) fn bytea_literal(bytes: &[u8]) -> String {
 
 /// Hex text as sent back by `encode(v, 'hex')`, as bytes.
 pub(super) fn from_hex(text: &str) -> Option<Vec<u8>> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let digits = text.as_bytes();
-    if !digits.len().is_multiple_of(2) {
-        return None;
-    }
-    digits
-        .chunks_exact(2)
-        .map(|pair| match pair {
-            [hi, lo] => Some(nibble(*hi)? << 4 | nibble(*lo)?),
-            _ => None,
-        })
-        .collect()
+    crate::hash::unhex(text)
 }
 
 impl Txn<'_> {
@@ -527,7 +509,8 @@ impl Txn<'_> {
         }
         state.started = true;
         state.locked.extend(locks);
-        let mut found: HashMap<(Table, Vec<u8>), Vec<u8>> = HashMap::with_capacity(keys.len());
+        let mut found: foldhash::HashMap<(Table, Vec<u8>), Vec<u8>> =
+            foldhash::HashMap::with_capacity_and_hasher(keys.len(), Default::default());
         for message in &messages {
             let postgres::SimpleQueryMessage::Row(row) = message else {
                 continue;
