@@ -1079,6 +1079,16 @@ fn an_append_step_costs_three_round_trips() {
     assert_eq!(ended.seq, 7);
 }
 
+/// Adds `examples/review.yaml` to `store`: its hash, and the path of its
+/// scenario for the scripted agent.
+fn add_review(store: &Store) -> (uwf_db::Hash, std::path::PathBuf) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
+    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
+    let review = store.workflows().add(&wf).unwrap().0;
+    (review, root.join("examples/review.scenario.yaml"))
+}
+
 /// A driver steps on from the record its own commit wrote (`docs/design.md`
 /// §8f "A driver steps on from its own commit"): driving the four steps of
 /// a review thread costs the round trips of its writes and no read of its
@@ -1090,11 +1100,7 @@ fn a_driven_thread_is_not_read_back_between_its_steps() {
         return;
     }
     let store = TestBackend::Postgres.fast();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
-    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
-    let review = store.workflows().add(&wf).unwrap().0;
-    let scenario = root.join("examples/review.scenario.yaml");
+    let (review, scenario) = add_review(&store);
     let mut spent = Vec::new();
     for task in ["a task", "another task"] {
         let mut agent = ScriptAgent::load(&scenario).unwrap();
@@ -1128,11 +1134,8 @@ fn a_page_of_steps_reads_its_texts_in_one_round_trip() {
         return;
     }
     let store = TestBackend::Postgres.fast();
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let yaml = std::fs::read_to_string(root.join("examples/review.yaml")).unwrap();
-    let wf = parse_workflow(&yaml, Some("review"), &|_| false).unwrap();
-    let review = store.workflows().add(&wf).unwrap().0;
-    let mut agent = ScriptAgent::load(&root.join("examples/review.scenario.yaml")).unwrap();
+    let (review, scenario) = add_review(&store);
+    let mut agent = ScriptAgent::load(&scenario).unwrap();
     let (thread, report) = store
         .engine()
         .run_workflow(review, "a task", &StartOptions::default(), &mut agent)
