@@ -30,6 +30,21 @@ URL=$PGURL/$DB
 prompts=$(mktemp)
 seq 1 "$N" | sed 's/^/change /' >"$prompts"
 start=$(wc -l <"$PGLOG")
+# The server's CPU: its backends' once the postmaster has reaped them
+# (cutime + cstime), and its background processes' (WAL writer,
+# checkpointer…) — when this user can read the postmaster's pid file.
+PGPID=${PGPID:-/var/run/postgresql/15-main.pid}
+server_ticks() {
+    local pm t=0 p
+    pm=$(head -1 "$PGPID" 2>/dev/null) || return 0
+    [ -r "/proc/$pm/stat" ] || return 0
+    t=$(awk '{print $16 + $17}' "/proc/$pm/stat")
+    for p in $(pgrep -P "$pm"); do
+        t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$t"
+}
+sv1=$(server_ticks)
 read -r _ u1 n1 s1 i1 w1 q1 sq1 _ </proc/stat
 /usr/bin/time -f "runner: %e s wall, %U s user, %S s sys" -o /tmp/pg-statements-time.txt \
     "$BIN" --store "$URL" --json batch review --prompts "$prompts" \
@@ -38,6 +53,9 @@ read -r _ u1 n1 s1 i1 w1 q1 sq1 _ </proc/stat
 read -r _ u2 n2 s2 i2 w2 q2 sq2 _ </proc/stat
 [ "$LOG" = 0 ] || echo "(every statement logged: slower than without; LOG=0 for the CPU figures)"
 cat /tmp/pg-statements-time.txt
+sleep 0.2
+sv2=$(server_ticks)
+[ -z "$sv1" ] || echo "server: $((sv2 - sv1)) ticks (its backends, reaped, and its background processes)"
 echo "machine busy: $(((u2 + n2 + s2 + q2 + sq2) - (u1 + n1 + s1 + q1 + sq1))) ticks, idle $(((i2 + w2) - (i1 + w1))) (100 a second a core)"
 if [ "$LOG" = 0 ]; then
     rm -f "$prompts"

@@ -16,7 +16,8 @@ pub(super) const HELD_SQL_LIMIT: usize = 4 << 20;
 #[derive(Debug)]
 pub(super) enum Held {
     /// The key's value becomes this (`put`, or an `insert` known to
-    /// write); `row` is its elements (key, value, typed columns).
+    /// write); `row` is its elements (key, the value's hex digits, typed
+    /// columns: [`PgWrite::row_elements`]).
     Put { value: Vec<u8>, row: Vec<String> },
     /// The key is gone (`remove`, or a `delete` known to delete); `key`
     /// is its element.
@@ -99,7 +100,8 @@ enum RunKind {
 }
 
 /// The statement writing `rows` (in key order) of `table`, and its
-/// arguments: one array literal a column.
+/// arguments: one array literal a column, but the values: one `bytea` of
+/// them all with their starts and lengths ([`prepared::values_args`]).
 fn run_statement(
     table: Table,
     kind: &RunKind,
@@ -108,9 +110,14 @@ fn run_statement(
     let column = |i: usize, ty: &str| {
         prepared::array_literal(rows.iter().filter_map(|r| r.get(i)).map(String::as_str), ty)
     };
+    let values = || {
+        let [bytes, starts, lengths] =
+            prepared::values_args(rows.iter().filter_map(|r| r.get(1)).map(String::as_str));
+        [column(0, "bytea[]"), bytes, starts, lengths]
+    };
     match kind {
         RunKind::Put => {
-            let mut args = vec![column(0, "bytea[]"), column(1, "bytea[]")];
+            let mut args = values().to_vec();
             for (i, c) in columns::columns_of(table).enumerate() {
                 args.push(column(i + 2, c.array_type));
             }
@@ -122,13 +129,14 @@ fn run_statement(
         ),
         RunKind::Refresh(b) => (
             prepared::statement(&prepared::Kind::Refresh(table, b.required)),
-            vec![
-                column(0, "bytea[]"),
-                column(1, "bytea[]"),
-                bytea_literal(&b.stamp.to_be_bytes()),
-                b.from.to_string(),
-                bytea_literal(&b.below.to_be_bytes()),
-            ],
+            values()
+                .into_iter()
+                .chain([
+                    bytea_literal(&b.stamp.to_be_bytes()),
+                    b.from.to_string(),
+                    bytea_literal(&b.below.to_be_bytes()),
+                ])
+                .collect(),
         ),
     }
 }

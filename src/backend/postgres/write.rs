@@ -18,15 +18,16 @@ impl PgWrite<'_> {
             .map(|rows| rows.len())
     }
 
-    /// The elements of a held put's row: key, value and, for the thread
+    /// The elements of a held put's row: key (an array element), value
+    /// (its hex digits, [`prepared::value_hex`]) and, for the thread
     /// tables, their typed columns filled from `value` ([`columns`]), in
-    /// the order of the put statement ([`prepared::Kind::Put`]).
+    /// the order of the put statement's arrays ([`prepared::Kind::Put`]).
     pub(super) fn row_elements(
         table: Table,
         key: &[u8],
         value: &[u8],
     ) -> Result<Vec<String>, BackendError> {
-        let mut row = vec![prepared::bytea_element(key), prepared::bytea_element(value)];
+        let mut row = vec![prepared::bytea_element(key), prepared::value_hex(value)];
         if columns::has_columns(table) {
             let typed = columns::ThreadColumns::of(table, key, value)?;
             row.extend(typed.elements(table));
@@ -182,7 +183,7 @@ impl WriteTables for PgWrite<'_> {
             stamp: refresh.stamp,
             required: refresh.required,
         };
-        let row = vec![prepared::bytea_element(key), prepared::bytea_element(value)];
+        let row = vec![prepared::bytea_element(key), prepared::value_hex(value)];
         self.hold(table, key, Held::Refresh { row, bounds })
     }
 
