@@ -273,9 +273,13 @@ impl Prepared {
         }
         sql.push_str("EXECUTE ");
         sql.push_str(&st.name);
+        // Each argument pushed in place: `join` would copy a group's
+        // values once more.
+        for (i, arg) in args.iter().enumerate() {
+            sql.push_str(if i == 0 { " (" } else { ", " });
+            sql.push_str(arg);
+        }
         if !args.is_empty() {
-            sql.push_str(" (");
-            sql.push_str(&args.join(", "));
             sql.push(')');
         }
     }
@@ -373,8 +377,8 @@ pub(super) fn array_literal<'a>(
 /// The values of a run of rows as three arguments: one `E'\\x…'::bytea`
 /// of them all, one after another, then each one's start in it (1-based)
 /// and its length, as `int4[]`s; the statement cuts them apart with
-/// `substring` ([`Kind::Put`], [`Kind::Refresh`]). `hexes` are the
-/// values' hex digits ([`value_hex`]).
+/// `substring` ([`Kind::Put`], [`Kind::Refresh`]). Each value's hex is
+/// written straight into the literal, which is sized once.
 ///
 /// Not a `bytea[]`: the server reads an array literal character by
 /// character, twice (`ArrayCount`, `ReadArrayStr`) before each element's
@@ -382,35 +386,29 @@ pub(super) fn array_literal<'a>(
 /// read — `array_in` and those two were 5.8% of the whole machine under a
 /// one-runner batch (`perf record -a`). One `bytea` is decoded straight
 /// from its hex.
-pub(super) fn values_args<'a>(hexes: impl Iterator<Item = &'a str> + Clone) -> [String; 3] {
-    let len: usize = hexes.clone().map(str::len).sum();
+pub(super) fn values_args<'a>(values: impl Iterator<Item = &'a [u8]> + Clone) -> [String; 3] {
+    use std::fmt::Write as _;
+    let len: usize = values.clone().map(|v| 2 * v.len()).sum();
     let mut bytes = String::with_capacity(len + 16);
     bytes.push_str("E'\\\\x");
     let mut starts = String::from("E'{");
     let mut lengths = String::from("E'{");
     let mut start = 1usize;
-    for (i, hex) in hexes.enumerate() {
+    for (i, value) in values.enumerate() {
         if i > 0 {
             starts.push(',');
             lengths.push(',');
         }
-        bytes.push_str(hex);
-        let n = hex.len() / 2;
-        starts.push_str(&start.to_string());
-        lengths.push_str(&n.to_string());
-        start += n;
+        crate::hash::push_hex(&mut bytes, value);
+        // Writing to a `String` cannot fail.
+        let _ = write!(starts, "{start}");
+        let _ = write!(lengths, "{}", value.len());
+        start += value.len();
     }
     bytes.push_str("'::bytea");
     starts.push_str("}'::int4[]");
     lengths.push_str("}'::int4[]");
     [bytes, starts, lengths]
-}
-
-/// A value's hex digits, as a held row keeps it for [`values_args`].
-pub(super) fn value_hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(2 * bytes.len());
-    crate::hash::push_hex(&mut s, bytes);
-    s
 }
 
 /// Bytes as an element of an array literal in an `E''` string: `\x` and
@@ -547,8 +545,7 @@ mod tests {
     #[test]
     fn values_are_one_bytea_cut_by_starts_and_lengths() {
         let values: [&[u8]; 4] = [&[0xab, 0xcd], &[], &[1], &[0xff; 3]];
-        let hexes: Vec<String> = values.iter().map(|v| value_hex(v)).collect();
-        let [bytes, starts, lengths] = values_args(hexes.iter().map(String::as_str));
+        let [bytes, starts, lengths] = values_args(values.iter().copied());
         assert_eq!(bytes, "E'\\\\xabcd01ffffff'::bytea");
         assert_eq!(starts, "E'{1,3,3,4}'::int4[]");
         assert_eq!(lengths, "E'{2,0,1,3}'::int4[]");

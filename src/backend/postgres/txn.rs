@@ -16,16 +16,17 @@ pub(super) const HELD_SQL_LIMIT: usize = 4 << 20;
 #[derive(Debug)]
 pub(super) enum Held {
     /// The key's value becomes this (`put`, or an `insert` known to
-    /// write); `row` is its elements (key, the value's hex digits, typed
+    /// write); `row` is its other elements (the key, then the typed
     /// columns: [`PgWrite::row_elements`]).
     Put { value: Vec<u8>, row: Vec<String> },
     /// The key is gone (`remove`, or a `delete` known to delete); `key`
     /// is its element.
     Remove { key: String },
-    /// `insert_or_refresh`: the stored value is not known here. `row` is
-    /// the key and value to insert.
+    /// `insert_or_refresh`: the stored value is not known here. `key` (its
+    /// element) and `value` are what to insert.
     Refresh {
-        row: Vec<String>,
+        key: String,
+        value: Vec<u8>,
         bounds: RefreshBounds,
     },
 }
@@ -45,9 +46,10 @@ impl Held {
     /// Bytes of SQL it adds (for [`HELD_SQL_LIMIT`]).
     pub(super) fn sql_len(&self) -> usize {
         match self {
-            Held::Put { row, .. } | Held::Refresh { row, .. } => {
-                row.iter().map(|e| e.len() + 1).sum()
+            Held::Put { value, row } => {
+                2 * value.len() + 1 + row.iter().map(|e| e.len() + 1).sum::<usize>()
             }
+            Held::Refresh { key, value, .. } => 2 * value.len() + key.len() + 2,
             Held::Remove { key } => key.len() + 1,
         }
     }
@@ -68,12 +70,15 @@ pub(super) fn held_statements(
 ) -> Vec<(Arc<prepared::Statement>, Vec<String>)> {
     let mut out = Vec::new();
     let mut run: Option<(Table, RunKind)> = None;
-    let mut rows: Vec<&[String]> = Vec::new();
+    let mut rows: Vec<(&[String], &[u8])> = Vec::new();
     for ((table, _), h) in held {
         let (kind, row) = match h {
-            Held::Put { row, .. } => (RunKind::Put, row.as_slice()),
-            Held::Remove { key } => (RunKind::Remove, std::slice::from_ref(key)),
-            Held::Refresh { row, bounds } => (RunKind::Refresh(*bounds), row.as_slice()),
+            Held::Put { value, row } => (RunKind::Put, (row.as_slice(), value.as_slice())),
+            Held::Remove { key } => (RunKind::Remove, (std::slice::from_ref(key), &[][..])),
+            Held::Refresh { key, value, bounds } => (
+                RunKind::Refresh(*bounds),
+                (std::slice::from_ref(key), value.as_slice()),
+            ),
         };
         let next = (*table, kind);
         if run.as_ref() != Some(&next) {
@@ -105,21 +110,25 @@ enum RunKind {
 fn run_statement(
     table: Table,
     kind: &RunKind,
-    rows: &[&[String]],
+    rows: &[(&[String], &[u8])],
 ) -> (Arc<prepared::Statement>, Vec<String>) {
     let column = |i: usize, ty: &str| {
-        prepared::array_literal(rows.iter().filter_map(|r| r.get(i)).map(String::as_str), ty)
+        prepared::array_literal(
+            rows.iter()
+                .filter_map(|(r, _)| r.get(i))
+                .map(String::as_str),
+            ty,
+        )
     };
     let values = || {
-        let [bytes, starts, lengths] =
-            prepared::values_args(rows.iter().filter_map(|r| r.get(1)).map(String::as_str));
+        let [bytes, starts, lengths] = prepared::values_args(rows.iter().map(|(_, v)| *v));
         [column(0, "bytea[]"), bytes, starts, lengths]
     };
     match kind {
         RunKind::Put => {
             let mut args = values().to_vec();
             for (i, c) in columns::columns_of(table).enumerate() {
-                args.push(column(i + 2, c.array_type));
+                args.push(column(i + 1, c.array_type));
             }
             (prepared::statement(&prepared::Kind::Put(table)), args)
         }

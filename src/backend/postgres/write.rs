@@ -18,16 +18,16 @@ impl PgWrite<'_> {
             .map(|rows| rows.len())
     }
 
-    /// The elements of a held put's row: key (an array element), value
-    /// (its hex digits, [`prepared::value_hex`]) and, for the thread
-    /// tables, their typed columns filled from `value` ([`columns`]), in
-    /// the order of the put statement's arrays ([`prepared::Kind::Put`]).
+    /// The elements of a held put's row but its value: the key and, for
+    /// the thread tables, their typed columns filled from `value`
+    /// ([`columns`]), in the order of the put statement's arrays
+    /// ([`prepared::Kind::Put`]).
     pub(super) fn row_elements(
         table: Table,
         key: &[u8],
         value: &[u8],
     ) -> Result<Vec<String>, BackendError> {
-        let mut row = vec![prepared::bytea_element(key), prepared::value_hex(value)];
+        let mut row = vec![prepared::bytea_element(key)];
         if columns::has_columns(table) {
             let typed = columns::ThreadColumns::of(table, key, value)?;
             row.extend(typed.elements(table));
@@ -183,8 +183,12 @@ impl WriteTables for PgWrite<'_> {
             stamp: refresh.stamp,
             required: refresh.required,
         };
-        let row = vec![prepared::bytea_element(key), prepared::value_hex(value)];
-        self.hold(table, key, Held::Refresh { row, bounds })
+        let held = Held::Refresh {
+            key: prepared::bytea_element(key),
+            value: value.to_vec(),
+            bounds,
+        };
+        self.hold(table, key, held)
     }
 
     fn commit(self: Box<Self>) -> Result<(), BackendError> {
