@@ -133,7 +133,36 @@ impl PostgresBackend {
     /// The version in `uwf_schema` (`None` when there is no schema) and
     /// the server's version number (`server_version_num`), read in the
     /// same statement.
+    ///
+    /// A store opened with its schema in place — every command after the
+    /// first — reads both in one statement; only where `uwf_schema` is
+    /// missing (SQLSTATE 42P01: a new database) does a second statement
+    /// look for it. Each round trip at open is one a short command (an
+    /// agent's `uwf-db thread show`) pays on a fresh server session.
     fn stored_version(&self, client: &mut Client) -> Result<(Option<i32>, i32), BackendError> {
+        let both = client.query_typed(
+            "SELECT max(version), current_setting('server_version_num')::int4 FROM uwf_schema",
+            &[],
+        );
+        match both {
+            Ok(rows) => {
+                let Some(r) = rows.first() else {
+                    return Err(BackendError::BadSchema {
+                        table: "uwf_schema",
+                        detail: "max(version) returned no row".into(),
+                    });
+                };
+                let version =
+                    r.try_get::<_, Option<i32>>(0)
+                        .map_err(|e| BackendError::BadSchema {
+                            table: "uwf_schema",
+                            detail: e.to_string(),
+                        })?;
+                return Ok((version, column::<i32>(r, 1, Table::Meta)?));
+            }
+            Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => {}
+            Err(e) => return Err(self.error("reading the schema version".into(), e)),
+        }
         let rows = client
             .query_typed(
                 "SELECT to_regclass('uwf_schema') IS NOT NULL, \
