@@ -357,6 +357,12 @@ mod tests {
             let c = char::from(b);
             assert_eq!(unhex(&format!("{c}0")), None, "{b:#x}");
             assert_eq!(unhex(&format!("0{c}")), None, "{b:#x}");
+            // Above 0x7f a char is two bytes: alone, and after a pair,
+            // an even length, so the digits themselves are refused.
+            if !b.is_ascii() {
+                assert_eq!(unhex(&format!("{c}")), None, "{b:#x}");
+                assert_eq!(unhex(&format!("00{c}")), None, "{b:#x}");
+            }
         }
         assert_eq!(unhex("é"), None); // two bytes, neither a digit
         // Long enough for the SIMD paths (a value of a few kilobytes), in

@@ -1158,6 +1158,25 @@ fn a_page_of_steps_reads_its_texts_in_one_round_trip() {
         assert_eq!(entry.input, text(&step.node.input));
     }
     assert_eq!(entries.last().unwrap().role, "developer");
+    // The text log's read of the replies alone (`Store::get_many`): one
+    // round trip too, not a transaction's `BEGIN` and `ROLLBACK`; a
+    // repeated hash and a missing one are answered in place.
+    let mut replies: Vec<uwf_db::Hash> = log.iter().map(|s| s.node.content).collect();
+    replies.push(log[0].node.content);
+    replies.push(uwf_db::Hash::of(b"never stored"));
+    let before = round_trips(&store);
+    let blobs = store.get_many(&replies).unwrap();
+    assert_eq!(round_trips(&store) - before, 1);
+    assert_eq!(blobs.len(), replies.len());
+    assert!(blobs.last().unwrap().is_none());
+    for (hash, blob) in replies.iter().zip(&blobs).take(replies.len() - 1) {
+        match (blob, store.get(hash).unwrap()) {
+            (Some(Blob::Content(got)), Some(Blob::Content(stored))) => {
+                assert_eq!(got.text, stored.text, "{hash}")
+            }
+            other => panic!("{hash}: {other:?}"),
+        }
+    }
 }
 
 /// A thread's last step and its end node, written in one transaction

@@ -361,6 +361,26 @@ impl Store {
         self.read_once(|r| r.get_blob(hash))
     }
 
+    /// Reads and decodes the blobs `hashes` names, in their order (`None`
+    /// for one not stored), in one read: one statement on PostgreSQL,
+    /// with no `BEGIN` or `ROLLBACK` around it, as [`Store::get`] reads
+    /// one.
+    ///
+    /// ```
+    /// use uwf_db::{Blob, Hash, Store};
+    /// let store = Store::memory();
+    /// let a = store.put(&Blob::content("a", []))?;
+    /// let b = store.put(&Blob::content("b", []))?;
+    /// let got = store.get_many(&[b, Hash::of(b"never stored"), a])?;
+    /// assert!(matches!(&got[0], Some(Blob::Content(c)) if c.text == "b"));
+    /// assert!(got[1].is_none());
+    /// assert!(matches!(&got[2], Some(Blob::Content(c)) if c.text == "a"));
+    /// # Ok::<(), uwf_db::StoreError>(())
+    /// ```
+    pub fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Option<Blob>>, StoreError> {
+        self.read_once(|r| r.get_blobs(hashes))
+    }
+
     /// Reads one blob's record: header fields and canonical bytes.
     ///
     /// ```

@@ -19,16 +19,23 @@ pub fn text_of(store: &Store, hash: &Hash) -> Result<String, CliError> {
     content(*hash, store.get(hash)?)
 }
 
-/// The texts of the content blobs `hashes` names, in their order, read in
-/// one read (one round trip on a server backend).
+/// The texts of the content blobs `hashes` names, in their order, read
+/// [`TEXTS_A_READ`] at a time (a page of a log in one read: one round trip
+/// on a server backend, [`Store::get_many`], no `BEGIN` or `ROLLBACK`;
+/// `thread log --limit` has no upper bound, and one statement stays a
+/// bounded size).
 pub fn texts_of(store: &Store, hashes: &[Hash]) -> Result<Vec<String>, CliError> {
-    let blobs = store.read(|r| r.get_blobs(hashes))?;
-    hashes
-        .iter()
-        .zip(blobs)
-        .map(|(hash, blob)| content(*hash, blob))
-        .collect()
+    let mut texts = Vec::with_capacity(hashes.len());
+    for chunk in hashes.chunks(TEXTS_A_READ) {
+        for (hash, blob) in chunk.iter().zip(store.get_many(chunk)?) {
+            texts.push(content(*hash, blob)?);
+        }
+    }
+    Ok(texts)
 }
+
+/// Blobs [`texts_of`] reads in one read.
+const TEXTS_A_READ: usize = 512;
 
 /// The text of `blob`, read as the content blob `hash`.
 fn content(hash: Hash, blob: Option<Blob>) -> Result<String, CliError> {
