@@ -11,8 +11,8 @@ mod common;
 
 use common::backend::TestBackend;
 use common::{next, step};
-use uwf_db::backend::BackendError;
 use uwf_db::backend::postgres::{CHECK_TRUSTS, PostgresBackend};
+use uwf_db::backend::{Backend, BackendError};
 use uwf_db::engine::agent::{Agent, AgentError, AgentReply, AgentRequest};
 use uwf_db::engine::{Cancel, DriveOptions, EngineError, StartOptions};
 use uwf_db::thread::{ThreadError, ThreadStatus};
@@ -230,4 +230,159 @@ fn an_open_claim_does_not_hold_back_vacuum() {
         (row.get(0), row.get(1), row.get(2));
     assert_eq!(state, "idle in transaction");
     assert_eq!((xmin, xid), (None, None));
+}
+
+/// The advisory locks held by server process `pid`, as the one-bigint
+/// keys `pg_try_advisory_lock(key)` takes.
+fn advisory_keys_of(sql: &mut postgres::Client, pid: i32) -> Vec<i64> {
+    sql.query(
+        "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks \
+         WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid = $1",
+        &[&pid],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Takes, releases and pings of many drivers share the lock session's
+/// round trips (`docs/design.md` §8f item 16): 32 threads taking and
+/// releasing claims at once cost fewer round trips than requests; a key
+/// is never granted to two takers of the session at once (a session's
+/// advisory locks are re-entrant on the server, so the session itself
+/// must refuse the second); every release reaches the server (after the
+/// threads end, the session holds nothing and another handle takes every
+/// key).
+#[test]
+fn concurrent_claims_share_round_trips_and_never_grant_a_key_twice() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const THREADS: usize = 32;
+    const ROUNDS: usize = 40;
+    const SHARED: usize = 4;
+    let test_store = TestBackend::Postgres.fast();
+    let store: &Store = &test_store;
+    let pg = store
+        .backend()
+        .as_any()
+        .downcast_ref::<PostgresBackend>()
+        .expect("a PostgreSQL store");
+    // Claim keys: a few every thread competes for, and one of each
+    // thread's own (distinct ids whose folded advisory keys differ).
+    let key = |i: u64| -> [u8; 16] { (u128::from(i) << 65).to_be_bytes() };
+    let shared: Vec<AtomicBool> = (0..SHARED).map(|_| AtomicBool::new(false)).collect();
+    let requests = AtomicU64::new(0);
+    let contested_wins = AtomicU64::new(0);
+    let before = pg.lock_round_trips();
+    let barrier = std::sync::Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (shared, requests, contested_wins, barrier) =
+                (&shared, &requests, &contested_wins, &barrier);
+            scope.spawn(move || {
+                barrier.wait();
+                for r in 0..ROUNDS {
+                    let own = pg
+                        .try_lock_claim(key(1000 + t as u64))
+                        .unwrap()
+                        .expect("a key no one else takes is granted");
+                    let s = (t + r) % SHARED;
+                    let contested = pg.try_lock_claim(key(s as u64)).unwrap();
+                    requests.fetch_add(2, Ordering::Relaxed);
+                    if let Some(lock) = contested {
+                        assert!(
+                            !shared[s].swap(true, Ordering::SeqCst),
+                            "key {s} granted twice at once"
+                        );
+                        contested_wins.fetch_add(1, Ordering::Relaxed);
+                        std::thread::yield_now();
+                        shared[s].store(false, Ordering::SeqCst);
+                        drop(lock);
+                        requests.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(own);
+                    requests.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let round_trips = pg.lock_round_trips() - before;
+    let requests = requests.into_inner();
+    assert!(contested_wins.into_inner() > 0);
+    assert!(
+        round_trips < requests,
+        "{round_trips} round trips for {requests} takes and releases"
+    );
+    eprintln!("{requests} takes and releases in {round_trips} round trips");
+
+    // Every release reached the server: the session holds nothing, and
+    // another handle takes every key.
+    let url = test_store.store_arg().into_string().unwrap();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let _probe = pg.try_lock_claim(key(99)).unwrap().unwrap();
+    let holders = advisory_holders(&mut sql);
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(advisory_keys_of(&mut sql, holders[0]).len(), 1);
+    let other = test_store.open_again();
+    for i in (0..SHARED as u64).chain((0..THREADS as u64).map(|t| 1000 + t)) {
+        let lock = other.backend().try_lock_claim(key(i)).unwrap();
+        assert!(lock.is_some(), "key {i} still held after its release");
+    }
+}
+
+/// A round that fails (the server ended the lock session) fails the takes
+/// in it, gives every lock of the session up, and the next take opens a
+/// new session.
+#[test]
+fn a_lost_lock_session_fails_its_round_and_the_next_take_reconnects() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let store: &Store = &test_store;
+    let url = test_store.store_arg().into_string().unwrap();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let key = |i: u8| -> [u8; 16] { (u128::from(i) << 65).to_be_bytes() };
+    let held = store.backend().try_lock_claim(key(1)).unwrap().unwrap();
+    let holders = advisory_holders(&mut sql);
+    assert_eq!(holders.len(), 1);
+    let terminated: bool = sql
+        .query_one("SELECT pg_terminate_backend($1)", &[&holders[0]])
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    while !advisory_holders(&mut sql).is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Eight takes at once: the round that finds the connection gone fails
+    // every take it carries; each then succeeds on the new session.
+    std::thread::scope(|scope| {
+        for i in 2..10u8 {
+            scope.spawn(move || {
+                let first = store.backend().try_lock_claim(key(i));
+                let lock = match first {
+                    Ok(Some(lock)) => lock,
+                    Ok(None) => panic!("key {i} refused"),
+                    Err(e) => {
+                        assert!(e.is_connection_lost(), "{e}");
+                        store.backend().try_lock_claim(key(i)).unwrap().unwrap()
+                    }
+                };
+                lock.check().unwrap();
+                drop(lock);
+            });
+        }
+    });
+    // The lock of the lost session is lost, and its key free again.
+    std::thread::sleep(2 * CHECK_TRUSTS);
+    let lost = held.check();
+    assert!(
+        matches!(lost, Err(BackendError::LockLost { .. })),
+        "{lost:?}"
+    );
+    drop(held);
+    assert!(store.backend().try_lock_claim(key(1)).unwrap().is_some());
 }

@@ -14,8 +14,11 @@
 //!
 //! The locks are gone as soon as the server ends the session: the holder
 //! exits, is killed, or its connection is lost. The session remembers the
-//! keys it holds, so a second take of one this handle holds is refused (as
-//! another session's would be). When the connection is lost, every lock
+//! keys it holds and is taking, so a second take of one of them by this
+//! handle is refused (as another session's would be: the server's session
+//! locks are re-entrant, so it would grant it). The drivers' takes,
+//! releases and liveness pings share the connection in rounds, one round
+//! trip each (see [`LockSession`]). When the connection is lost, every lock
 //! of it is lost: a held lock knows the session generation it was taken
 //! in, and [`HeldLock::check`] fails once that session is gone.
 //!
@@ -28,9 +31,9 @@
 //! given up after [`KEEPALIVE_COUNT`] unanswered, and `tcp_user_timeout`
 //! for data never acknowledged: at most [`TAKEOVER_BOUND_S`] seconds.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use postgres::Client;
@@ -70,44 +73,128 @@ pub(super) fn fold_id(id: ClaimKey) -> u64 {
 }
 
 /// The lock session of a backend: one connection, opened when a lock is
-/// first taken, and what it holds.
+/// first taken, what it holds, and the requests waiting for its next
+/// round trip.
+///
+/// **Rounds** (`docs/design.md` §8f item 16). Takes, releases and pings of
+/// all the backend's drivers share the one connection, so they are sent
+/// in rounds: a caller that finds no round in flight sends one itself
+/// (the leader), holding every request queued until then, and callers
+/// that arrive while it is in flight queue theirs for the next. A round
+/// is one simple query — the releases, then the takes, in one statement
+/// each (`SELECT pg_advisory_unlock(a), pg_advisory_unlock(b); SELECT
+/// pg_try_advisory_lock(c), …`), or `SELECT 1` when it carries only
+/// pings — so a busy runner's claims cost a round trip per round, not
+/// one per take and one per release. A take or a ping waits for the
+/// answer of the round that carries it; a release does not wait when a
+/// round is in flight: that round's leader sends another for it before
+/// it returns (or a waiting taker's round carries it), so a release is
+/// on the server at most one round after it was asked.
 #[derive(Default, Clone)]
-pub(super) struct LockSession(Arc<Mutex<Session>>);
+pub(super) struct LockSession(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    session: Mutex<Session>,
+    /// Signalled when a round ends.
+    answered: Condvar,
+}
 
 #[derive(Default)]
 struct Session {
+    /// The connection; out of it while a leader sends a round.
     client: Option<Client>,
     /// Bumped each time a connection is opened: a lock taken in an
     /// earlier one is lost.
     generation: u64,
     /// The keys held in the current connection.
     held: HashSet<i64>,
-    /// When the newest statement that succeeded on the current connection
+    /// Keys queued or in flight to be taken (a second take of one is
+    /// refused at once, as a take of a held key is).
+    taking: HashSet<i64>,
+    /// Requests for the next round.
+    queue: Queue,
+    /// A leader is sending a round (it holds the connection).
+    sending: bool,
+    /// Answers of finished rounds to callers that wait, by ticket.
+    answers: HashMap<u64, Answer>,
+    next_ticket: u64,
+    /// When the newest round that succeeded on the current connection
     /// was sent: a [`HeldLock::check`] asked less than [`CHECK_TRUSTS`]
     /// after it (or before it) needs no ping of its own (see `check`).
     answered: Option<Instant>,
-    /// Pings sent by checks (for tests and benchmarks).
+    /// Rounds sent for pings alone (for tests and benchmarks).
     pings: u64,
+    /// Rounds sent (round trips of the lock session).
+    rounds: u64,
 }
 
+/// What waits for the next round.
+#[derive(Default)]
+struct Queue {
+    /// Tickets and keys to take.
+    takes: Vec<(u64, i64)>,
+    /// Keys to release, with the generation they were taken in.
+    releases: Vec<(u64, i64)>,
+    /// Tickets of checks that need an answer of the session.
+    pings: Vec<u64>,
+}
+
+impl Queue {
+    /// Whether a caller waits for the next round (it will send it).
+    fn has_waiters(&self) -> bool {
+        !self.takes.is_empty() || !self.pings.is_empty()
+    }
+}
+
+/// The answer of a round to one waiting request.
+#[derive(Debug)]
+enum Answer {
+    /// A take: whether the lock was granted, and in which connection.
+    Taken { granted: bool, generation: u64 },
+    /// A ping: the session answered.
+    Alive,
+    /// The round failed (the session and its locks are given up): what
+    /// the server or the connection said.
+    Failed(String),
+}
+
+/// The most requests one round carries (a longer queue takes more rounds).
+const ROUND_MAX: usize = 1000;
+
 impl LockSession {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Session> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Session> {
+        self.0.session.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Pings sent by [`HeldLock::check`] so far.
+    fn wait<'a>(&self, guard: MutexGuard<'a, Session>) -> MutexGuard<'a, Session> {
+        self.0
+            .answered
+            .wait(guard)
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rounds sent for the pings of checks alone so far.
     pub(super) fn pings(&self) -> u64 {
         self.lock().pings
+    }
+
+    /// Rounds sent so far (each one round trip).
+    pub(super) fn rounds(&self) -> u64 {
+        self.lock().rounds
     }
 }
 
 /// One advisory lock of a lock session; released when dropped.
 struct AdvisoryLock {
     session: LockSession,
-    generation: u64,
     location: String,
+    generation: u64,
     key: i64,
 }
+
+/// Opens the lock session's connection (for a round that takes locks).
+type Connect<'c> = &'c dyn Fn() -> Result<Client, BackendError>;
 
 impl fmt::Debug for AdvisoryLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -117,24 +204,252 @@ impl fmt::Debug for AdvisoryLock {
     }
 }
 
-/// The first row's first column of a simple query's answer.
-fn first_value(messages: &[postgres::SimpleQueryMessage]) -> Option<String> {
-    messages.iter().find_map(|m| match m {
-        postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-        _ => None,
-    })
+/// The rows of a simple query's answer, in order.
+fn rows(messages: &[postgres::SimpleQueryMessage]) -> Vec<&postgres::SimpleQueryRow> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .collect()
+}
+
+impl LockSession {
+    /// Queues a request that waits for its answer and waits for it,
+    /// sending rounds itself when none is in flight.
+    fn ask<'a>(
+        &'a self,
+        mut session: MutexGuard<'a, Session>,
+        location: &str,
+        connect: Option<Connect<'_>>,
+        queue: impl FnOnce(&mut Queue, u64),
+    ) -> Result<Answer, BackendError> {
+        let ticket = session.next_ticket;
+        session.next_ticket += 1;
+        queue(&mut session.queue, ticket);
+        loop {
+            if let Some(answer) = session.answers.remove(&ticket) {
+                // Releases queued during this caller's round, with no
+                // waiter to carry them: send them before returning.
+                drop(self.flush_releases(session, location));
+                return Ok(answer);
+            }
+            if session.sending {
+                session = self.wait(session);
+                continue;
+            }
+            let (next, error) = self.round(session, location, connect);
+            session = next;
+            if let Some(error) = error
+                && matches!(session.answers.get(&ticket), Some(Answer::Failed(_)))
+            {
+                session.answers.remove(&ticket);
+                drop(self.flush_releases(session, location));
+                return Err(error);
+            }
+        }
+    }
+
+    /// Sends rounds while only releases are queued and no round is in
+    /// flight (a queued take or ping has a waiter that will send them).
+    fn flush_releases<'a>(
+        &'a self,
+        mut session: MutexGuard<'a, Session>,
+        location: &str,
+    ) -> MutexGuard<'a, Session> {
+        while !session.sending && !session.queue.releases.is_empty() && !session.queue.has_waiters()
+        {
+            session = self.round(session, location, None).0;
+        }
+        session
+    }
+
+    /// Sends one round of the queued requests (at most [`ROUND_MAX`]),
+    /// with the session's mutex released while it is in flight; answers
+    /// each waiting request and wakes the waiters. The error is what the
+    /// caller should report if its own request failed. Only a round with
+    /// `connect` opens a connection when there is none; without it, takes
+    /// stay queued for a caller that can (their waiters wake).
+    fn round<'a>(
+        &'a self,
+        mut session: MutexGuard<'a, Session>,
+        location: &str,
+        connect: Option<Connect<'_>>,
+    ) -> (MutexGuard<'a, Session>, Option<BackendError>) {
+        let generation = session.generation;
+        let client = session.client.take().filter(|c| !c.is_closed());
+        let queue = &mut session.queue;
+        // Releases of an earlier connection, or of one that is gone, are
+        // moot: the server released them with it.
+        queue
+            .releases
+            .retain(|(g, _)| *g == generation && client.is_some());
+        let mut budget = ROUND_MAX;
+        let releases = drain_up_to(&mut queue.releases, &mut budget);
+        let takes = if client.is_some() || connect.is_some() {
+            drain_up_to(&mut queue.takes, &mut budget)
+        } else {
+            Vec::new()
+        };
+        let pings = drain_up_to(&mut queue.pings, &mut budget);
+        session.sending = true;
+        drop(session);
+
+        // A connection: the current one, or (for takes) a new one, in
+        // which every lock of the earlier one is gone.
+        let fresh = client.is_none() && !takes.is_empty();
+        let opened = match (client, connect) {
+            (Some(client), _) => Some(Ok(client)),
+            (None, Some(connect)) if fresh => Some(connect()),
+            (None, _) => None,
+        };
+        let mut sql = String::new();
+        let mut push_calls = |f: &str, keys: &mut dyn Iterator<Item = i64>| {
+            if !sql.is_empty() {
+                sql.push_str("; ");
+            }
+            sql.push_str("SELECT ");
+            for (i, key) in keys.enumerate() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                // A number we formatted.
+                sql.push_str(&format!("{f}({key})"));
+            }
+        };
+        if !releases.is_empty() {
+            push_calls("pg_advisory_unlock", &mut releases.iter().map(|r| r.1));
+        }
+        if !takes.is_empty() {
+            push_calls("pg_try_advisory_lock", &mut takes.iter().map(|t| t.1));
+        }
+        let only_pings = sql.is_empty() && !pings.is_empty();
+        if only_pings {
+            sql.push_str("SELECT 1");
+        }
+        let sent = Instant::now();
+        let result: Result<Option<(Client, Vec<bool>)>, BackendError> = match opened {
+            None if pings.is_empty() => Ok(None),
+            None => Err(BackendError::LockLost {
+                location: location.to_owned(),
+                detail: "the connection was lost earlier and given up".into(),
+            }),
+            Some(Err(e)) => Err(e),
+            Some(Ok(client)) if sql.is_empty() => Ok(Some((client, Vec::new()))),
+            Some(Ok(mut client)) => match client.simple_query(&sql) {
+                Ok(messages) => {
+                    let granted: Vec<bool> = match rows(&messages).last() {
+                        Some(row) if !takes.is_empty() => {
+                            (0..row.len()).map(|i| row.get(i) == Some("t")).collect()
+                        }
+                        _ => Vec::new(),
+                    };
+                    if granted.len() == takes.len() {
+                        Ok(Some((client, granted)))
+                    } else {
+                        Err(BackendError::BadSchema {
+                            table: "the lock session",
+                            detail: format!(
+                                "{} answers to {} advisory lock takes",
+                                granted.len(),
+                                takes.len()
+                            ),
+                        })
+                    }
+                }
+                Err(e) => Err(super::pg_error(
+                    location,
+                    "taking or releasing advisory locks".into(),
+                    e,
+                )),
+            },
+        };
+
+        let mut session = self.lock();
+        session.sending = false;
+        if !sql.is_empty() && !matches!(result, Ok(None)) {
+            session.rounds += 1;
+            if only_pings {
+                session.pings += 1;
+            }
+        }
+        for (_, key) in &takes {
+            session.taking.remove(key);
+        }
+        let error = match result {
+            Ok(None) => None,
+            Ok(Some((client, granted))) => {
+                if fresh {
+                    session.generation = generation + 1;
+                    session.held.clear();
+                }
+                let generation = session.generation;
+                for (&(ticket, key), granted) in takes.iter().zip(granted) {
+                    if granted {
+                        session.held.insert(key);
+                    }
+                    session.answers.insert(
+                        ticket,
+                        Answer::Taken {
+                            granted,
+                            generation,
+                        },
+                    );
+                }
+                for &ticket in &pings {
+                    session.answers.insert(ticket, Answer::Alive);
+                }
+                if !sql.is_empty() {
+                    session.answered = Some(sent);
+                }
+                session.client = Some(client);
+                None
+            }
+            Err(error) => {
+                // Whatever failed, the session's transaction is unusable:
+                // give it up, and every lock in it (the server releases
+                // them when the connection closes).
+                session.client = None;
+                session.held.clear();
+                session.generation = generation + 1;
+                let detail = error.to_string();
+                for &(ticket, _) in &takes {
+                    session
+                        .answers
+                        .insert(ticket, Answer::Failed(detail.clone()));
+                }
+                for &ticket in &pings {
+                    session
+                        .answers
+                        .insert(ticket, Answer::Failed(detail.clone()));
+                }
+                Some(error)
+            }
+        };
+        self.0.answered.notify_all();
+        (session, error)
+    }
+}
+
+/// Up to `budget` items off the front of `v`.
+fn drain_up_to<T>(v: &mut Vec<T>, budget: &mut usize) -> Vec<T> {
+    let n = v.len().min(*budget);
+    *budget -= n;
+    v.drain(..n).collect()
 }
 
 impl HeldLock for AdvisoryLock {
-    /// Whether the session still holds the lock: a ping (`SELECT 1`) of
-    /// its connection, unless the session answered a statement sent less
-    /// than [`CHECK_TRUSTS`] before the check was asked, or after it
+    /// Whether the session still holds the lock: a ping (`SELECT 1`, or
+    /// any round sent after the check was asked) of its connection,
+    /// unless the session answered a round sent less than
+    /// [`CHECK_TRUSTS`] before the check was asked, or after it
     /// (`docs/design.md` §8f item 12). Drivers of many threads share one
     /// session, so the checks of a busy runner would queue on it, each
     /// proving no more than the one answered just before.
     fn check(&self) -> Result<(), BackendError> {
         let asked = Instant::now();
-        let mut session = self.session.lock();
+        let session = self.session.lock();
         let lost = |detail: String| BackendError::LockLost {
             location: self.location.clone(),
             detail,
@@ -148,27 +463,28 @@ impl HeldLock for AdvisoryLock {
         {
             return Ok(());
         }
-        let sent = Instant::now();
-        let session = &mut *session;
-        let alive = match session.client.as_mut() {
-            Some(client) => {
-                session.pings += 1;
-                client
-                    .batch_execute("SELECT 1")
-                    .map_err(|e| super::lock_lost_detail(&e))
+        match self
+            .session
+            .ask(session, &self.location, None, |q, ticket| {
+                q.pings.push(ticket)
+            }) {
+            Ok(Answer::Alive) => {
+                // The lock must still be of the current connection.
+                let session = self.session.lock();
+                if session.generation == self.generation && session.held.contains(&self.key) {
+                    Ok(())
+                } else {
+                    Err(lost("the connection was lost earlier and given up".into()))
+                }
             }
-            None => Err("the connection was lost earlier and given up".into()),
-        };
-        if alive.is_ok() {
-            session.answered = Some(sent);
+            Ok(Answer::Failed(detail)) => Err(lost(detail)),
+            Ok(Answer::Taken { .. }) => Err(lost("the lock session answered out of turn".into())),
+            Err(e @ BackendError::LockLost { .. }) => Err(e),
+            Err(BackendError::Postgres { source, .. }) => {
+                Err(lost(super::lock_lost_detail(&source)))
+            }
+            Err(e) => Err(lost(e.to_string())),
         }
-        alive.map_err(|detail| {
-            // The server ended the session with the connection: every lock
-            // of it is gone; this connection is never reused.
-            session.client = None;
-            session.held.clear();
-            lost(detail)
-        })
     }
 }
 
@@ -178,32 +494,31 @@ impl Drop for AdvisoryLock {
         if session.generation != self.generation || !session.held.remove(&self.key) {
             return;
         }
-        let unlocked = session.client.as_mut().is_some_and(|client| {
-            // A number we formatted.
-            client
-                .simple_query(&format!("SELECT pg_advisory_unlock({})", self.key))
-                .is_ok()
-        });
-        if !unlocked {
-            // Closing the connection releases every lock of the session
-            // (the others' holders find them lost).
-            session.client = None;
-            session.held.clear();
-        }
+        session.queue.releases.push((self.generation, self.key));
+        // With a round in flight, its leader (or a waiting taker) sends
+        // this release in the next one; else this caller sends it now.
+        drop(self.session.flush_releases(session, &self.location));
     }
 }
 
 impl PostgresBackend {
     /// Takes advisory lock `key` in this handle's lock session: `None`
-    /// when another session (anywhere) or this handle holds it.
+    /// when another session (anywhere) or this handle holds it. The take
+    /// goes in the session's next round (see [`LockSession`]).
     pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
-        let mut session = self.locks.lock();
-        if session.client.as_ref().is_none_or(Client::is_closed) {
-            session.client = None;
-            session.held.clear();
+        let session = self.locks.lock();
+        if session.held.contains(&key) || session.taking.contains(&key) {
+            return Ok(None);
+        }
+        let mut session = session;
+        session.taking.insert(key);
+        let connect = || -> Result<Client, BackendError> {
             let super::Reused::Fresh(mut client) = self.connect_or_reuse(|| None::<()>)? else {
                 unreachable!("nothing to reuse")
             };
+            // A simple query, not the extended protocol: an unnamed
+            // portal would stay open, holding its snapshot (and vacuum's
+            // horizon).
             let begin = format!(
                 "BEGIN ISOLATION LEVEL READ COMMITTED; \
                  SET LOCAL idle_in_transaction_session_timeout = 0; \
@@ -217,44 +532,35 @@ impl PostgresBackend {
             client
                 .batch_execute(&begin)
                 .map_err(|e| self.error("opening the lock session".into(), e))?;
-            session.client = Some(*client);
-            session.generation += 1;
-            session.answered = None;
-        }
-        if session.held.contains(&key) {
-            return Ok(None);
-        }
-        // A simple query, not the extended protocol: an unnamed portal
-        // would stay open, holding its snapshot (and vacuum's horizon).
-        // The key is a number we formatted.
-        let Some(client) = session.client.as_mut() else {
-            return Err(BackendError::ConnectionLost {
-                location: self.location.clone(),
-                op: "taking an advisory lock".into(),
+            Ok(*client)
+        };
+        let answer = self
+            .locks
+            .ask(session, &self.location, Some(&connect), |q, ticket| {
+                q.takes.push((ticket, key));
             });
-        };
-        let sent = Instant::now();
-        let answer = client.simple_query(&format!("SELECT pg_try_advisory_lock({key})"));
-        let taken = match answer {
-            Ok(messages) => first_value(&messages).is_some_and(|v| v == "t"),
-            Err(e) => {
-                // Whatever failed, the session's transaction is unusable:
-                // give it up (and every lock in it).
-                session.client = None;
-                session.held.clear();
-                return Err(self.error("taking an advisory lock".into(), e));
-            }
-        };
-        session.answered = Some(sent);
-        if !taken {
-            return Ok(None);
+        match answer {
+            Ok(Answer::Taken {
+                granted: true,
+                generation,
+            }) => Ok(Some(Box::new(AdvisoryLock {
+                session: self.locks.clone(),
+                location: self.location.clone(),
+                generation,
+                key,
+            }))),
+            Ok(Answer::Taken { granted: false, .. }) => Ok(None),
+            Ok(Answer::Failed(detail)) => Err(BackendError::ConnectionLost {
+                location: self.location.clone(),
+                op: format!(
+                    "taking an advisory lock (sent with other takes in one round trip, which failed: {detail})"
+                ),
+            }),
+            Ok(Answer::Alive) => Err(BackendError::ConnectionLost {
+                location: self.location.clone(),
+                op: "taking an advisory lock (the lock session answered out of turn)".into(),
+            }),
+            Err(e) => Err(e),
         }
-        session.held.insert(key);
-        Ok(Some(Box::new(AdvisoryLock {
-            session: self.locks.clone(),
-            generation: session.generation,
-            location: self.location.clone(),
-            key,
-        })))
     }
 }

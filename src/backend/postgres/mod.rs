@@ -291,6 +291,14 @@ impl PostgresBackend {
         self.locks.pings()
     }
 
+    /// How many round trips this handle's lock session has made so far:
+    /// its rounds, each carrying every take, release and ping queued
+    /// while the one before was in flight (`locks.rs`): a figure for tests
+    /// and benchmarks.
+    pub fn lock_round_trips(&self) -> u64 {
+        self.locks.rounds()
+    }
+
     /// How many round trips this handle's transactions have made to the
     /// server so far (each statement or simple query sent and answered;
     /// claims and the GC lock not counted): a figure for benchmarks and
