@@ -137,8 +137,9 @@ impl PostgresBackend {
     /// A store opened with its schema in place — every command after the
     /// first — reads both in one statement; only where `uwf_schema` is
     /// missing (SQLSTATE 42P01: a new database) does a second statement
-    /// look for it. Each round trip at open is one a short command (an
-    /// agent's `uwf-db thread show`) pays on a fresh server session.
+    /// read the server's version alone. Each round trip at open is one a
+    /// short command (an agent's `uwf-db thread show`) pays on a fresh
+    /// server session.
     fn stored_version(&self, client: &mut Client) -> Result<(Option<i32>, i32), BackendError> {
         let both = client.query_typed(
             "SELECT max(version), current_setting('server_version_num')::int4 FROM uwf_schema",
@@ -152,37 +153,21 @@ impl PostgresBackend {
                         detail: "max(version) returned no row".into(),
                     });
                 };
-                let version =
-                    r.try_get::<_, Option<i32>>(0)
-                        .map_err(|e| BackendError::BadSchema {
-                            table: "uwf_schema",
-                            detail: e.to_string(),
-                        })?;
-                return Ok((version, column::<i32>(r, 1, Table::Meta)?));
+                return Ok((version_of(r)?, column::<i32>(r, 1, Table::Meta)?));
             }
             Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => {}
             Err(e) => return Err(self.error("reading the schema version".into(), e)),
         }
+        // No schema. One a concurrent `init` makes meanwhile is read
+        // again inside the schema transaction (`create_or_upgrade`).
         let rows = client
-            .query_typed(
-                "SELECT to_regclass('uwf_schema') IS NOT NULL, \
-                 current_setting('server_version_num')::int4",
-                &[],
-            )
-            .map_err(|e| self.error("looking for the schema".into(), e))?;
-        let (exists, server) = match rows.first() {
-            Some(r) => (
-                column::<bool>(r, 0, Table::Meta)?,
-                column::<i32>(r, 1, Table::Meta)?,
-            ),
-            None => (false, 0),
+            .query_typed("SELECT current_setting('server_version_num')::int4", &[])
+            .map_err(|e| self.error("reading the server's version".into(), e))?;
+        let server = match rows.first() {
+            Some(r) => column::<i32>(r, 0, Table::Meta)?,
+            None => 0,
         };
-        let found = if exists {
-            self.read_version(client)?
-        } else {
-            None
-        };
-        Ok((found, server))
+        Ok((None, server))
     }
 
     /// `max(version)` of `uwf_schema` (which exists).
@@ -191,13 +176,7 @@ impl PostgresBackend {
             .query_typed("SELECT max(version) FROM uwf_schema", &[])
             .map_err(|e| self.error("reading the schema version".into(), e))?;
         rows.first()
-            .map(|r| {
-                r.try_get::<_, Option<i32>>(0)
-                    .map_err(|e| BackendError::BadSchema {
-                        table: "uwf_schema",
-                        detail: e.to_string(),
-                    })
-            })
+            .map(version_of)
             .transpose()
             .map(Option::flatten)
     }
@@ -398,6 +377,16 @@ fn indexes_and_views() -> String {
     }
     ddl.push_str(VIEWS);
     ddl
+}
+
+/// The schema version in column 0 of `row` (`max(version)`: null when
+/// `uwf_schema` is empty).
+fn version_of(row: &postgres::Row) -> Result<Option<i32>, BackendError> {
+    row.try_get::<_, Option<i32>>(0)
+        .map_err(|e| BackendError::BadSchema {
+            table: "uwf_schema",
+            detail: e.to_string(),
+        })
 }
 
 #[cfg(test)]
