@@ -312,8 +312,10 @@ fn concurrent_claims_share_round_trips_and_never_grant_a_key_twice() {
     let round_trips = pg.lock_round_trips() - before;
     let requests = requests.into_inner();
     assert!(contested_wins.into_inner() > 0);
+    // 32 threads queue behind each round in flight: rounds carry several
+    // requests each (one per request would be 1,960 or more round trips).
     assert!(
-        round_trips < requests,
+        round_trips * 4 <= requests,
         "{round_trips} round trips for {requests} takes and releases"
     );
     eprintln!("{requests} takes and releases in {round_trips} round trips");
@@ -357,25 +359,33 @@ fn a_lost_lock_session_fails_its_round_and_the_next_take_reconnects() {
     while !advisory_holders(&mut sql).is_empty() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    // Eight takes at once: the round that finds the connection gone fails
-    // every take it carries; each then succeeds on the new session.
+    // Eight takes at once: the first round goes out on the connection the
+    // server ended (the client learns it is closed only by using it) and
+    // fails every take it carries; each failed take then succeeds on the
+    // new session.
+    let barrier = std::sync::Barrier::new(8);
+    let failed = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for i in 2..10u8 {
+            let (barrier, failed) = (&barrier, &failed);
             scope.spawn(move || {
-                let first = store.backend().try_lock_claim(key(i));
-                let lock = match first {
+                barrier.wait();
+                let lock = match store.backend().try_lock_claim(key(i)) {
                     Ok(Some(lock)) => lock,
                     Ok(None) => panic!("key {i} refused"),
                     Err(e) => {
                         assert!(e.is_connection_lost(), "{e}");
+                        failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         store.backend().try_lock_claim(key(i)).unwrap().unwrap()
                     }
                 };
-                lock.check().unwrap();
                 drop(lock);
             });
         }
     });
+    let failed = failed.into_inner();
+    assert!(failed >= 1, "no take failed with the lost session");
+    eprintln!("{failed} of 8 takes failed with the lost session");
     // The lock of the lost session is lost, and its key free again.
     std::thread::sleep(2 * CHECK_TRUSTS);
     let lost = held.check();

@@ -86,10 +86,14 @@ pub(super) fn fold_id(id: ClaimKey) -> u64 {
 /// pg_try_advisory_lock(c), …`), or `SELECT 1` when it carries only
 /// pings — so a busy runner's claims cost a round trip per round, not
 /// one per take and one per release. A take or a ping waits for the
-/// answer of the round that carries it; a release does not wait when a
-/// round is in flight: that round's leader sends another for it before
-/// it returns (or a waiting taker's round carries it), so a release is
-/// on the server at most one round after it was asked.
+/// answer of the round that carries it (a ping still queued when a round
+/// sent less than [`CHECK_TRUSTS`] before its check was asked is
+/// answered meanwhile is withdrawn). A release does not wait while a
+/// round is in flight or a take or ping is queued: the leader, or the
+/// waiting taker's or checker's round, carries it, and every caller
+/// sends the releases left queued before it returns; otherwise the
+/// releasing caller sends it. Either way a release is on the server at
+/// most one round after it was asked.
 #[derive(Default, Clone)]
 pub(super) struct LockSession(Arc<Shared>);
 
@@ -123,9 +127,9 @@ struct Session {
     /// was sent: a [`HeldLock::check`] asked less than [`CHECK_TRUSTS`]
     /// after it (or before it) needs no ping of its own (see `check`).
     answered: Option<Instant>,
-    /// Rounds sent for pings alone (for tests and benchmarks).
+    /// Rounds that reached the server carrying a ping (for tests and benchmarks).
     pings: u64,
-    /// Rounds sent (round trips of the lock session).
+    /// Rounds that reached the server (round trips of the lock session).
     rounds: u64,
 }
 
@@ -174,12 +178,12 @@ impl LockSession {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Rounds sent for the pings of checks alone so far.
+    /// Rounds so far that reached the server carrying a ping.
     pub(super) fn pings(&self) -> u64 {
         self.lock().pings
     }
 
-    /// Rounds sent so far (each one round trip).
+    /// Rounds so far that reached the server (each one round trip).
     pub(super) fn rounds(&self) -> u64 {
         self.lock().rounds
     }
@@ -217,12 +221,16 @@ fn rows(messages: &[postgres::SimpleQueryMessage]) -> Vec<&postgres::SimpleQuery
 
 impl LockSession {
     /// Queues a request that waits for its answer and waits for it,
-    /// sending rounds itself when none is in flight.
+    /// sending rounds itself when none is in flight. A ping (`trust`:
+    /// when its check was asked) still queued when a round sent less than
+    /// [`CHECK_TRUSTS`] before that has been answered meanwhile is
+    /// withdrawn and answered by that round.
     fn ask<'a>(
         &'a self,
         mut session: MutexGuard<'a, Session>,
         location: &str,
         connect: Option<Connect<'_>>,
+        trust: Option<Instant>,
         queue: impl FnOnce(&mut Queue, u64),
     ) -> Result<Answer, BackendError> {
         let ticket = session.next_ticket;
@@ -234,6 +242,16 @@ impl LockSession {
                 // waiter to carry them: send them before returning.
                 drop(self.flush_releases(session, location));
                 return Ok(answer);
+            }
+            if let Some(asked) = trust
+                && session
+                    .answered
+                    .is_some_and(|at| asked.saturating_duration_since(at) < CHECK_TRUSTS)
+                && let Some(i) = session.queue.pings.iter().position(|t| *t == ticket)
+            {
+                session.queue.pings.remove(i);
+                drop(self.flush_releases(session, location));
+                return Ok(Answer::Alive);
             }
             if session.sending {
                 session = self.wait(session);
@@ -299,11 +317,6 @@ impl LockSession {
         // A connection: the current one, or (for takes) a new one, in
         // which every lock of the earlier one is gone.
         let fresh = client.is_none() && !takes.is_empty();
-        let opened = match (client, connect) {
-            (Some(client), _) => Some(Ok(client)),
-            (None, Some(connect)) if fresh => Some(connect()),
-            (None, _) => None,
-        };
         let mut sql = String::new();
         let mut push_calls = |f: &str, keys: &mut dyn Iterator<Item = i64>| {
             if !sql.is_empty() {
@@ -324,53 +337,78 @@ impl LockSession {
         if !takes.is_empty() {
             push_calls("pg_try_advisory_lock", &mut takes.iter().map(|t| t.1));
         }
-        let only_pings = sql.is_empty() && !pings.is_empty();
-        if only_pings {
+        if sql.is_empty() && !pings.is_empty() {
             sql.push_str("SELECT 1");
         }
-        let sent = Instant::now();
-        let result: Result<Option<(Client, Vec<bool>)>, BackendError> = match opened {
-            None if pings.is_empty() => Ok(None),
-            None => Err(BackendError::LockLost {
-                location: location.to_owned(),
-                detail: "the connection was lost earlier and given up".into(),
-            }),
-            Some(Err(e)) => Err(e),
-            Some(Ok(client)) if sql.is_empty() => Ok(Some((client, Vec::new()))),
-            Some(Ok(mut client)) => match client.simple_query(&sql) {
-                Ok(messages) => {
-                    let granted: Vec<bool> = match rows(&messages).last() {
-                        Some(row) if !takes.is_empty() => {
-                            (0..row.len()).map(|i| row.get(i) == Some("t")).collect()
+        let mut sent = Instant::now();
+        let mut reached_server = false;
+        // A panic in the client (a bug) must not leave the session
+        // `sending` for ever: caught, the round fails like a lost
+        // connection, and the panic goes on in this caller after.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let opened = match (client, connect) {
+                (Some(client), _) => Some(Ok(client)),
+                (None, Some(connect)) if fresh => Some(connect()),
+                (None, _) => None,
+            };
+            let result: Result<Option<(Client, Vec<bool>)>, BackendError> = match opened {
+                None if pings.is_empty() => Ok(None),
+                None => Err(BackendError::LockLost {
+                    location: location.to_owned(),
+                    detail: "the connection was lost earlier and given up".into(),
+                }),
+                Some(Err(e)) => Err(e),
+                Some(Ok(client)) if sql.is_empty() => Ok(Some((client, Vec::new()))),
+                Some(Ok(mut client)) => {
+                    sent = Instant::now();
+                    reached_server = true;
+                    match client.simple_query(&sql) {
+                        Ok(messages) => {
+                            let granted: Vec<bool> = match rows(&messages).last() {
+                                Some(row) if !takes.is_empty() => {
+                                    (0..row.len()).map(|i| row.get(i) == Some("t")).collect()
+                                }
+                                _ => Vec::new(),
+                            };
+                            if granted.len() == takes.len() {
+                                Ok(Some((client, granted)))
+                            } else {
+                                Err(BackendError::BadSchema {
+                                    table: "the lock session",
+                                    detail: format!(
+                                        "{} answers to {} advisory lock takes",
+                                        granted.len(),
+                                        takes.len()
+                                    ),
+                                })
+                            }
                         }
-                        _ => Vec::new(),
-                    };
-                    if granted.len() == takes.len() {
-                        Ok(Some((client, granted)))
-                    } else {
-                        Err(BackendError::BadSchema {
-                            table: "the lock session",
-                            detail: format!(
-                                "{} answers to {} advisory lock takes",
-                                granted.len(),
-                                takes.len()
-                            ),
-                        })
+                        Err(e) => Err(super::pg_error(
+                            location,
+                            "taking or releasing advisory locks".into(),
+                            e,
+                        )),
                     }
                 }
-                Err(e) => Err(super::pg_error(
-                    location,
-                    "taking or releasing advisory locks".into(),
-                    e,
-                )),
-            },
+            };
+            result
+        }));
+        let (result, panicked) = match outcome {
+            Ok(result) => (result, None),
+            Err(panic) => (
+                Err(BackendError::ConnectionLost {
+                    location: location.to_owned(),
+                    op: "taking or releasing advisory locks (the client panicked)".into(),
+                }),
+                Some(panic),
+            ),
         };
 
         let mut session = self.lock();
         session.sending = false;
-        if !sql.is_empty() && !matches!(result, Ok(None)) {
+        if reached_server {
             session.rounds += 1;
-            if only_pings {
+            if !pings.is_empty() {
                 session.pings += 1;
             }
         }
@@ -400,7 +438,7 @@ impl LockSession {
                 for &ticket in &pings {
                     session.answers.insert(ticket, Answer::Alive);
                 }
-                if !sql.is_empty() {
+                if reached_server {
                     session.answered = Some(sent);
                 }
                 session.client = Some(client);
@@ -428,6 +466,10 @@ impl LockSession {
             }
         };
         self.0.answered.notify_all();
+        if let Some(panic) = panicked {
+            drop(session);
+            std::panic::resume_unwind(panic);
+        }
         (session, error)
     }
 }
@@ -465,7 +507,7 @@ impl HeldLock for AdvisoryLock {
         }
         match self
             .session
-            .ask(session, &self.location, None, |q, ticket| {
+            .ask(session, &self.location, None, Some(asked), |q, ticket| {
                 q.pings.push(ticket)
             }) {
             Ok(Answer::Alive) => {
@@ -506,11 +548,17 @@ impl PostgresBackend {
     /// when another session (anywhere) or this handle holds it. The take
     /// goes in the session's next round (see [`LockSession`]).
     pub(super) fn try_advisory(&self, key: i64) -> Result<Option<Box<dyn HeldLock>>, BackendError> {
-        let session = self.locks.lock();
+        let mut session = self.locks.lock();
+        if !session.sending && session.client.as_ref().is_some_and(Client::is_closed) {
+            // The connection is known to be gone, and every lock of it:
+            // this take opens a new session.
+            session.client = None;
+            session.held.clear();
+            session.generation += 1;
+        }
         if session.held.contains(&key) || session.taking.contains(&key) {
             return Ok(None);
         }
-        let mut session = session;
         session.taking.insert(key);
         let connect = || -> Result<Client, BackendError> {
             let super::Reused::Fresh(mut client) = self.connect_or_reuse(|| None::<()>)? else {
@@ -534,11 +582,15 @@ impl PostgresBackend {
                 .map_err(|e| self.error("opening the lock session".into(), e))?;
             Ok(*client)
         };
-        let answer = self
-            .locks
-            .ask(session, &self.location, Some(&connect), |q, ticket| {
+        let answer = self.locks.ask(
+            session,
+            &self.location,
+            Some(&connect),
+            None,
+            |q, ticket| {
                 q.takes.push((ticket, key));
-            });
+            },
+        );
         match answer {
             Ok(Answer::Taken {
                 granted: true,
@@ -553,7 +605,7 @@ impl PostgresBackend {
             Ok(Answer::Failed(detail)) => Err(BackendError::ConnectionLost {
                 location: self.location.clone(),
                 op: format!(
-                    "taking an advisory lock (sent with other takes in one round trip, which failed: {detail})"
+                    "taking an advisory lock, in a round of the lock session that failed: {detail}"
                 ),
             }),
             Ok(Answer::Alive) => Err(BackendError::ConnectionLost {

@@ -284,17 +284,18 @@ impl PostgresBackend {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// How many liveness pings the checks of this handle's claims have
-    /// sent ([`HeldLock::check`]; at most one each [`CHECK_TRUSTS`]): a
-    /// figure for tests and benchmarks.
+    /// How many round trips of this handle's lock session carried a
+    /// liveness ping of a check of its claims ([`HeldLock::check`]; at
+    /// most one each [`CHECK_TRUSTS`]): a figure for tests and
+    /// benchmarks.
     pub fn lock_pings(&self) -> u64 {
         self.locks.pings()
     }
 
     /// How many round trips this handle's lock session has made so far:
-    /// its rounds, each carrying every take, release and ping queued
-    /// while the one before was in flight (`locks.rs`): a figure for tests
-    /// and benchmarks.
+    /// its rounds that reached the server, each carrying every take,
+    /// release and ping queued while the one before was in flight
+    /// (`locks.rs`): a figure for tests and benchmarks.
     pub fn lock_round_trips(&self) -> u64 {
         self.locks.rounds()
     }
