@@ -396,3 +396,70 @@ fn a_lost_lock_session_fails_its_round_and_the_next_take_reconnects() {
     drop(held);
     assert!(store.backend().try_lock_claim(key(1)).unwrap().is_some());
 }
+
+/// Takes queued behind a round whose connection cannot be opened all fail
+/// (`docs/design.md` §8f item 16): the leader with the server's refusal,
+/// the takes that shared its round as a lost connection; nothing is held,
+/// and once the server takes connections again every key is granted.
+#[test]
+fn takes_sharing_a_round_that_cannot_connect_all_fail_and_hold_nothing() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let store: &Store = &test_store;
+    let url = test_store.store_arg().into_string().unwrap();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let db: String = sql
+        .query_one("SELECT current_database()", &[])
+        .unwrap()
+        .get(0);
+    // The same server, another database: a database's own sessions cannot
+    // close it to connections.
+    let mut admin = {
+        let mut config: postgres::Config = url.parse().unwrap();
+        config.dbname("postgres");
+        config.connect(postgres::NoTls).unwrap()
+    };
+    let key = |i: u8| -> [u8; 16] { (u128::from(i) << 65).to_be_bytes() };
+    // No lock session yet; the server now refuses new connections to the
+    // database (those open stay).
+    admin
+        .batch_execute(&format!("ALTER DATABASE \"{db}\" ALLOW_CONNECTIONS false"))
+        .unwrap();
+    let barrier = std::sync::Barrier::new(8);
+    let shared = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for i in 0..8u8 {
+            let (barrier, shared) = (&barrier, &shared);
+            scope.spawn(move || {
+                barrier.wait();
+                let e = store.backend().try_lock_claim(key(i)).unwrap_err();
+                if e.to_string()
+                    .contains("in a round of the lock session that failed")
+                {
+                    assert!(e.is_connection_lost(), "{e}");
+                    shared.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                } else {
+                    assert!(
+                        e.to_string()
+                            .contains("not currently accepting connections"),
+                        "{e}"
+                    );
+                }
+            });
+        }
+    });
+    // The leader's connect takes a round trip or more; the other takes,
+    // released by the barrier at once, queue behind it (6 of 8 here).
+    let shared = shared.into_inner();
+    eprintln!("{shared} of 8 takes failed in a round another take led");
+    assert!(shared >= 1, "no take shared the failed round");
+    admin
+        .batch_execute(&format!("ALTER DATABASE \"{db}\" ALLOW_CONNECTIONS true"))
+        .unwrap();
+    assert!(advisory_holders(&mut sql).is_empty());
+    for i in 0..8u8 {
+        assert!(store.backend().try_lock_claim(key(i)).unwrap().is_some());
+    }
+}
