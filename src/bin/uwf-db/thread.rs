@@ -329,7 +329,7 @@ pub fn run(
         ThreadCommand::Label { id, labels, remove } => label(cli, id, labels, remove, out),
         ThreadCommand::Show { id } => {
             let store = cli.open(false)?;
-            let id = store.threads().resolve(id)?;
+            let id = resolve_for_read(&store, id)?;
             let tree = store.threads().tree(id)?;
             let driver_alive = uwf_db::engine::claim::is_held(&store, id)?;
             let parent = store.engine().parent_context(&tree.thread)?;
@@ -344,7 +344,7 @@ pub fn run(
             stderr,
         } => {
             let store = cli.open(false)?;
-            let id = store.threads().resolve(id)?;
+            let id = resolve_for_read(&store, id)?;
             let before = before.as_ref().map(|p| store.resolve(p)).transpose()?;
             let entries = store.threads().log(id, *limit, before)?;
             let texts = api::KeptTexts {
@@ -357,6 +357,19 @@ pub fn run(
         ThreadCommand::Tree { id, forks } => tree(cli, id, *forks, out),
         ThreadCommand::Stop { id } => stop(cli, id, out),
         ThreadCommand::Rm { id } => rm(cli, id, out),
+    }
+}
+
+/// The thread `prefix` names, for a command whose next read needs its
+/// record anyway: a full id is taken as it is, and that read says "no
+/// thread matches" when there is none (`ThreadError::Unknown`, as
+/// `resolve` would), sparing a read transaction of its own — three round
+/// trips of a short command's eleven on PostgreSQL. A shorter prefix is
+/// resolved.
+fn resolve_for_read(store: &Store, prefix: &IdPrefix) -> Result<ThreadId, CliError> {
+    match prefix.as_full_id() {
+        Some(id) => Ok(id),
+        None => Ok(store.threads().resolve(prefix)?),
     }
 }
 
