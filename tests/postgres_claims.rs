@@ -246,8 +246,8 @@ fn advisory_keys_of(sql: &mut postgres::Client, pid: i32) -> Vec<i64> {
     .collect()
 }
 
-/// Takes, releases and pings of many drivers share the lock session's
-/// round trips (`docs/design.md` §8f item 16): 32 threads taking and
+/// Takes and releases of many drivers share the lock session's round
+/// trips (`docs/design.md` §8f item 16): 32 threads taking and
 /// releasing claims at once cost fewer round trips than requests; a key
 /// is never granted to two takers of the session at once (a session's
 /// advisory locks are re-entrant on the server, so the session itself
@@ -313,26 +313,32 @@ fn concurrent_claims_share_round_trips_and_never_grant_a_key_twice() {
     let requests = requests.into_inner();
     assert!(contested_wins.into_inner() > 0);
     // 32 threads queue behind each round in flight: rounds carry several
-    // requests each (one per request would be 1,960 or more round trips).
+    // requests each (one per request would be 3,840 or more round trips).
     assert!(
         round_trips * 4 <= requests,
         "{round_trips} round trips for {requests} takes and releases"
     );
     eprintln!("{requests} takes and releases in {round_trips} round trips");
 
-    // Every release reached the server: the session holds nothing, and
-    // another handle takes every key.
-    let url = test_store.store_arg().into_string().unwrap();
-    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    let _probe = pg.try_lock_claim(key(99)).unwrap().unwrap();
-    let holders = advisory_holders(&mut sql);
-    assert_eq!(holders.len(), 1, "{holders:?}");
-    assert_eq!(advisory_keys_of(&mut sql, holders[0]).len(), 1);
+    // Every release reached the server: another handle takes every key
+    // (before this session sends anything more), and this session then
+    // holds only what it takes next.
     let other = test_store.open_again();
+    let mut taken = Vec::new();
     for i in (0..SHARED as u64).chain((0..THREADS as u64).map(|t| 1000 + t)) {
         let lock = other.backend().try_lock_claim(key(i)).unwrap();
         assert!(lock.is_some(), "key {i} still held after its release");
+        taken.push(lock);
     }
+    drop(taken);
+    let url = test_store.store_arg().into_string().unwrap();
+    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let _probe = pg.try_lock_claim(key(99)).unwrap().unwrap();
+    let ours = advisory_holders(&mut sql)
+        .into_iter()
+        .filter(|pid| advisory_keys_of(&mut sql, *pid).contains(&99))
+        .count();
+    assert_eq!(ours, 1);
 }
 
 /// A round that fails (the server ended the lock session) fails the takes
@@ -416,11 +422,8 @@ fn takes_sharing_a_round_that_cannot_connect_all_fail_and_hold_nothing() {
         .get(0);
     // The same server, another database: a database's own sessions cannot
     // close it to connections.
-    let mut admin = {
-        let mut config: postgres::Config = url.parse().unwrap();
-        config.dbname("postgres");
-        config.connect(postgres::NoTls).unwrap()
-    };
+    let mut admin =
+        postgres::Client::connect(&common::backend::postgres_admin_url(), postgres::NoTls).unwrap();
     let key = |i: u8| -> [u8; 16] { (u128::from(i) << 65).to_be_bytes() };
     // No lock session yet; the server now refuses new connections to the
     // database (those open stay).

@@ -81,12 +81,23 @@ impl fmt::Debug for ThreadId {
 impl FromStr for ThreadId {
     type Err = ParseIdError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || ParseIdError::Invalid {
+            input: s.to_owned(),
+        };
+        if !fits_128_bits(s) {
+            return Err(invalid());
+        }
         Ulid::from_string(&s.to_ascii_uppercase())
             .map(ThreadId)
-            .map_err(|_| ParseIdError::Invalid {
-                input: s.to_owned(),
-            })
+            .map_err(|_| invalid())
     }
+}
+
+/// Whether an id (or a prefix of one) can name 128 bits: 26 base-32
+/// characters hold 130, so the first is at most `7`. The `ulid` crate's
+/// decoder does not check it, and `81M…` would quietly name `01M…`.
+fn fits_128_bits(s: &str) -> bool {
+    s.as_bytes().first().is_none_or(|c| *c <= b'7')
 }
 
 /// In JSON a thread id is its 26-character ULID.
@@ -176,7 +187,7 @@ impl FromStr for IdPrefix {
         }
         // Valid iff padding it with zeros gives a valid ULID.
         let padded = format!("{:0<width$}", upper, width = ID_LEN);
-        if upper.len() > ID_LEN || Ulid::from_string(&padded).is_err() {
+        if upper.len() > ID_LEN || !fits_128_bits(&upper) || Ulid::from_string(&padded).is_err() {
             return Err(ParseIdError::Invalid {
                 input: s.to_owned(),
             });
@@ -217,5 +228,23 @@ mod tests {
         assert!("01ABCU".parse::<IdPrefix>().is_err(), "U is not Crockford");
         let full: IdPrefix = s.parse().unwrap();
         assert_eq!(full.as_full_id(), Some(id));
+    }
+
+    #[test]
+    fn an_id_past_128_bits_is_refused_not_wrapped() {
+        let max = "7ZZZZZZZZZZZZZZZZZZZZZZZZZ";
+        assert!(max.parse::<ThreadId>().is_ok());
+        assert!(max.parse::<IdPrefix>().is_ok());
+        for s in [
+            "81M85T90DDDQKBS4EBF631FVBP",
+            "ZZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            "81M85T",
+        ] {
+            assert!(s.parse::<IdPrefix>().is_err(), "{s}");
+            if s.len() == ID_LEN {
+                assert!(s.parse::<ThreadId>().is_err(), "{s}");
+            }
+        }
+        assert!("81m85t90dddqkbs4ebf631fvbp".parse::<ThreadId>().is_err());
     }
 }

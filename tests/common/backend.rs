@@ -49,7 +49,7 @@ pub const DEFAULT_POSTGRES: &str = "postgres://root@127.0.0.1:5432/postgres";
 
 /// The admin URL of the test server.
 #[cfg(feature = "postgres")]
-fn postgres_admin_url() -> String {
+pub fn postgres_admin_url() -> String {
     std::env::var("UWF_TEST_POSTGRES").unwrap_or_else(|_| DEFAULT_POSTGRES.to_owned())
 }
 

@@ -344,7 +344,13 @@ pub fn run(
             stderr,
         } => {
             let store = cli.open(false)?;
-            let id = resolve_for_read(&store, id)?;
+            // With `--before`, the thread is resolved first, so an unknown
+            // thread is what an error names, before an unknown hash.
+            let id = if before.is_some() {
+                store.threads().resolve(id)?
+            } else {
+                resolve_for_read(&store, id)?
+            };
             let before = before.as_ref().map(|p| store.resolve(p)).transpose()?;
             let entries = store.threads().log(id, *limit, before)?;
             let texts = api::KeptTexts {
