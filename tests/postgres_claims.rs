@@ -29,17 +29,39 @@ impl Agent for Counting {
     }
 }
 
+/// The first column of every row `query` returns.
+fn first_column<T: for<'a> postgres::types::FromSql<'a>>(
+    sql: &mut postgres::Client,
+    query: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+) -> Vec<T> {
+    sql.query(query, params)
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// A fresh PostgreSQL store and a connection of the test's own to its
+/// database; `None` (the test does not run) without a server.
+fn store_and_sql() -> Option<(common::backend::TestStore, postgres::Client)> {
+    if !TestBackend::Postgres.available() {
+        return None;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let url = test_store.store_arg().into_string().unwrap();
+    let sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    Some((test_store, sql))
+}
+
 /// The server processes holding an advisory lock in the test's database.
 fn advisory_holders(sql: &mut postgres::Client) -> Vec<i32> {
-    sql.query(
+    first_column(
+        sql,
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         &[],
     )
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 #[test]
@@ -235,15 +257,12 @@ fn an_open_claim_does_not_hold_back_vacuum() {
 /// The advisory locks held by server process `pid`, as the one-bigint
 /// keys `pg_try_advisory_lock(key)` takes.
 fn advisory_keys_of(sql: &mut postgres::Client, pid: i32) -> Vec<i64> {
-    sql.query(
+    first_column(
+        sql,
         "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks \
          WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND pid = $1",
         &[&pid],
     )
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// Takes and releases of many drivers share the lock session's round
@@ -252,8 +271,8 @@ fn advisory_keys_of(sql: &mut postgres::Client, pid: i32) -> Vec<i64> {
 /// is never granted to two takers of the session at once (a session's
 /// advisory locks are re-entrant on the server, so the session itself
 /// must refuse the second); every release reaches the server (after the
-/// threads end, the session holds nothing and another handle takes every
-/// key).
+/// threads end, another handle takes every key before this session sends
+/// anything more).
 #[test]
 fn concurrent_claims_share_round_trips_and_never_grant_a_key_twice() {
     if !TestBackend::Postgres.available() {
@@ -346,13 +365,10 @@ fn concurrent_claims_share_round_trips_and_never_grant_a_key_twice() {
 /// new session.
 #[test]
 fn a_lost_lock_session_fails_its_round_and_the_next_take_reconnects() {
-    if !TestBackend::Postgres.available() {
+    let Some((test_store, mut sql)) = store_and_sql() else {
         return;
-    }
-    let test_store = TestBackend::Postgres.fast();
+    };
     let store: &Store = &test_store;
-    let url = test_store.store_arg().into_string().unwrap();
-    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let key = |i: u8| -> [u8; 16] { (u128::from(i) << 65).to_be_bytes() };
     let held = store.backend().try_lock_claim(key(1)).unwrap().unwrap();
     let holders = advisory_holders(&mut sql);
@@ -409,13 +425,10 @@ fn a_lost_lock_session_fails_its_round_and_the_next_take_reconnects() {
 /// and once the server takes connections again every key is granted.
 #[test]
 fn takes_sharing_a_round_that_cannot_connect_all_fail_and_hold_nothing() {
-    if !TestBackend::Postgres.available() {
+    let Some((test_store, mut sql)) = store_and_sql() else {
         return;
-    }
-    let test_store = TestBackend::Postgres.fast();
+    };
     let store: &Store = &test_store;
-    let url = test_store.store_arg().into_string().unwrap();
-    let mut sql = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let db: String = sql
         .query_one("SELECT current_database()", &[])
         .unwrap()
