@@ -107,9 +107,9 @@ impl schemars::JsonSchema for ThreadId {
     }
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "A thread id: a ULID, 26 Crockford base-32 characters.",
+            "description": "A thread id: a ULID, 26 Crockford base-32 characters, the first 0 to 7 (128 bits).",
             "type": "string",
-            "pattern": "^[0-9A-HJKMNP-TV-Z]{26}$"
+            "pattern": "^[0-7][0-9A-HJKMNP-TV-Z]{25}$"
         })
     }
 }

@@ -128,7 +128,7 @@ pub static ROUTES: &[Route] = &[
             query(
                 "cursor",
                 "The next_cursor of the previous page",
-                r#"{"type":"string","pattern":"^[0-9]{1,20}-[0-9A-HJKMNP-TV-Z]{26}$"}"#,
+                r#"{"type":"string","pattern":"^[0-9]{1,20}-[0-7][0-9A-HJKMNP-TV-Z]{25}$"}"#,
             ),
         ],
         body: None,
