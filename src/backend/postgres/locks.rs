@@ -317,29 +317,7 @@ impl LockSession {
         // A connection: the current one, or (for takes) a new one, in
         // which every lock of the earlier one is gone.
         let fresh = client.is_none() && !takes.is_empty();
-        let mut sql = String::new();
-        let mut push_calls = |f: &str, keys: &mut dyn Iterator<Item = i64>| {
-            if !sql.is_empty() {
-                sql.push_str("; ");
-            }
-            sql.push_str("SELECT ");
-            for (i, key) in keys.enumerate() {
-                if i > 0 {
-                    sql.push_str(", ");
-                }
-                // A number we formatted.
-                sql.push_str(&format!("{f}({key})"));
-            }
-        };
-        if !releases.is_empty() {
-            push_calls("pg_advisory_unlock", &mut releases.iter().map(|r| r.1));
-        }
-        if !takes.is_empty() {
-            push_calls("pg_try_advisory_lock", &mut takes.iter().map(|t| t.1));
-        }
-        if sql.is_empty() && !pings.is_empty() {
-            sql.push_str("SELECT 1");
-        }
+        let sql = round_sql(&releases, &takes, !pings.is_empty());
         let mut sent = Instant::now();
         let mut reached_server = false;
         // A panic in the client (a bug) must not leave the session
@@ -472,6 +450,36 @@ impl LockSession {
         }
         (session, error)
     }
+}
+
+/// A round's simple query: the releases, then the takes, one `SELECT`
+/// each; `SELECT 1` when it carries only pings; empty when nothing.
+fn round_sql(releases: &[(u64, i64)], takes: &[(u64, i64)], pings: bool) -> String {
+    use std::fmt::Write as _;
+    let mut sql = String::new();
+    for (f, keys) in [
+        ("pg_advisory_unlock", releases),
+        ("pg_try_advisory_lock", takes),
+    ] {
+        if keys.is_empty() {
+            continue;
+        }
+        if !sql.is_empty() {
+            sql.push_str("; ");
+        }
+        sql.push_str("SELECT ");
+        for (i, (_, key)) in keys.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            // A number we formatted; writing to a `String` cannot fail.
+            let _ = write!(sql, "{f}({key})");
+        }
+    }
+    if sql.is_empty() && pings {
+        sql.push_str("SELECT 1");
+    }
+    sql
 }
 
 /// Up to `budget` items off the front of `v`.
