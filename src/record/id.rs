@@ -24,7 +24,7 @@ pub struct ThreadId(Ulid);
 #[non_exhaustive]
 pub enum ParseIdError {
     /// Not a valid ULID.
-    #[error("'{input}' is not a thread id (26 characters of Crockford base32)")]
+    #[error("'{input}' is not a thread id (26 characters of Crockford base32, the first 0 to 7)")]
     Invalid {
         /// The text given.
         input: String,
