@@ -286,3 +286,80 @@ fn sixty_four_drivers_use_a_few_connections() {
     drop(held);
     other.engine().claim(id, &Cancel::new()).unwrap();
 }
+
+/// A handle with two group writers (`pg_connections` 4) keeps one group in
+/// flight while few requests wait: with the first writer's group held
+/// open, five more requests are not committed beside it; once
+/// `PARALLEL_MIN` (32) wait, the second writer commits them as a group of
+/// their own while the first is still open (`docs/design.md` §5d, "Groups
+/// in parallel").
+#[test]
+fn a_second_group_goes_beside_the_first_only_when_many_requests_wait() {
+    if !TestBackend::Postgres.available() {
+        return;
+    }
+    let test_store = TestBackend::Postgres.fast();
+    let url = test_store.store_arg().into_string().unwrap();
+    let store = open(&url, 4);
+    let (started, started_rx) = mpsc::channel::<()>();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let release_rx = Arc::new(std::sync::Mutex::new(release_rx));
+    let committed = Arc::new(AtomicUsize::new(0));
+    let (held, stats) = store.group_commit(0, |g| {
+        std::thread::scope(|s| {
+            let holder = {
+                let g = g.clone();
+                let release_rx = release_rx.clone();
+                s.spawn(move || {
+                    g.write_op(move |w| {
+                        let stored = w.put_blob(&Blob::content("held", []))?;
+                        let _ = started.send(());
+                        // Held open until released, or 20 s.
+                        let released = release_rx
+                            .lock()
+                            .unwrap()
+                            .recv_timeout(Duration::from_secs(20))
+                            .is_ok();
+                        Ok::<_, StoreError>((stored, released))
+                    })
+                })
+            };
+            started_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+            let send = |from: usize, to: usize| {
+                for i in from..to {
+                    let (g, committed) = (g.clone(), committed.clone());
+                    s.spawn(move || {
+                        g.write_op(move |w| w.put_blob(&Blob::content(format!("queued {i}"), [])))
+                            .unwrap();
+                        committed.fetch_add(1, Ordering::SeqCst);
+                    });
+                }
+            };
+            send(0, 5);
+            std::thread::sleep(Duration::from_millis(300));
+            let early = committed.load(Ordering::SeqCst);
+            send(5, 45);
+            // At least the 32 that woke the second writer commit while the
+            // first group is still open.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while committed.load(Ordering::SeqCst) < 32 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let beside = committed.load(Ordering::SeqCst);
+            release.send(()).unwrap();
+            let held = holder.join().unwrap().unwrap();
+            (held, early, beside)
+        })
+    });
+    let ((stored, released), early, beside) = held;
+    assert_eq!(early, 0, "a small group went beside the open one");
+    assert!(beside >= 32, "{beside} committed beside the open group");
+    assert!(
+        released,
+        "the open group was released by the test, not by its timeout"
+    );
+    assert_eq!(committed.load(Ordering::SeqCst), 45);
+    assert!(store.contains(&stored).unwrap());
+    assert!(stats.groups >= 2, "{stats:?}");
+    assert_eq!(stats.requests, 46);
+}

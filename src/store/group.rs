@@ -11,17 +11,24 @@
 //! every request waiting or sent later fails with
 //! [`StoreError::GroupStopped`] instead of waiting forever.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 
 use super::{Store, StoreError, StoreInner, WriteTxn};
 use crate::backend::Table;
 
 /// Most requests in one group when none is given.
 pub const DEFAULT_MAX_GROUP: usize = 256;
+
+/// With several writers (a server backend), a second group goes while the
+/// first is in flight only once this many requests wait: a transaction
+/// costs the server about as much as several steps, so small groups side
+/// by side cost more than they save (`docs/design.md` §5d, "Groups in
+/// parallel").
+pub(crate) const PARALLEL_MIN: usize = 32;
 
 /// A request: runs in the group's transaction (perhaps more than once),
 /// says whether it succeeded, and is told when its group is durable.
@@ -79,6 +86,9 @@ impl Drop for Request {
 /// The sending side, shared by the clones of a group-commit handle.
 pub(crate) struct GroupSender {
     tx: Sender<Request>,
+    /// With more than one writer: a token when [`PARALLEL_MIN`] requests
+    /// wait, which wakes a second writer.
+    deep: Option<Sender<()>>,
 }
 
 /// What the writer did.
@@ -146,9 +156,11 @@ impl Store {
         };
         let (tx, rx) = unbounded::<Request>();
         let counters = Counters::default();
+        let first_gone = AtomicBool::new(false);
         let out = std::thread::scope(|scope| {
             let inner = &self.inner;
             let counters = &counters;
+            let first_gone = &first_gone;
             // The senders of a committed group are woken from a thread of
             // their own: a wake-up is a system call each, and made by a
             // writer they would hold it from its next group (about 17%
@@ -165,16 +177,29 @@ impl Store {
             drop(spawned);
             // The writers own the receiver: if they die, the queue goes
             // with them and no sender waits for an answer that will not
-            // come. A server backend that commits in parallel gets several
-            // (`Backend::parallel_writers`), each with its own group in
-            // flight.
-            for _ in 0..inner.backend.parallel_writers().max(1) {
+            // come. A server backend that commits in parallel gets more
+            // than one (`Backend::parallel_writers`): the first takes
+            // every group it can; the others wait for a token that says
+            // the queue is deep, and take a group beside it then.
+            let writers = inner.backend.parallel_writers().max(1);
+            let (deep, deep_rx) = bounded::<()>(1);
+            for n in 0..writers {
                 let rx = rx.clone();
                 let answers = answers.clone();
+                let woken_by = (n > 0).then(|| deep_rx.clone());
+                // Should the first writer end (or never start), the others
+                // are told, and one takes its place.
+                let first = (n == 0).then(|| FirstWriter {
+                    gone: first_gone,
+                    deep: deep.clone(),
+                });
                 let spawned = std::thread::Builder::new()
                     .name("uwf-group-commit".into())
                     .spawn_scoped(scope, move || {
-                        writer(inner, rx, max_group, counters, &answers)
+                        let _first = first;
+                        writer(
+                            inner, rx, woken_by, first_gone, max_group, counters, &answers,
+                        )
                     });
                 if let Err(e) = spawned {
                     // No writer: every write through the handle fails with
@@ -186,7 +211,10 @@ impl Store {
             drop(answers);
             let grouped = Store {
                 inner: Arc::clone(&self.inner),
-                group: Some(Arc::new(GroupSender { tx })),
+                group: Some(Arc::new(GroupSender {
+                    tx,
+                    deep: (writers > 1).then_some(deep),
+                })),
             };
             f(&grouped)
             // `grouped` drops here; the writer ends when its last clone does.
@@ -261,6 +289,12 @@ impl Store {
                 ack: Arc::clone(&ack),
             })
             .map_err(|_| StoreError::GroupStopped)?;
+        if let Some(deep) = &group.deep
+            && group.tx.len() >= PARALLEL_MIN
+        {
+            // Full means a token waits already.
+            let _ = deep.try_send(());
+        }
         let done = ack.wait();
         if let Some(payload) = ack
             .panicked
@@ -298,18 +332,61 @@ fn answer_all(batch: Vec<Request>, outcome: &Result<(), Arc<StoreError>>) {
     }
 }
 
-/// The writer thread: one group per loop, until every sender is gone;
-/// each group's senders are answered through `answers`.
+/// Held by the first writer: its end (a panic, or a thread that could not
+/// be started) wakes the others, one of which then takes every group.
+struct FirstWriter<'a> {
+    gone: &'a AtomicBool,
+    deep: Sender<()>,
+}
+
+impl Drop for FirstWriter<'_> {
+    fn drop(&mut self) {
+        self.gone.store(true, Ordering::SeqCst);
+        let _ = self.deep.try_send(());
+    }
+}
+
+/// A writer thread: one group per loop, until every sender is gone; each
+/// group's senders are answered through `answers`. The first writer takes
+/// the next request as it comes; one `woken_by` a token takes a group only
+/// when it wakes to [`PARALLEL_MIN`] requests waiting (another group is
+/// then in flight, or the first writer would have taken them).
 fn writer(
     inner: &StoreInner,
     rx: Receiver<Request>,
+    mut woken_by: Option<Receiver<()>>,
+    first_gone: &AtomicBool,
     max_group: usize,
     counters: &Counters,
     answers: &Sender<Answered>,
 ) {
-    while let Ok(first) = rx.recv() {
+    loop {
+        let mut batch = Vec::new();
+        match &woken_by {
+            None => match rx.recv() {
+                Ok(first) => batch.push(first),
+                Err(_) => return,
+            },
+            Some(deep) => {
+                if deep.recv().is_err() {
+                    // Every sender and the first writer are gone.
+                    return;
+                }
+                if first_gone.load(Ordering::SeqCst) {
+                    // The first writer is gone: this one takes its place.
+                    woken_by = None;
+                    continue;
+                }
+                if rx.len() < PARALLEL_MIN {
+                    continue;
+                }
+                gather(&rx, &mut batch, max_group);
+                if batch.is_empty() {
+                    continue;
+                }
+            }
+        }
         // The rest of the group is gathered once its transaction has begun.
-        let mut batch = vec![first];
         let outcome = commit_group(inner, &mut batch, &rx, max_group).map_err(Arc::new);
         counters.groups.fetch_add(1, Ordering::Relaxed);
         counters
