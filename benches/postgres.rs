@@ -11,7 +11,9 @@
 //!   store: total steps/s, the scaling factor against one process, the
 //!   best PostgreSQL fleet against one LMDB process, and the peak of the
 //!   server connections the runners held (goals: 4 processes ≥ 2× one,
-//!   the best fleet ≥ 3,500 steps/s and ≥ 0.5× one LMDB process);
+//!   the best fleet ≥ 3,500 steps/s and ≥ 0.5× one LMDB process); and
+//!   what bounds it: how busy the machine was, its CPU and the runners'
+//!   a step, and the steps/s its cores would allow at that cost;
 //! - `connections`: 8 runners × 64 jobs on 2,000 threads: no thread
 //!   failed, and the peak connection count (`pg_stat_activity`);
 //! - the newest 50 steps of a 10,000-step thread and the first page of 50
@@ -1181,6 +1183,46 @@ struct FleetRun {
     failed: u64,
     /// Peak server connections (PostgreSQL).
     peak: usize,
+    /// Where the CPU went (Linux: `/proc/stat` and `getrusage`).
+    cpu: Option<FleetCpu>,
+}
+
+/// The machine's CPU over a fleet run: how busy it was, and its CPU and
+/// the runner processes' CPU a step (the rest is the server's, the
+/// kernel's I/O and this bench's connection watch).
+#[derive(Clone, Copy)]
+struct FleetCpu {
+    busy: f64,
+    machine_per_step: Duration,
+    runners_per_step: Duration,
+}
+
+/// The machine's busy and total CPU ticks since boot (`/proc/stat`).
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal …
+    let idle = v.get(3)? + v.get(4)?;
+    let total: u64 = v.iter().take(8).sum();
+    Some((total - idle, total))
+}
+
+/// CPU (user + system) of this process's waited-for children so far.
+fn children_cpu() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let Ok(u) = getrusage(UsageWho::RUSAGE_CHILDREN) else {
+        return Duration::ZERO;
+    };
+    let t = |tv: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(tv.tv_sec()).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(tv.tv_usec()).unwrap_or(0))
+    };
+    t(u.user_time()) + t(u.system_time())
 }
 
 /// One fleet run: `procs` processes of `uwf-db batch --jobs JOBS/procs`,
@@ -1214,6 +1256,7 @@ fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> FleetRun {
         })
         .collect();
     let watch = pg.then(|| ConnectionWatch::start(&arg));
+    let (ticks0, children0) = (machine_ticks(), children_cpu());
     let t0 = Instant::now();
     let children: Vec<_> = files
         .iter()
@@ -1235,6 +1278,7 @@ fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> FleetRun {
         .map(|c| c.wait_with_output().unwrap())
         .collect();
     let wall = t0.elapsed();
+    let (ticks1, children1) = (machine_ticks(), children_cpu());
     let peak = watch.map_or(0, ConnectionWatch::peak);
     let (mut steps, mut groups, mut failed) = (0u64, 0u64, 0u64);
     for o in &outputs {
@@ -1248,12 +1292,24 @@ fn fleet_run(pg: bool, procs: usize, threads: usize, jobs: usize) -> FleetRun {
         steps += s["steps"].as_u64().unwrap();
         groups += s["groups"].as_u64().unwrap();
     }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = ticks0.zip(ticks1).and_then(|((b0, t0), (b1, t1))| {
+        let total = t1.checked_sub(t0).filter(|t| *t > 0)?;
+        let busy = b1.saturating_sub(b0) as f64 / total as f64;
+        let steps = steps.max(1) as f64;
+        Some(FleetCpu {
+            busy,
+            machine_per_step: wall.mul_f64(busy * cores as f64 / steps),
+            runners_per_step: children1.saturating_sub(children0).div_f64(steps),
+        })
+    });
     FleetRun {
         wall,
         steps,
         group: steps as f64 / groups.max(1) as f64,
         failed,
         peak,
+        cpu,
     }
 }
 
@@ -1262,13 +1318,15 @@ struct FleetRow {
     rate: f64,
     group: f64,
     peak: usize,
+    cpu: Option<FleetCpu>,
 }
 
 /// Steps/s of 1, 2, 4 and 8 processes: the median of `reps` rounds, each
 /// round running every count once (in rotating order).
 fn fleet(pg: bool, threads: usize, jobs: usize, reps: usize) -> Vec<FleetRow> {
     let counts = [1usize, 2, 4, 8];
-    let mut rates: Vec<Vec<(f64, f64, usize)>> = vec![Vec::new(); counts.len()];
+    type Round = (f64, f64, usize, Option<FleetCpu>);
+    let mut rates: Vec<Vec<Round>> = vec![Vec::new(); counts.len()];
     for r in 0..reps {
         for k in 0..counts.len() {
             let i = (k + r) % counts.len();
@@ -1278,6 +1336,7 @@ fn fleet(pg: bool, threads: usize, jobs: usize, reps: usize) -> Vec<FleetRow> {
                 run.steps as f64 / run.wall.as_secs_f64(),
                 run.group,
                 run.peak,
+                run.cpu,
             ));
         }
     }
@@ -1286,12 +1345,13 @@ fn fleet(pg: bool, threads: usize, jobs: usize, reps: usize) -> Vec<FleetRow> {
         .zip(rates)
         .map(|(&procs, mut v)| {
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (rate, group, peak) = v[v.len() / 2];
+            let (rate, group, peak, cpu) = v[v.len() / 2];
             FleetRow {
                 procs,
                 rate,
                 group,
                 peak,
+                cpu,
             }
         })
         .collect()
@@ -1334,10 +1394,51 @@ fn fleet_bench(threads_pg: usize, threads_lmdb: usize, jobs: usize) {
         four / pg[0].rate,
         best / lmdb[0].rate
     );
-    println!(
-        "\nmachine: {} cores (the processes, their agents and the server share them)",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("\nmachine: {cores} cores (the processes, their agents and the server share them)");
+    // What bounds the fleet: the machine's CPU a step, from the same runs.
+    if pg.iter().all(|r| r.cpu.is_some()) {
+        println!(
+            "\n### where the CPU went (PostgreSQL; the median run of each count)\n\n\
+             machine busy: its CPU over the run (/proc/stat); a step: the machine's CPU, and the \
+             runner processes' own (getrusage), per step; the rest is the server's, the kernel's \
+             I/O and this bench's connection watch\n"
+        );
+        println!(
+            "| processes | machine busy | machine CPU a step | runners' CPU a step | the rest a step |"
+        );
+        println!("|---:|---:|---:|---:|---:|");
+        for r in &pg {
+            if let Some(c) = r.cpu {
+                println!(
+                    "| {} | {:.0}% | {:.0} µs | {:.0} µs | {:.0} µs |",
+                    r.procs,
+                    c.busy * 100.0,
+                    c.machine_per_step.as_secs_f64() * 1e6,
+                    c.runners_per_step.as_secs_f64() * 1e6,
+                    c.machine_per_step
+                        .saturating_sub(c.runners_per_step)
+                        .as_secs_f64()
+                        * 1e6
+                );
+            }
+        }
+        let least = pg
+            .iter()
+            .filter_map(|r| r.cpu)
+            .map(|c| c.machine_per_step)
+            .min()
+            .unwrap_or(Duration::ZERO);
+        if !least.is_zero() {
+            println!(
+                "\nCPU ceiling: at the least machine CPU a step above ({:.0} µs), {cores} cores fully \
+                 busy would make at most {:.0} steps/s; 4 processes at 2× one process need {:.0}",
+                least.as_secs_f64() * 1e6,
+                cores as f64 / least.as_secs_f64(),
+                2.0 * pg[0].rate
+            );
+        }
+    }
 }
 
 /// 8 runners × 64 jobs on one database: every thread completes (none

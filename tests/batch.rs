@@ -67,10 +67,13 @@ fn a_durable_batch_commits_every_step_in_groups(b: TestBackend) {
     assert!(verify(&store, |_| {}).unwrap().is_ok());
 }
 
-/// Holds every group writer (one on LMDB, `Backend::parallel_writers` on
-/// PostgreSQL) with a 300 ms request each (on threads of `s`) and returns
-/// 100 ms later, so that the requests sent next queue up and are
-/// committed as one group. Returns how many requests hold them.
+/// Sends one 300 ms request for each group writer the backend may run
+/// (one on LMDB, `Backend::parallel_writers` on PostgreSQL) on threads of
+/// `s` and returns 100 ms later, so that the requests sent next queue up
+/// and are committed in few groups. (On PostgreSQL the second holder
+/// waits in the queue, since a second writer takes a group only when many
+/// requests wait, and usually goes with the requests sent next.) Returns
+/// how many holding requests were sent.
 fn hold_the_writer<'scope, 'env>(
     s: &'scope std::thread::Scope<'scope, 'env>,
     g: &'env Store,
@@ -238,8 +241,8 @@ fn every_sender_of_a_group_is_woken_with_its_own_answer(b: TestBackend) {
         }
     }
     assert_eq!(stats.requests, holders + 40, "{stats:?}");
-    // Each writer, freed at once, takes what is queued: at most a group or
-    // two each (PostgreSQL runs several writers), never one per request.
+    // The writers take what is queued: at most a group or two each
+    // (PostgreSQL may run several), never one per request.
     assert!(
         stats.groups <= 3 * holders + 1,
         "the queued requests shared groups: {stats:?}"
@@ -844,3 +847,102 @@ conformance!(
     a_batch_without_agents_is_refused,
     two_stores_in_one_process_keep_their_workflows_and_their_cancellation_apart,
 );
+
+/// A backend of three group writers (as a server's) whose first `dies`
+/// write transactions panic as they begin: the writer thread taking that
+/// group dies with it.
+#[derive(Debug)]
+struct WritersDie {
+    inner: uwf_db::backend::memory::MemoryBackend,
+    dies: AtomicUsize,
+}
+
+impl uwf_db::backend::Backend for WritersDie {
+    fn begin_read(
+        &self,
+    ) -> Result<Box<dyn uwf_db::backend::ReadTables + '_>, uwf_db::backend::BackendError> {
+        self.inner.begin_read()
+    }
+    fn begin_write(
+        &self,
+    ) -> Result<Box<dyn uwf_db::backend::WriteTables + '_>, uwf_db::backend::BackendError> {
+        if self
+            .dies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("a group writer dies (as the test asked)");
+        }
+        self.inner.begin_write()
+    }
+    fn parallel_writers(&self) -> usize {
+        3
+    }
+    fn location(&self) -> &str {
+        self.inner.location()
+    }
+    fn dir(&self) -> Option<&Path> {
+        self.inner.dir()
+    }
+    fn durability(&self) -> uwf_db::Durability {
+        self.inner.durability()
+    }
+    fn try_lock_claim(
+        &self,
+        id: uwf_db::backend::ClaimKey,
+    ) -> Result<Option<Box<dyn uwf_db::backend::HeldLock>>, uwf_db::backend::BackendError> {
+        self.inner.try_lock_claim(id)
+    }
+    fn claim_locked(
+        &self,
+        id: uwf_db::backend::ClaimKey,
+    ) -> Result<bool, uwf_db::backend::BackendError> {
+        self.inner.claim_locked(id)
+    }
+    fn try_lock_gc(
+        &self,
+    ) -> Result<Option<Box<dyn uwf_db::backend::HeldLock>>, uwf_db::backend::BackendError> {
+        self.inner.try_lock_gc()
+    }
+    fn storage_stats(
+        &self,
+    ) -> Result<uwf_db::backend::StorageStats, uwf_db::backend::BackendError> {
+        self.inner.storage_stats()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// With several group writers, the first taking every group and the others
+/// waiting for a deep queue: when the first dies, the others take its
+/// place, and when the next dies too, the last still serves the queue. A
+/// request a dying writer held fails with `GroupStopped`; none waits
+/// forever. (The handle's scope then reports the writers' panics.)
+#[test]
+fn when_group_writers_die_the_others_serve_the_queue() {
+    let store = Store::from_backend(WritersDie {
+        inner: uwf_db::backend::memory::MemoryBackend::new(),
+        dies: AtomicUsize::new(2),
+    });
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        store.group_commit(0, |g| {
+            for i in 0..5 {
+                let r = g.write_op(move |w| w.put_blob(&Blob::content(format!("request {i}"), [])));
+                outcomes.lock().unwrap().push(r);
+            }
+        })
+    }));
+    assert!(ran.is_err(), "the dead writers' panics are reported");
+    let outcomes = outcomes.into_inner().unwrap();
+    assert_eq!(outcomes.len(), 5);
+    for (i, r) in outcomes.iter().enumerate() {
+        if i < 2 {
+            assert!(matches!(r, Err(StoreError::GroupStopped)), "{i}: {r:?}");
+        } else {
+            let hash = r.as_ref().unwrap();
+            assert!(store.contains(hash).unwrap(), "request {i} stored");
+        }
+    }
+}

@@ -469,9 +469,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
         false
     }
 
-    /// How many write transactions a group-commit handle should keep in
-    /// flight at once: one for a backend with a single writer (the
-    /// default), more for a server that commits several in parallel.
+    /// How many write transactions a group-commit handle may keep in
+    /// flight at once (at most; a second goes only when many requests
+    /// wait): one for a backend with a single writer (the default), more
+    /// for a server that commits several in parallel.
     fn parallel_writers(&self) -> usize {
         1
     }

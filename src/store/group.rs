@@ -10,12 +10,20 @@
 //! commit). Should the writer thread itself die, the queue dies with it:
 //! every request waiting or sent later fails with
 //! [`StoreError::GroupStopped`] instead of waiting forever.
+//!
+//! A server backend may have several groups in flight
+//! (`Backend::parallel_writers` writer threads). The first writer works as
+//! above; the others sleep until a sender finds [`PARALLEL_MIN`] requests
+//! waiting and leaves a token, then take a group beside the first. Should
+//! the first writer die, a channel only it holds closes and wakes the
+//! others, each of which then takes every request it can; the queue dies
+//! with the last of them (`docs/design.md` §5d, "Groups in parallel").
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::Thread;
 
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, Sender, bounded, select, unbounded};
 
 use super::{Store, StoreError, StoreInner, WriteTxn};
 use crate::backend::Table;
@@ -23,11 +31,11 @@ use crate::backend::Table;
 /// Most requests in one group when none is given.
 pub const DEFAULT_MAX_GROUP: usize = 256;
 
-/// With several writers (a server backend), a second group goes while the
-/// first is in flight only once this many requests wait: a transaction
-/// costs the server about as much as several steps, so small groups side
-/// by side cost more than they save (`docs/design.md` §5d, "Groups in
-/// parallel").
+/// With several writers (a server backend), a second group goes beside
+/// the first only once this many requests wait (or `max_group`, if
+/// smaller): a transaction costs the server about as much as several
+/// steps, so small groups side by side cost more than they save
+/// (`docs/design.md` §5d, "Groups in parallel").
 pub(crate) const PARALLEL_MIN: usize = 32;
 
 /// A request: runs in the group's transaction (perhaps more than once),
@@ -86,9 +94,12 @@ impl Drop for Request {
 /// The sending side, shared by the clones of a group-commit handle.
 pub(crate) struct GroupSender {
     tx: Sender<Request>,
-    /// With more than one writer: a token when [`PARALLEL_MIN`] requests
-    /// wait, which wakes a second writer.
-    deep: Option<Sender<()>>,
+    /// With more than one writer: where a sender that finds
+    /// `parallel_min` requests waiting (its own included) leaves a token,
+    /// which wakes a writer beside the first.
+    queue_deep: Option<Sender<()>>,
+    /// [`PARALLEL_MIN`], or `max_group` if smaller.
+    parallel_min: usize,
 }
 
 /// What the writer did.
@@ -156,11 +167,9 @@ impl Store {
         };
         let (tx, rx) = unbounded::<Request>();
         let counters = Counters::default();
-        let first_gone = AtomicBool::new(false);
         let out = std::thread::scope(|scope| {
             let inner = &self.inner;
             let counters = &counters;
-            let first_gone = &first_gone;
             // The senders of a committed group are woken from a thread of
             // their own: a wake-up is a system call each, and made by a
             // writer they would hold it from its next group (about 17%
@@ -179,27 +188,31 @@ impl Store {
             // with them and no sender waits for an answer that will not
             // come. A server backend that commits in parallel gets more
             // than one (`Backend::parallel_writers`): the first takes
-            // every group it can; the others wait for a token that says
-            // the queue is deep, and take a group beside it then.
+            // every group it can; the others sleep until a sender says the
+            // queue is deep, and take a group beside it then. Should the
+            // first end (a panic; a thread that could not be started), the
+            // channel it alone holds closes, which wakes the others: from
+            // then on each takes every request it can.
             let writers = inner.backend.parallel_writers().max(1);
-            let (deep, deep_rx) = bounded::<()>(1);
-            for n in 0..writers {
+            let parallel_min = PARALLEL_MIN.min(max_group);
+            let (queue_deep, queue_deep_rx) = bounded::<()>(1);
+            let (first_alive, first_alive_rx) = bounded::<()>(0);
+            let mut first_alive = Some(first_alive);
+            for _ in 0..writers {
                 let rx = rx.clone();
                 let answers = answers.clone();
-                let woken_by = (n > 0).then(|| deep_rx.clone());
-                // Should the first writer end (or never start), the others
-                // are told, and one takes its place.
-                let first = (n == 0).then(|| FirstWriter {
-                    gone: first_gone,
-                    deep: deep.clone(),
-                });
+                let role = match first_alive.take() {
+                    Some(alive) => Role::First { _alive: alive },
+                    None => Role::Beside {
+                        queue_deep: queue_deep_rx.clone(),
+                        first_alive: first_alive_rx.clone(),
+                        parallel_min,
+                    },
+                };
                 let spawned = std::thread::Builder::new()
                     .name("uwf-group-commit".into())
                     .spawn_scoped(scope, move || {
-                        let _first = first;
-                        writer(
-                            inner, rx, woken_by, first_gone, max_group, counters, &answers,
-                        )
+                        writer(inner, rx, role, max_group, counters, &answers)
                     });
                 if let Err(e) = spawned {
                     // No writer: every write through the handle fails with
@@ -213,7 +226,10 @@ impl Store {
                 inner: Arc::clone(&self.inner),
                 group: Some(Arc::new(GroupSender {
                     tx,
-                    deep: (writers > 1).then_some(deep),
+                    // With one writer no one waits for the token: the
+                    // sending side is dropped here.
+                    queue_deep: (writers > 1).then_some(queue_deep),
+                    parallel_min,
                 })),
             };
             f(&grouped)
@@ -289,11 +305,11 @@ impl Store {
                 ack: Arc::clone(&ack),
             })
             .map_err(|_| StoreError::GroupStopped)?;
-        if let Some(deep) = &group.deep
-            && group.tx.len() >= PARALLEL_MIN
+        if let Some(queue_deep) = &group.queue_deep
+            && group.tx.len() >= group.parallel_min
         {
             // Full means a token waits already.
-            let _ = deep.try_send(());
+            let _ = queue_deep.try_send(());
         }
         let done = ack.wait();
         if let Some(payload) = ack
@@ -332,53 +348,65 @@ fn answer_all(batch: Vec<Request>, outcome: &Result<(), Arc<StoreError>>) {
     }
 }
 
-/// Held by the first writer: its end (a panic, or a thread that could not
-/// be started) wakes the others, one of which then takes every group.
-struct FirstWriter<'a> {
-    gone: &'a AtomicBool,
-    deep: Sender<()>,
-}
-
-impl Drop for FirstWriter<'_> {
-    fn drop(&mut self) {
-        self.gone.store(true, Ordering::SeqCst);
-        let _ = self.deep.try_send(());
-    }
+/// What a writer thread of a group-commit handle does.
+enum Role {
+    /// Takes the next request as it comes, and the rest waiting with it.
+    /// Holds the only sender of a channel that closes when it ends.
+    First { _alive: Sender<()> },
+    /// The same, once the first writer is gone.
+    Any,
+    /// Sleeps until a token says `parallel_min` requests wait (another
+    /// group is then usually in flight: the first writer takes what waits
+    /// whenever it is free) and takes a group then; or until the first
+    /// writer is gone, and is [`Role::Any`] from then on.
+    Beside {
+        queue_deep: Receiver<()>,
+        first_alive: Receiver<()>,
+        parallel_min: usize,
+    },
 }
 
 /// A writer thread: one group per loop, until every sender is gone; each
-/// group's senders are answered through `answers`. The first writer takes
-/// the next request as it comes; one `woken_by` a token takes a group only
-/// when it wakes to [`PARALLEL_MIN`] requests waiting (another group is
-/// then in flight, or the first writer would have taken them).
+/// group's senders are answered through `answers`.
 fn writer(
     inner: &StoreInner,
     rx: Receiver<Request>,
-    mut woken_by: Option<Receiver<()>>,
-    first_gone: &AtomicBool,
+    mut role: Role,
     max_group: usize,
     counters: &Counters,
     answers: &Sender<Answered>,
 ) {
     loop {
         let mut batch = Vec::new();
-        match &woken_by {
-            None => match rx.recv() {
+        match &role {
+            Role::First { .. } | Role::Any => match rx.recv() {
                 Ok(first) => batch.push(first),
                 Err(_) => return,
             },
-            Some(deep) => {
-                if deep.recv().is_err() {
-                    // Every sender and the first writer are gone.
-                    return;
-                }
-                if first_gone.load(Ordering::SeqCst) {
-                    // The first writer is gone: this one takes its place.
-                    woken_by = None;
-                    continue;
-                }
-                if rx.len() < PARALLEL_MIN {
-                    continue;
+            Role::Beside {
+                queue_deep,
+                first_alive,
+                parallel_min,
+            } => {
+                // Still deep after its last group: no token may come (every
+                // request may be sent already), so it goes on at once.
+                if rx.len() < *parallel_min {
+                    select! {
+                        recv(queue_deep) -> token => if token.is_err() {
+                            // Every sender is gone: no one waits for an
+                            // answer, and the first writer drains the rest.
+                            return;
+                        },
+                        recv(first_alive) -> _ => {
+                            // Nothing is ever sent on it: closed, the
+                            // first writer is gone.
+                            role = Role::Any;
+                            continue;
+                        },
+                    }
+                    if rx.len() < *parallel_min {
+                        continue;
+                    }
                 }
                 gather(&rx, &mut batch, max_group);
                 if batch.is_empty() {
