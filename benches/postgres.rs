@@ -43,7 +43,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Comparison, raw_env, report, scale, scratch_dir, time};
+use common::{Comparison, children_cpu, raw_env, report, scale, scratch_dir, time};
 use heed::types::Bytes;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls};
@@ -1210,19 +1210,6 @@ fn machine_ticks() -> Option<(u64, u64)> {
     let idle = v.get(3)? + v.get(4)?;
     let total: u64 = v.iter().take(8).sum();
     Some((total - idle, total))
-}
-
-/// CPU (user + system) of this process's waited-for children so far.
-fn children_cpu() -> Duration {
-    use nix::sys::resource::{UsageWho, getrusage};
-    let Ok(u) = getrusage(UsageWho::RUSAGE_CHILDREN) else {
-        return Duration::ZERO;
-    };
-    let t = |tv: nix::sys::time::TimeVal| {
-        Duration::from_secs(u64::try_from(tv.tv_sec()).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(tv.tv_usec()).unwrap_or(0))
-    };
-    t(u.user_time()) + t(u.system_time())
 }
 
 /// One fleet run: `procs` processes of `uwf-db batch --jobs JOBS/procs`,

@@ -14,7 +14,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{placeholder_workflow, scratch_dir, start_thread};
+use common::{children_cpu, placeholder_workflow, scratch_dir, start_thread};
 use uwf_db::thread::{Next, StepWrite};
 use uwf_db::{Store, StoreOptions};
 
@@ -24,16 +24,7 @@ const REPS: usize = 150;
 
 /// Wall and CPU time of one run of `uwf-db ARGS` (stdout discarded).
 fn run(store: &str, args: &[&str]) -> (Duration, Duration) {
-    use nix::sys::resource::{UsageWho, getrusage};
-    let cpu = || {
-        let u = getrusage(UsageWho::RUSAGE_CHILDREN).expect("getrusage");
-        let t = |tv: nix::sys::time::TimeVal| {
-            Duration::from_secs(u64::try_from(tv.tv_sec()).unwrap_or(0))
-                + Duration::from_micros(u64::try_from(tv.tv_usec()).unwrap_or(0))
-        };
-        t(u.user_time()) + t(u.system_time())
-    };
-    let before = cpu();
+    let before = children_cpu();
     let started = Instant::now();
     let status = Command::new(BIN)
         .arg("--store")
@@ -46,7 +37,7 @@ fn run(store: &str, args: &[&str]) -> (Duration, Duration) {
         .expect("run uwf-db");
     let wall = started.elapsed();
     assert!(status.success(), "uwf-db {args:?}: {status}");
-    (wall, cpu() - before)
+    (wall, children_cpu() - before)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

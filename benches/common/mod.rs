@@ -198,6 +198,20 @@ impl Comparison {
     }
 }
 
+/// CPU (user + system) of this process's waited-for children so far
+/// (`getrusage`); zero where it cannot be read.
+pub fn children_cpu() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let Ok(u) = getrusage(UsageWho::RUSAGE_CHILDREN) else {
+        return Duration::ZERO;
+    };
+    let t = |tv: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(tv.tv_sec()).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(tv.tv_usec()).unwrap_or(0))
+    };
+    t(u.user_time()) + t(u.system_time())
+}
+
 /// Times `f`.
 pub fn time(f: impl FnOnce()) -> Duration {
     let t = Instant::now();
